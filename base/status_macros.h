@@ -1,4 +1,5 @@
-// Status propagation macros. Abseil 20220623 (Debian's) ships none, so kvd defines them once.
+// Status propagation macros. Abseil 20220623 (Debian's) ships none, so kvd
+// defines them once.
 //
 //   absl::StatusOr<Model> Load(const std::string& path) {
 //     KVD_ASSIGN_OR_RETURN(GgufFile file, GgufFile::Open(path));
@@ -17,15 +18,17 @@
 #define KVD_STATUS_CONCAT(a, b) KVD_STATUS_CONCAT_INNER(a, b)
 
 // Returns the status from the enclosing function if `expr` is not OK.
-#define KVD_RETURN_IF_ERROR(expr)                \
-  do {                                           \
-    ::absl::Status kvd_status_ = (expr);         \
-    if (!kvd_status_.ok()) return kvd_status_;   \
+#define KVD_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::absl::Status kvd_status_ = (expr);       \
+    if (!kvd_status_.ok()) return kvd_status_; \
   } while (0)
 
-// Evaluates `rexpr` (a StatusOr); on error returns its status, else moves the value into `lhs`.
-#define KVD_ASSIGN_OR_RETURN(lhs, rexpr) \
-  KVD_ASSIGN_OR_RETURN_IMPL(KVD_STATUS_CONCAT(kvd_statusor_, __LINE__), lhs, rexpr)
+// Evaluates `rexpr` (a StatusOr); on error returns its status, else moves the
+// value into `lhs`.
+#define KVD_ASSIGN_OR_RETURN(lhs, rexpr)                                     \
+  KVD_ASSIGN_OR_RETURN_IMPL(KVD_STATUS_CONCAT(kvd_statusor_, __LINE__), lhs, \
+                            rexpr)
 
 #define KVD_ASSIGN_OR_RETURN_IMPL(tmp, lhs, rexpr) \
   auto tmp = (rexpr);                              \

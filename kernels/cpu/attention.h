@@ -1,0 +1,70 @@
+// Canonical chunked attention with an online softmax.
+//
+// For one query position, a group of query heads that share one K/V head visits
+// the keys in chunks of kAttentionChunk absolute positions ([0, C), [C, 2C),
+// ...), clipped to the query's visible range, always from low to high
+// positions. Each chunk is folded into a running (max, sum, accumulator) state
+// in a fixed order. Where a chunk's K/V come from -- the hot cache, or rows
+// just recomputed from residual checkpoints into a scratch buffer -- cannot
+// change a bit, and prefill and decode take the same path for the same query.
+//
+//   OnlineSoftmax state(group, head_dim, scale);
+//   for (each chunk c overlapping [first, last]) state.AddChunk(q, k_rows,
+//   v_rows, n); state.Finish(out);
+//
+// Thread-safety: one OnlineSoftmax per thread; the K/V it reads must not change
+// meanwhile.
+#ifndef KVD_KERNELS_CPU_ATTENTION_H_
+#define KVD_KERNELS_CPU_ATTENTION_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+
+namespace kvd::kernels::cpu {
+
+// Key positions per chunk of the canonical attention order.
+inline constexpr int64_t kAttentionChunk = 32;
+
+// Rows of K or V: row r's head_dim values start at data + r * stride
+// (elements).
+struct KvRows {
+  WeightType type = WeightType::kF32;  // fp32 or bf16 storage
+  const void* data = nullptr;
+  int64_t stride = 0;
+};
+
+class OnlineSoftmax {
+ public:
+  // `group` query heads of `head_dim` values share the K/V; scores are scaled
+  // by `scale`.
+  OnlineSoftmax(int64_t group, int64_t head_dim, float scale);
+
+  // Folds in n <= kAttentionChunk consecutive keys/values. q holds group x
+  // head_dim values.
+  void AddChunk(const float* q, const KvRows& k, const KvRows& v, int64_t n);
+
+  // out[group x head_dim] = softmax-weighted sum of values (zeros if no key was
+  // added).
+  void Finish(float* out) const;
+
+ private:
+  int64_t group_;
+  int64_t head_dim_;
+  float scale_;
+  std::vector<float> max_;
+  std::vector<float> sum_;
+  std::vector<float> acc_;
+  std::vector<float> scores_;
+};
+
+// Attention for one query position over keys [first, last] of a contiguous K/V
+// store (rows indexed by absolute position), visiting them in canonical chunks.
+void AttendRange(const float* q, int64_t group, int64_t head_dim, float scale,
+                 const KvRows& k, const KvRows& v, int64_t first, int64_t last,
+                 float* out);
+
+}  // namespace kvd::kernels::cpu
+
+#endif  // KVD_KERNELS_CPU_ATTENTION_H_

@@ -1,0 +1,140 @@
+#include "kernels/cpu/elementwise.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/cpu/gemm.h"
+
+namespace kvd::kernels::cpu {
+namespace {
+
+float FromBits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+
+uint32_t ToBits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return b;
+}
+
+}  // namespace
+
+float Exp(float x) {
+  if (std::isnan(x)) return x;
+  if (x > 88.72f) return std::numeric_limits<float>::infinity();
+  if (x < -87.33f) return 0.0f;
+  // x = n * ln2 + r with |r| <= ln2 / 2; ln2 split in two so n * ln2_hi is
+  // exact.
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  // Minimax polynomial for (exp(r) - 1 - r) / r^2 (Cephes expf coefficients).
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  const float r2 = r * r;
+  const float e = std::fma(p, r2, r) + 1.0f;
+  // 2^n split in two factors so each stays a normal float for n in [-126, 128].
+  const int ni = static_cast<int>(n);
+  const int n1 = ni / 2;
+  const int n2 = ni - n1;
+  return e * FromBits(static_cast<uint32_t>(n1 + 127) << 23) *
+         FromBits(static_cast<uint32_t>(n2 + 127) << 23);
+}
+
+float Silu(float x) { return x / (1.0f + Exp(-x)); }
+
+float GeluTanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  constexpr float kCoef = 0.044715f;
+  const float inner = kSqrt2OverPi * (x + kCoef * (x * x * x));
+  // 0.5 * x * (1 + tanh(y)) == x / (1 + exp(-2y)); this form has no
+  // cancellation for x << 0.
+  return x / (1.0f + Exp(-2.0f * inner));
+}
+
+void RmsNorm(const float* x, const float* w, float eps, int64_t n, float* y) {
+  const float sum_sq = Dot(x, x, n);
+  const float scale = 1.0f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
+  if (w == nullptr) {
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+  } else {
+    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
+  }
+}
+
+void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = Silu(gate[i]) * up[i];
+}
+
+void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = GeluTanh(gate[i]) * up[i];
+}
+
+void AddInPlace(float* acc, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
+}
+
+void Scale(float* x, float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
+          const float* cos, const float* sin, RopeStyle style) {
+  const int64_t half = rot_dim / 2;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * head_dim;
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t a = style == RopeStyle::kInterleaved ? 2 * i : i;
+      const int64_t b = style == RopeStyle::kInterleaved ? 2 * i + 1 : i + half;
+      const float x0 = v[a];
+      const float x1 = v[b];
+      v[a] = x0 * cos[i] - x1 * sin[i];
+      v[b] = x0 * sin[i] + x1 * cos[i];
+    }
+  }
+}
+
+void RopeAngles(int64_t position, float base, int64_t rot_dim, float* cos,
+                float* sin) {
+  for (int64_t i = 0; i < rot_dim / 2; ++i) {
+    const double inv_freq = std::pow(static_cast<double>(base),
+                                     -2.0 * static_cast<double>(i) / rot_dim);
+    const double theta = static_cast<double>(position) * inv_freq;
+    cos[i] = static_cast<float>(std::cos(theta));
+    sin[i] = static_cast<float>(std::sin(theta));
+  }
+}
+
+uint16_t FloatToBf16(float x) {
+  uint32_t b = ToBits(x);
+  if ((b & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((b >> 16) | 0x40);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return static_cast<uint16_t>(b >> 16);
+}
+
+float Bf16ToFloat(uint16_t h) {
+  return FromBits(static_cast<uint32_t>(h) << 16);
+}
+
+void FloatToBf16(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = FloatToBf16(x[i]);
+}
+
+void Bf16ToFloat(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = Bf16ToFloat(x[i]);
+}
+
+void RoundToBf16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = Bf16ToFloat(FloatToBf16(x[i]));
+}
+
+}  // namespace kvd::kernels::cpu

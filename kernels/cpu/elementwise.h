@@ -1,0 +1,62 @@
+// Element-wise and normalisation kernels with fixed, ISA-independent numerics.
+//
+// Transcendentals (exp, SiLU, GELU-tanh) are kvd's own polynomials written with
+// explicit fused multiply-adds, so results depend neither on the libm nor on
+// the ISA; the whole package is compiled with -ffp-contract=off so the compiler
+// cannot fuse or reorder anything else. The one reduction here (RMSNorm's sum
+// of squares) uses the canonical dot product (gemm.h).
+//
+// Thread-safety: pure functions.
+#ifndef KVD_KERNELS_CPU_ELEMENTWISE_H_
+#define KVD_KERNELS_CPU_ELEMENTWISE_H_
+
+#include <cstdint>
+
+namespace kvd::kernels::cpu {
+
+// exp(x) to about 1 ulp over the float range; +inf above 88.72, 0 below -87.33,
+// NaN stays NaN.
+float Exp(float x);
+float Silu(float x);
+// GELU with the tanh approximation (Gemma's gelu_pytorch_tanh).
+float GeluTanh(float x);
+
+// y = x / sqrt(mean(x^2) + eps) * w   (w may be null: no scale). y may alias x.
+void RmsNorm(const float* x, const float* w, float eps, int64_t n, float* y);
+
+// out[i] = silu(gate[i]) * up[i]; out may alias either input.
+void SiluMul(const float* gate, const float* up, int64_t n, float* out);
+// out[i] = gelu_tanh(gate[i]) * up[i].
+void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out);
+
+// acc[i] += x[i]
+void AddInPlace(float* acc, const float* x, int64_t n);
+// x[i] *= s
+void Scale(float* x, float s, int64_t n);
+
+// Rotary position embedding on `n_heads` consecutive heads of `head_dim`
+// values, rotating the first `rot_dim` dims of each head. cos/sin hold rot_dim
+// / 2 values for this position. Interleaved pairs (2i, 2i+1) are GGML's
+// "normal" style (llama); half-split pairs (i, i + rot_dim/2) are the "neox"
+// style (qwen2, gemma3).
+enum class RopeStyle { kInterleaved, kHalfSplit };
+void Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
+          const float* cos, const float* sin, RopeStyle style);
+// Fills cos/sin (rot_dim / 2 each) for `position`: theta_i = position *
+// base^(-2i / rot_dim), computed in double and rounded once, so every process
+// and machine gets the same table.
+void RopeAngles(int64_t position, float base, int64_t rot_dim, float* cos,
+                float* sin);
+
+// bf16 <-> fp32 (round to nearest even; NaN stays NaN).
+uint16_t FloatToBf16(float x);
+float Bf16ToFloat(uint16_t h);
+void FloatToBf16(const float* x, uint16_t* y, int64_t n);
+void Bf16ToFloat(const uint16_t* x, float* y, int64_t n);
+// x[i] = bf16(x[i]) as float: the precision the bf16 mode keeps at layer
+// boundaries.
+void RoundToBf16(float* x, int64_t n);
+
+}  // namespace kvd::kernels::cpu
+
+#endif  // KVD_KERNELS_CPU_ELEMENTWISE_H_

@@ -1,0 +1,101 @@
+#include "kernels/cpu/elementwise.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace kvd::kernels::cpu {
+namespace {
+
+double UlpDistance(float a, double ref) {
+  const float r = static_cast<float>(ref);
+  const float ulp =
+      std::nextafter(std::fabs(r), std::numeric_limits<float>::infinity()) -
+      std::fabs(r);
+  return std::fabs(a - ref) / ulp;
+}
+
+TEST(Exp, WithinTwoUlpOfDoubleExpAcrossTheRange) {
+  double worst = 0;
+  for (float x = -87.0f; x < 88.5f; x += 0.0137f) {
+    worst =
+        std::max(worst, UlpDistance(Exp(x), std::exp(static_cast<double>(x))));
+  }
+  EXPECT_LT(worst, 2.0);
+}
+
+TEST(Exp, EdgeCases) {
+  EXPECT_EQ(Exp(0.0f), 1.0f);
+  EXPECT_EQ(Exp(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(Exp(-100.0f), 0.0f);
+  EXPECT_TRUE(std::isinf(Exp(100.0f)));
+  EXPECT_TRUE(std::isnan(Exp(std::nanf(""))));
+}
+
+TEST(Activations, MatchDoubleReferences) {
+  for (float x = -20.0f; x < 20.0f; x += 0.01f) {
+    const double xd = x;
+    const double silu = xd / (1.0 + std::exp(-xd));
+    const double gelu = 0.5 * xd *
+                        (1.0 + std::tanh(std::sqrt(2.0 / M_PI) *
+                                         (xd + 0.044715 * xd * xd * xd)));
+    EXPECT_NEAR(Silu(x), silu, 1e-6 * std::fabs(silu) + 1e-7) << x;
+    EXPECT_NEAR(GeluTanh(x), gelu, 1e-6 * std::fabs(gelu) + 1e-7) << x;
+  }
+}
+
+TEST(RmsNorm, MatchesDoubleReference) {
+  std::vector<float> x(576), w(576), y(576);
+  for (int i = 0; i < 576; ++i) {
+    x[i] = std::sin(i * 0.37f) * 3.0f;
+    w[i] = 0.5f + std::cos(i * 0.11f);
+  }
+  RmsNorm(x.data(), w.data(), 1e-5f, 576, y.data());
+  double ss = 0;
+  for (float v : x) ss += static_cast<double>(v) * v;
+  const double scale = 1.0 / std::sqrt(ss / 576 + 1e-5);
+  for (int i = 0; i < 576; ++i) EXPECT_NEAR(y[i], x[i] * scale * w[i], 2e-6);
+}
+
+TEST(Rope, MatchesDoubleRotationBothStyles) {
+  const int64_t head_dim = 64, rot = 64;
+  std::vector<float> cos(rot / 2), sin(rot / 2);
+  RopeAngles(1234, 10000.0f, rot, cos.data(), sin.data());
+  for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
+    std::vector<float> x(2 * head_dim);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(i * 0.7f);
+    std::vector<float> y = x;
+    Rope(y.data(), 2, head_dim, rot, cos.data(), sin.data(), style);
+    for (int h = 0; h < 2; ++h) {
+      for (int i = 0; i < rot / 2; ++i) {
+        const int a = style == RopeStyle::kInterleaved ? 2 * i : i;
+        const int b =
+            style == RopeStyle::kInterleaved ? 2 * i + 1 : i + rot / 2;
+        const double theta = 1234.0 * std::pow(10000.0, -2.0 * i / rot);
+        const double x0 = x[h * head_dim + a], x1 = x[h * head_dim + b];
+        EXPECT_NEAR(y[h * head_dim + a],
+                    x0 * std::cos(theta) - x1 * std::sin(theta), 1e-6);
+        EXPECT_NEAR(y[h * head_dim + b],
+                    x0 * std::sin(theta) + x1 * std::cos(theta), 1e-6);
+      }
+    }
+  }
+}
+
+TEST(Bf16, RoundsToNearestEvenAndKeepsSpecials) {
+  // 1 + 2^-8 is exactly halfway between bf16 1.0 and 1 + 2^-7: ties to even
+  // (1.0).
+  EXPECT_EQ(FloatToBf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6: ties to even
+  // (up).
+  EXPECT_EQ(FloatToBf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  EXPECT_EQ(FloatToBf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(std::nanf("")))));
+  EXPECT_EQ(Bf16ToFloat(0xc040), -3.0f);
+}
+
+}  // namespace
+}  // namespace kvd::kernels::cpu

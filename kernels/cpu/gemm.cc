@@ -1,0 +1,52 @@
+#include "kernels/cpu/gemm.h"
+
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/internal/gemm_isa.h"
+
+namespace kvd::kernels::cpu {
+namespace {
+
+using RangeFn = void (*)(const internal::GemmArgs&, int64_t, int64_t);
+
+RangeFn Pick(WeightType type) {
+  const bool bf16 = type == WeightType::kBf16;
+  switch (ActiveIsa()) {
+    case Isa::kAvx512:
+      return bf16 ? internal::GemmBf16Avx512 : internal::GemmF32Avx512;
+    case Isa::kAvx2:
+      return bf16 ? internal::GemmBf16Avx2 : internal::GemmF32Avx2;
+    case Isa::kScalar:
+      break;
+  }
+  return bf16 ? internal::GemmBf16Scalar : internal::GemmF32Scalar;
+}
+
+// Below this many multiply-adds a call runs on the calling thread: waking
+// workers costs more.
+constexpr int64_t kMinParallelWork = 1 << 15;
+
+}  // namespace
+
+void Gemm(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
+          int64_t ldy, ThreadPool* pool) {
+  if (m <= 0 || w.rows <= 0) return;
+  const internal::GemmArgs args{x, m, ldx, w.data, w.stride(), w.cols, y, ldy};
+  const RangeFn fn = Pick(w.type);
+  if (pool == nullptr || pool->num_threads() == 1 ||
+      m * w.rows * w.cols < kMinParallelWork) {
+    fn(args, 0, w.rows);
+    return;
+  }
+  pool->ParallelFor(
+      w.rows, [&](int64_t begin, int64_t end) { fn(args, begin, end); },
+      /*align=*/8);
+}
+
+float Dot(const float* a, const float* b, int64_t n) {
+  float y = 0.0f;
+  const WeightView w{WeightType::kF32, b, 1, n, n};
+  Gemm(a, 1, n, w, &y, 1, nullptr);
+  return y;
+}
+
+}  // namespace kvd::kernels::cpu

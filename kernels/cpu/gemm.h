@@ -1,0 +1,44 @@
+// Canonical matrix multiplication: y = x * W^T with fp32 accumulation.
+//
+// W is stored row-major as `rows` output features by `cols` inputs (GGUF's
+// layout), in fp32 or bf16. Every output element is computed by the canonical
+// 16-lane FMA reduction (internal/gemm_tile.h), so a row's result is
+// bit-identical whatever the batch size, thread count or ISA (scalar, AVX2,
+// AVX-512). There is no split-K: work is divided over output columns.
+//
+//   WeightView w{WeightType::kF32, data, /*rows=*/n, /*cols=*/k};
+//   Gemm(x, /*m=*/tokens, /*ldx=*/k, w, y, /*ldy=*/n, &pool);
+//
+// Thread-safety: pure function of its inputs; `pool` must not be shared by
+// concurrent callers.
+#ifndef KVD_KERNELS_CPU_GEMM_H_
+#define KVD_KERNELS_CPU_GEMM_H_
+
+#include <cstdint>
+
+#include "kernels/cpu/thread_pool.h"
+
+namespace kvd::kernels::cpu {
+
+enum class WeightType { kF32, kBf16 };
+
+struct WeightView {
+  WeightType type = WeightType::kF32;
+  const void* data = nullptr;  // rows x cols elements, row stride `ld` elements
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;  // 0 means cols
+  int64_t stride() const { return ld == 0 ? cols : ld; }
+};
+
+// y[i * ldy + j] = sum_k x[i * ldx + k] * W[j][k], for i < m and j < w.rows.
+// `pool` may be null (single-threaded).
+void Gemm(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
+          int64_t ldy, ThreadPool* pool);
+
+// The canonical dot product of two fp32 vectors (the 1 x 1 case of Gemm).
+float Dot(const float* a, const float* b, int64_t n);
+
+}  // namespace kvd::kernels::cpu
+
+#endif  // KVD_KERNELS_CPU_GEMM_H_

@@ -1,0 +1,163 @@
+#include "kernels/cpu/gemm.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/elementwise.h"
+
+namespace kvd::kernels::cpu {
+namespace {
+
+std::vector<float> RandomVector(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v)
+    x = static_cast<float>(static_cast<int32_t>(rng() % 20001) - 10000) /
+        7919.0f;
+  return v;
+}
+
+// The numerics contract restated independently of the implementation: 16 lanes,
+// lane r takes k = r (mod 16) in increasing k with FMA, zero padding, then the
+// fixed pairwise tree.
+float ContractDot(const float* a, const float* b, int64_t n) {
+  float lane[16] = {};
+  for (int64_t k = 0; k < n; ++k)
+    lane[k % 16] = std::fma(a[k], b[k], lane[k % 16]);
+  // Zero padding of the tail adds fma(0, 0, l) = l + 0, which also turns -0
+  // into +0.
+  if (n % 16 != 0)
+    for (int64_t k = n; k % 16 != 0; ++k)
+      lane[k % 16] = std::fma(0.0f, 0.0f, lane[k % 16]);
+  float s[8], t[4], u[2];
+  for (int i = 0; i < 8; ++i) s[i] = lane[i] + lane[i + 8];
+  for (int i = 0; i < 4; ++i) t[i] = s[i] + s[i + 4];
+  for (int i = 0; i < 2; ++i) u[i] = t[i] + t[i + 2];
+  return u[0] + u[1];
+}
+
+std::vector<Isa> SupportedIsas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (IsaSupported(isa)) out.push_back(isa);
+  return out;
+}
+
+class IsaGuard {
+ public:
+  explicit IsaGuard(Isa isa) : saved_(ActiveIsa()) {
+    EXPECT_TRUE(SetIsa(isa).ok());
+  }
+  ~IsaGuard() { (void)SetIsa(saved_); }
+
+ private:
+  Isa saved_;
+};
+
+std::vector<float> RunGemm(const std::vector<float>& x, int64_t m, int64_t k,
+                           const WeightView& w, ThreadPool* pool) {
+  std::vector<float> y(m * w.rows, std::nanf(""));
+  Gemm(x.data(), m, k, w, y.data(), w.rows, pool);
+  return y;
+}
+
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class GemmShapes
+    : public ::testing::TestWithParam<std::tuple<int64_t, int64_t>> {};
+
+TEST_P(GemmShapes, FollowsContractBitForBitOnEveryIsaBatchAndThreadCount) {
+  const auto [n, k] = GetParam();
+  const int64_t m = 67;  // not a multiple of any tile height
+  const std::vector<float> x = RandomVector(m * k, 1);
+  const std::vector<float> wf = RandomVector(n * k, 2);
+  std::vector<uint16_t> wb(n * k);
+  FloatToBf16(wf.data(), wb.data(), n * k);
+  std::vector<float> wb_as_f32(n * k);
+  Bf16ToFloat(wb.data(), wb_as_f32.data(), n * k);
+
+  for (const bool bf16 : {false, true}) {
+    const std::vector<float>& w_values = bf16 ? wb_as_f32 : wf;
+    const WeightView w = bf16 ? WeightView{WeightType::kBf16, wb.data(), n, k}
+                              : WeightView{WeightType::kF32, wf.data(), n, k};
+    std::vector<float> expected(m * n);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        expected[i * n + j] = ContractDot(&x[i * k], &w_values[j * k], k);
+
+    for (Isa isa : SupportedIsas()) {
+      IsaGuard guard(isa);
+      SCOPED_TRACE(std::string(IsaName(isa)) + (bf16 ? " bf16" : " f32"));
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        EXPECT_TRUE(BitEqual(RunGemm(x, m, k, w, &pool), expected))
+            << threads << " threads";
+      }
+      // Batch invariance: each row alone equals the row inside the batch of m.
+      for (int64_t i = 0; i < m; i += 13) {
+        std::vector<float> row(x.begin() + i * k, x.begin() + (i + 1) * k);
+        std::vector<float> got = RunGemm(row, 1, k, w, nullptr);
+        std::vector<float> want(expected.begin() + i * n,
+                                expected.begin() + (i + 1) * n);
+        EXPECT_TRUE(BitEqual(got, want)) << "row " << i;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GemmShapes,
+    ::testing::Values(std::make_tuple(int64_t{37}, int64_t{576}),
+                      std::make_tuple(int64_t{8}, int64_t{64}),
+                      std::make_tuple(int64_t{19}, int64_t{100}),
+                      std::make_tuple(int64_t{5}, int64_t{7}),
+                      std::make_tuple(int64_t{64}, int64_t{1536})));
+
+TEST(Gemm, AgreesWithFloat64Reference) {
+  const int64_t m = 9, n = 33, k = 1000;
+  const std::vector<float> x = RandomVector(m * k, 3);
+  const std::vector<float> w = RandomVector(n * k, 4);
+  ThreadPool pool(2);
+  const std::vector<float> y =
+      RunGemm(x, m, k, WeightView{WeightType::kF32, w.data(), n, k}, &pool);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = 0, mag = 0;
+      for (int64_t t = 0; t < k; ++t) {
+        ref += static_cast<double>(x[i * k + t]) * w[j * k + t];
+        mag += std::fabs(static_cast<double>(x[i * k + t]) * w[j * k + t]);
+      }
+      // Summation error bound for fp32 accumulation of k terms, with a safety
+      // factor.
+      EXPECT_NEAR(y[i * n + j], ref, 1e-6 * mag + 1e-6) << i << "," << j;
+    }
+  }
+}
+
+TEST(Gemm, StridedInputsAndOutputs) {
+  const int64_t m = 5, n = 6, k = 48, ldx = 64, ldy = 10, ldw = 50;
+  const std::vector<float> x = RandomVector(m * ldx, 5);
+  const std::vector<float> w = RandomVector(n * ldw, 6);
+  std::vector<float> y(m * ldy, -7.0f);
+  Gemm(x.data(), m, ldx, WeightView{WeightType::kF32, w.data(), n, k, ldw},
+       y.data(), ldy, nullptr);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < ldy; ++j) {
+      if (j < n) {
+        EXPECT_EQ(y[i * ldy + j], ContractDot(&x[i * ldx], &w[j * ldw], k));
+      } else {
+        EXPECT_EQ(y[i * ldy + j], -7.0f) << "wrote past the output row";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvd::kernels::cpu

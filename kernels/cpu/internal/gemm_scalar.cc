@@ -1,0 +1,59 @@
+// Portable reference implementation of the canonical GEMM: 16 lanes as a plain
+// array.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/internal/gemm_isa.h"
+#include "kernels/cpu/internal/gemm_tile.h"
+
+namespace kvd::kernels::cpu::internal {
+namespace {
+
+struct ScalarOps {
+  struct V {
+    float l[kLanes];
+  };
+  static V Zero() {
+    V v;
+    for (int r = 0; r < kLanes; ++r) v.l[r] = 0.0f;
+    return v;
+  }
+  static V Load(const float* p) {
+    V v;
+    std::memcpy(v.l, p, sizeof(v.l));
+    return v;
+  }
+  static V Load(const uint16_t* p) {
+    V v;
+    for (int r = 0; r < kLanes; ++r) {
+      const uint32_t bits = static_cast<uint32_t>(p[r]) << 16;
+      std::memcpy(&v.l[r], &bits, sizeof(float));
+    }
+    return v;
+  }
+  static V Fma(const V& a, const V& b, const V& c) {
+    V v;
+    for (int r = 0; r < kLanes; ++r) v.l[r] = std::fma(a.l[r], b.l[r], c.l[r]);
+    return v;
+  }
+  static float Reduce(const V& v) {
+    float s[8], t[4], u[2];
+    for (int i = 0; i < 8; ++i) s[i] = v.l[i] + v.l[i + 8];
+    for (int i = 0; i < 4; ++i) t[i] = s[i] + s[i + 4];
+    for (int i = 0; i < 2; ++i) u[i] = t[i] + t[i + 2];
+    return u[0] + u[1];
+  }
+};
+
+}  // namespace
+
+void GemmF32Scalar(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
+  GemmRange<ScalarOps, float, 2, 2, 4>(a, n_begin, n_end);
+}
+
+void GemmBf16Scalar(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
+  GemmRange<ScalarOps, uint16_t, 2, 2, 4>(a, n_begin, n_end);
+}
+
+}  // namespace kvd::kernels::cpu::internal
