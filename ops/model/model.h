@@ -1,0 +1,106 @@
+// A loaded transformer and its batched forward pass.
+//
+// One generic forward pass serves every family, driven by ModelConfig. A step takes several
+// sequences at once, each with its own K/V cache and any number of new tokens (prefill chunks
+// and single-token decodes mix freely); all new tokens of the batch go through each projection
+// as one GEMM, attention runs per sequence. Because every kernel is batch-invariant, a
+// sequence's logits do not depend on what else is in the batch, on the thread count or the ISA.
+//
+//   KVD_ASSIGN_OR_RETURN(auto model, Model::Load(path, {.precision = Precision::kF32}));
+//   KvCache cache = model->NewCache();
+//   SequenceStep step{&cache, prompt_ids, LogitsMode::kLast};
+//   ForwardOutput out;
+//   KVD_RETURN_IF_ERROR(model->Forward({&step, 1}, &out));
+//   const float* logits = out.Logits(0);   // vocab_size values for the last prompt token
+//
+// ResidualObserver sees the residual stream entering every layer for every new token: the
+// hook KV-Direct checkpoints are built on.
+//
+// Thread-safety: a Model is immutable after Load; Forward may run concurrently from several
+// threads if each call has its own pool and caches.
+#ifndef KVD_OPS_MODEL_MODEL_H_
+#define KVD_OPS_MODEL_MODEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/cpu/thread_pool.h"
+#include "ops/gguf/gguf_file.h"
+#include "ops/model/kv_cache.h"
+#include "ops/model/model_config.h"
+#include "ops/model/weights.h"
+
+namespace kvd::ops {
+
+enum class LogitsMode { kNone, kLast, kAll };
+
+struct SequenceStep {
+  KvCache* cache = nullptr;
+  absl::Span<const int32_t> tokens;  // new tokens, at positions cache->length() onwards
+  LogitsMode logits = LogitsMode::kLast;
+  int64_t sequence_id = 0;  // passed to the ResidualObserver
+};
+
+struct ForwardOutput {
+  int64_t vocab_size = 0;
+  std::vector<float> logits;         // rows x vocab_size
+  std::vector<int64_t> first_row;    // per sequence: its first logits row (-1 if none)
+  std::vector<int64_t> num_rows;     // per sequence: how many rows
+  const float* Logits(size_t seq, int64_t row = -1) const;  // row -1: its last row
+};
+
+class ResidualObserver {
+ public:
+  virtual ~ResidualObserver() = default;
+  // `residual` (d_model fp32 values; in the bf16 mode exactly bf16-representable) is the input
+  // of `layer` for the token at `position` of sequence `sequence_id`. layer == n_layers is the
+  // final residual (input of the output norm).
+  virtual void OnResidual(int64_t sequence_id, int64_t layer, int64_t position,
+                          const float* residual) = 0;
+};
+
+struct LoadOptions {
+  Precision precision = Precision::kF32;
+  int num_threads = 0;  // 0: all hardware threads
+  std::function<void(int done, int total)> progress;
+};
+
+class Model {
+ public:
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path,
+                                                     const LoadOptions& options);
+
+  const ModelConfig& config() const { return config_; }
+  Precision precision() const { return precision_; }
+  const GgufFile& file() const { return *file_; }
+  const ModelWeights& weights() const { return weights_; }
+  kernels::cpu::ThreadPool* pool() const { return pool_.get(); }
+
+  KvCache NewCache() const { return KvCache(config_, precision_); }
+
+  // Runs one step over `batch`. INVALID_ARGUMENT for out-of-range token ids or a sequence that
+  // would exceed the context length; nothing is written to any cache in that case.
+  absl::Status Forward(absl::Span<const SequenceStep> batch, ForwardOutput* out,
+                       ResidualObserver* observer = nullptr) const;
+
+ private:
+  Model() = default;
+  void Layer(int64_t l, absl::Span<const SequenceStep> batch,
+             const std::vector<int64_t>& row_seq, const std::vector<int64_t>& row_pos,
+             std::vector<float>& h) const;
+
+  ModelConfig config_;
+  Precision precision_ = Precision::kF32;
+  std::unique_ptr<GgufFile> file_;
+  ModelWeights weights_;
+  std::unique_ptr<kernels::cpu::ThreadPool> pool_;
+};
+
+}  // namespace kvd::ops
+
+#endif  // KVD_OPS_MODEL_MODEL_H_

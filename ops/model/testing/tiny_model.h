@@ -1,0 +1,37 @@
+// Tiny random-weight models written as real GGUF files, for fast tests of the forward pass.
+//
+// The weights are a deterministic function of the seed; the files go through the same loader
+// as real models. Test-only.
+//
+//   std::string path = WriteTinyModel(TinyModelSpec{.family = "gemma3"}, testing::TempDir());
+#ifndef KVD_OPS_MODEL_TESTING_TINY_MODEL_H_
+#define KVD_OPS_MODEL_TESTING_TINY_MODEL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace kvd::ops::testing {
+
+struct TinyModelSpec {
+  std::string family = "llama";  // llama, qwen2 or gemma3
+  int64_t n_layers = 3;
+  int64_t d_model = 64;
+  int64_t n_heads = 4;
+  int64_t n_kv_heads = 2;
+  int64_t head_dim = 16;
+  int64_t d_ff = 96;
+  int64_t vocab_size = 300;
+  int64_t context_length = 4096;
+  int64_t sliding_window = 8;  // gemma3 local layers
+  bool tied_embeddings = true;
+  uint32_t seed = 1;
+};
+
+// Writes the model to `dir`/tiny-<family>-<seed>.gguf and returns the path.
+absl::StatusOr<std::string> WriteTinyModel(const TinyModelSpec& spec, const std::string& dir);
+
+}  // namespace kvd::ops::testing
+
+#endif  // KVD_OPS_MODEL_TESTING_TINY_MODEL_H_

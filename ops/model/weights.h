@@ -1,0 +1,78 @@
+// Model weights held in memory in the precision mode's dtype.
+//
+// Quantized GGUF tensors are dequantized once at load time: to fp32 in the fp32 mode, to bf16
+// (round-to-nearest-even from the exact fp32 dequantization) in the bf16 mode. Norm weights and
+// biases are always fp32. Thread-safety: immutable after loading.
+#ifndef KVD_OPS_MODEL_WEIGHTS_H_
+#define KVD_OPS_MODEL_WEIGHTS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/thread_pool.h"
+#include "ops/gguf/gguf_file.h"
+#include "ops/model/model_config.h"
+
+namespace kvd::ops {
+
+// A rows x cols matrix (rows = output features) in fp32 or bf16.
+class Matrix {
+ public:
+  Matrix() = default;
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  bool empty() const { return rows_ == 0; }
+  kernels::cpu::WeightView view() const;
+  // Copies row r as fp32 (the embedding lookup).
+  void RowToFloat(int64_t r, float* out) const;
+  size_t size_bytes() const { return f32_.size() * 4 + bf16_.size() * 2; }
+
+  // Dequantizes GGUF tensor `name`, which must have `cols` values per row and `rows` rows.
+  static absl::StatusOr<Matrix> FromGguf(const GgufFile& file, const std::string& name,
+                                         int64_t rows, int64_t cols, Precision precision,
+                                         kernels::cpu::ThreadPool* pool);
+
+ private:
+  kernels::cpu::WeightType type_ = kernels::cpu::WeightType::kF32;
+  int64_t rows_ = 0;
+  int64_t cols_ = 0;
+  std::vector<float> f32_;
+  std::vector<uint16_t> bf16_;
+};
+
+// A 1-D fp32 tensor (norm weights, biases) of exactly `n` values.
+absl::StatusOr<std::vector<float>> VectorFromGguf(const GgufFile& file, const std::string& name,
+                                                  int64_t n);
+
+struct LayerWeights {
+  std::vector<float> attn_norm;
+  Matrix wq, wk, wv, wo;
+  std::vector<float> bq, bk, bv;          // qkv_bias
+  std::vector<float> q_norm, k_norm;      // qk_norm
+  std::vector<float> post_attn_norm;      // post_attn_norm
+  std::vector<float> ffn_norm;
+  Matrix w_gate, w_up, w_down;
+  std::vector<float> post_ffn_norm;       // post_ffn_norm
+};
+
+struct ModelWeights {
+  Matrix token_embedding;  // vocab x d_model
+  std::vector<float> output_norm;
+  Matrix output;           // empty when tied to token_embedding
+  std::vector<LayerWeights> layers;
+
+  const Matrix& output_matrix() const { return output.empty() ? token_embedding : output; }
+  size_t size_bytes() const;
+};
+
+// Loads every tensor the config calls for; `progress(done, total)` is called as tensors load.
+absl::StatusOr<ModelWeights> LoadWeights(const GgufFile& file, const ModelConfig& config,
+                                         Precision precision, kernels::cpu::ThreadPool* pool,
+                                         const std::function<void(int, int)>& progress);
+
+}  // namespace kvd::ops
+
+#endif  // KVD_OPS_MODEL_WEIGHTS_H_
