@@ -1,8 +1,26 @@
 #include "kernels/cpu/thread_pool.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 
 namespace kvd::kernels::cpu {
+namespace {
+
+// A short busy-wait, then yielding (so an oversubscribed machine still makes
+// progress), then blocking on the condition variable.
+constexpr int kSpinIterations = 2000;
+constexpr int kPauseIterations = 100;
+
+void Backoff(int spins) {
+  if (spins < kPauseIterations) {
+    _mm_pause();
+  } else {
+    std::this_thread::yield();
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) {
@@ -19,7 +37,7 @@ ThreadPool::ThreadPool(int num_threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   work_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
@@ -28,20 +46,25 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   while (true) {
-    std::pair<int64_t, int64_t> range;
-    const std::function<void(int64_t, int64_t)>* fn;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      range = ranges_[index];
-      fn = fn_;
+    int spins = 0;
+    while (generation_.load(std::memory_order_acquire) == seen &&
+           !stop_.load() && spins < kSpinIterations) {
+      Backoff(spins++);
     }
-    if (range.first < range.second) (*fn)(range.first, range.second);
-    {
+    if (generation_.load(std::memory_order_acquire) == seen) {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] {
+        return stop_.load() ||
+               generation_.load(std::memory_order_acquire) != seen;
+      });
+    }
+    if (stop_.load()) return;
+    seen = generation_.load(std::memory_order_acquire);
+    const std::pair<int64_t, int64_t> range = ranges_[index];
+    if (range.first < range.second) (*fn_)(range.first, range.second);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      done_cv_.notify_one();
     }
   }
 }
@@ -57,23 +80,32 @@ void ThreadPool::ParallelFor(int64_t n,
     fn(0, n);
     return;
   }
-  std::vector<std::pair<int64_t, int64_t>> ranges(num_threads_, {0, 0});
-  for (int i = 0; i < used; ++i) {
-    const int64_t b = std::min(n, units * i / used * align);
-    const int64_t e = std::min(n, units * (i + 1) / used * align);
-    ranges[i] = {b, e};
+  for (int i = 0; i < num_threads_; ++i) {
+    ranges_[i] =
+        i < used ? std::make_pair(std::min(n, units * i / used * align),
+                                  std::min(n, units * (i + 1) / used * align))
+                 : std::make_pair(int64_t{0}, int64_t{0});
   }
+  fn_ = &fn;
+  pending_.store(num_threads_ - 1, std::memory_order_relaxed);
   {
+    // The lock orders this generation bump with workers that are about to
+    // sleep.
     std::lock_guard<std::mutex> lock(mu_);
-    ranges_ = ranges;
-    fn_ = &fn;
-    pending_ = num_threads_ - 1;
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_acq_rel);
   }
   work_cv_.notify_all();
-  fn(ranges[0].first, ranges[0].second);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  fn(ranges_[0].first, ranges_[0].second);
+  int spins = 0;
+  while (pending_.load(std::memory_order_acquire) != 0 &&
+         spins < kSpinIterations) {
+    Backoff(spins++);
+  }
+  if (pending_.load(std::memory_order_acquire) != 0) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(
+        lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+  }
 }
 
 }  // namespace kvd::kernels::cpu

@@ -12,6 +12,7 @@
 #ifndef KVD_KERNELS_CPU_THREAD_POOL_H_
 #define KVD_KERNELS_CPU_THREAD_POOL_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -43,14 +44,17 @@ class ThreadPool {
 
   int num_threads_;
   std::vector<std::thread> workers_;
+  // A step of a forward pass issues hundreds of short parallel sections; waking
+  // threads through a condition variable each time costs tens of microseconds,
+  // so workers and the caller spin briefly on these atomics before they sleep.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  std::vector<std::pair<int64_t, int64_t>> ranges_;
   std::mutex mu_;
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
-  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
-  std::vector<std::pair<int64_t, int64_t>> ranges_;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
 };
 
 }  // namespace kvd::kernels::cpu

@@ -9,12 +9,12 @@
 //
 // Thread-safety: pure functions; safe to call concurrently on disjoint outputs.
 //
-//   const GgufTensor& t = ...;                    // a row-major tensor from a
-//   GGUF file KVD_ASSIGN_OR_RETURN(uint64_t row_bytes, RowBytes(t.type,
-//   t.dims[0])); std::vector<float> row(t.dims[0]);
+//   const GgufTensor& t = ...;  // a tensor from a GGUF file
+//   const int64_t n = t.dims[0];  // row length
+//   KVD_ASSIGN_OR_RETURN(uint64_t row_bytes, RowBytes(t.type, n));
+//   std::vector<float> row(n);
 //   KVD_RETURN_IF_ERROR(DequantizeRow(t.type, t.data + r * row_bytes,
-//   row_bytes, row.data(),
-//                                     t.dims[0]));
+//                                     row_bytes, row.data(), n));
 #ifndef KVD_KERNELS_QUANT_DEQUANT_H_
 #define KVD_KERNELS_QUANT_DEQUANT_H_
 

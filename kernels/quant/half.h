@@ -2,15 +2,12 @@
 // independent of the machine's FPU mode (integer code only, no F16C).
 //
 //  - Fp16ToFp32 / Bf16ToFp32 are exact (every fp16/bf16 value is an fp32
-//  value); denormals are
-//    kept, NaN payloads are kept.
+//    value); denormals are kept, NaN payloads are kept.
 //  - Fp32ToFp16 rounds to nearest, ties to even; values past the fp16 range
-//  become +-inf;
-//    NaN stays NaN with its sign and top 10 payload bits (a payload that would
-//    vanish becomes 1), as numpy's float32 -> float16 does.
-//  - Fp32ToBf16 is GGML's ggml_compute_fp32_to_bf16: round to nearest even, NaN
-//  forced quiet
-//    (sign and top payload bits kept).
+//    become +-inf; NaN stays NaN with its sign and top 10 payload bits (a
+//    payload that would vanish becomes 1), as numpy's float32 -> float16 does.
+//  - Fp32ToBf16 is GGML's ggml_compute_fp32_to_bf16: round to nearest even,
+//    NaN forced quiet (sign and top payload bits kept).
 //
 // Thread-safety: pure functions.
 //

@@ -1,12 +1,14 @@
 // The table of supported model families.
 //
-// Each family lives in one file under ops/model/families/ and registers itself here with the
-// GGUF architecture names it handles and a function that reads the file's metadata into a
-// ModelConfig. Nothing else in kvd switches on the architecture.
+// Each family lives in one file under ops/model/families/ and registers itself
+// here with the GGUF architecture names it handles and a function that reads
+// the file's metadata into a ModelConfig. Nothing else in kvd switches on the
+// architecture.
 //
 //   KVD_REGISTER_ARCHITECTURE(llama, {"llama"}, &ReadLlamaConfig);
 //
-// Thread-safety: registration happens during static initialisation; lookups are read-only.
+// Thread-safety: registration happens during static initialisation; lookups are
+// read-only.
 #ifndef KVD_OPS_MODEL_ARCHITECTURE_H_
 #define KVD_OPS_MODEL_ARCHITECTURE_H_
 
@@ -22,15 +24,17 @@ namespace kvd::ops {
 using ReadConfigFn = absl::StatusOr<ModelConfig> (*)(const GgufFile& file);
 
 struct ArchitectureEntry {
-  std::string family;               // "llama", "qwen2", "gemma3"
-  std::vector<std::string> names;   // general.architecture values handled
+  std::string family;              // "llama", "qwen2", "gemma3"
+  std::vector<std::string> names;  // general.architecture values handled
   ReadConfigFn read_config;
 };
 
 bool RegisterArchitecture(ArchitectureEntry entry);
 
-// The family for general.architecture, or INVALID_ARGUMENT listing what is supported.
-absl::StatusOr<const ArchitectureEntry*> FindArchitecture(const std::string& name);
+// The family for general.architecture, or INVALID_ARGUMENT listing what is
+// supported.
+absl::StatusOr<const ArchitectureEntry*> FindArchitecture(
+    const std::string& name);
 
 std::vector<std::string> SupportedArchitectures();
 
@@ -38,16 +42,21 @@ std::vector<std::string> SupportedArchitectures();
 absl::StatusOr<int64_t> ArchInt(const GgufFile& f, const std::string& arch,
                                 const std::string& suffix);
 absl::StatusOr<int64_t> ArchIntOr(const GgufFile& f, const std::string& arch,
-                                  const std::string& suffix, int64_t default_value);
+                                  const std::string& suffix,
+                                  int64_t default_value);
 absl::StatusOr<float> ArchFloatOr(const GgufFile& f, const std::string& arch,
-                                  const std::string& suffix, float default_value);
-// Fills the fields every family shares (sizes, heads, eps, context, vocab from the token list).
-absl::Status ReadCommonConfig(const GgufFile& f, const std::string& arch, ModelConfig* c);
+                                  const std::string& suffix,
+                                  float default_value);
+// Fills the fields every family shares (sizes, heads, eps, context, vocab from
+// the token list).
+absl::Status ReadCommonConfig(const GgufFile& f, const std::string& arch,
+                              ModelConfig* c);
 
 }  // namespace kvd::ops
 
-#define KVD_REGISTER_ARCHITECTURE(id, ...)                                            \
-  static const bool kvd_arch_registered_##id = ::kvd::ops::RegisterArchitecture(      \
-      ::kvd::ops::ArchitectureEntry{#id, __VA_ARGS__})
+#define KVD_REGISTER_ARCHITECTURE(id, ...)     \
+  static const bool kvd_arch_registered_##id = \
+      ::kvd::ops::RegisterArchitecture(        \
+          ::kvd::ops::ArchitectureEntry{#id, __VA_ARGS__})
 
 #endif  // KVD_OPS_MODEL_ARCHITECTURE_H_

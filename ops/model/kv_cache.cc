@@ -16,9 +16,13 @@ KvCache::KvCache(const ModelConfig& config, Precision precision)
       keys_(config.n_layers),
       values_(config.n_layers) {}
 
-size_t KvCache::size_bytes() const { return 2 * keys_.size() * length_ * row_bytes(); }
+size_t KvCache::size_bytes() const {
+  return 2 * keys_.size() * length_ * row_bytes();
+}
 
-void KvCache::Truncate(int64_t length) { length_ = std::min(length_, std::max<int64_t>(0, length)); }
+void KvCache::Truncate(int64_t length) {
+  length_ = std::min(length_, std::max<int64_t>(0, length));
+}
 
 void KvCache::Reserve(int64_t length) {
   if (length <= capacity_) return;
@@ -39,7 +43,8 @@ kernels::cpu::KvRows KvCache::Values(int64_t layer) const {
           values_[layer].data(), row_size_};
 }
 
-void KvCache::Write(std::vector<uint8_t>& store, int64_t position, const float* row) {
+void KvCache::Write(std::vector<uint8_t>& store, int64_t position,
+                    const float* row) {
   uint8_t* dst = store.data() + position * row_bytes();
   if (precision_ == Precision::kF32) {
     std::memcpy(dst, row, row_bytes());

@@ -1,8 +1,10 @@
-// The K/V cache of one sequence: per layer, one row of n_kv_heads * head_dim values per
-// position, in the precision mode's dtype (fp32 or bf16), stored contiguously by position.
+// The K/V cache of one sequence: per layer, one row of n_kv_heads * head_dim
+// values per position, in the precision mode's dtype (fp32 or bf16), stored
+// contiguously by position.
 //
-// Rows are appended by Model::Forward; Truncate() rolls back (e.g. to drop an unfinished turn).
-// Thread-safety: a cache belongs to one sequence and is used by one forward pass at a time.
+// Rows are appended by Model::Forward; Truncate() rolls back (e.g. to drop an
+// unfinished turn). Thread-safety: a cache belongs to one sequence and is used
+// by one forward pass at a time.
 #ifndef KVD_OPS_MODEL_KV_CACHE_H_
 #define KVD_OPS_MODEL_KV_CACHE_H_
 
@@ -31,10 +33,12 @@ class KvCache {
 
   kernels::cpu::KvRows Keys(int64_t layer) const;
   kernels::cpu::KvRows Values(int64_t layer) const;
-  // Writes fp32 `row` (row_size values) at `position` (< capacity), converting to the dtype.
+  // Writes fp32 `row` (row_size values) at `position` (< capacity), converting
+  // to the dtype.
   void WriteKey(int64_t layer, int64_t position, const float* row);
   void WriteValue(int64_t layer, int64_t position, const float* row);
-  // Raw bytes of one stored row (for bit-level comparisons and checkpoint tests).
+  // Raw bytes of one stored row (for bit-level comparisons and checkpoint
+  // tests).
   const uint8_t* KeyBytes(int64_t layer, int64_t position) const;
   const uint8_t* ValueBytes(int64_t layer, int64_t position) const;
   size_t row_bytes() const { return row_size_ * elem_bytes_; }

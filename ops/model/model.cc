@@ -25,7 +25,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
                                                    const LoadOptions& options) {
   if (!cpu::IsaSupported(cpu::Isa::kAvx2)) {
     return absl::FailedPreconditionError(
-        "kvd needs an x86-64 CPU with AVX2, FMA and F16C (Intel Haswell / AMD Zen or newer)");
+        "kvd needs an x86-64 CPU with AVX2, FMA and F16C (Intel Haswell / AMD "
+        "Zen or newer)");
   }
   std::unique_ptr<Model> m(new Model());
   KVD_ASSIGN_OR_RETURN(m->file_, GgufFile::Open(path));
@@ -34,29 +35,35 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
   KVD_ASSIGN_OR_RETURN(m->config_, entry->read_config(*m->file_));
   m->precision_ = options.precision;
   m->pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
-  KVD_ASSIGN_OR_RETURN(m->weights_, LoadWeights(*m->file_, m->config_, options.precision,
-                                                m->pool_.get(), options.progress));
+  KVD_ASSIGN_OR_RETURN(m->weights_,
+                       LoadWeights(*m->file_, m->config_, options.precision,
+                                   m->pool_.get(), options.progress));
   return m;
 }
 
-absl::Status Model::Forward(absl::Span<const SequenceStep> batch, ForwardOutput* out,
+absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
+                            ForwardOutput* out,
                             ResidualObserver* observer) const {
   const ModelConfig& c = config_;
   // Validate everything before touching any cache.
   int64_t total = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
     const SequenceStep& step = batch[s];
-    if (step.cache == nullptr) return absl::InvalidArgumentError("sequence without a K/V cache");
-    if (step.cache->precision() != precision_ || step.cache->n_layers() != c.n_layers) {
-      return absl::FailedPreconditionError("K/V cache was made for another model or precision");
+    if (step.cache == nullptr)
+      return absl::InvalidArgumentError("sequence without a K/V cache");
+    if (step.cache->precision() != precision_ ||
+        step.cache->n_layers() != c.n_layers) {
+      return absl::FailedPreconditionError(
+          "K/V cache was made for another model or precision");
     }
     for (int32_t t : step.tokens) {
       if (t < 0 || t >= c.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("token id ", t, " out of range [0, ", c.vocab_size, ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token id ", t, " out of range [0, ", c.vocab_size, ")"));
       }
     }
-    const int64_t end = step.cache->length() + static_cast<int64_t>(step.tokens.size());
+    const int64_t end =
+        step.cache->length() + static_cast<int64_t>(step.tokens.size());
     if (end > c.context_length) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sequence ", step.sequence_id, " would reach ", end,
@@ -84,7 +91,8 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch, ForwardOutput*
       for (int32_t t : step.tokens) {
         float* row = h.data() + r++ * c.d_model;
         weights_.token_embedding.RowToFloat(t, row);
-        if (c.embedding_scale != 1.0f) cpu::Scale(row, c.embedding_scale, c.d_model);
+        if (c.embedding_scale != 1.0f)
+          cpu::Scale(row, c.embedding_scale, c.d_model);
         if (precision_ == Precision::kBf16) cpu::RoundToBf16(row, c.d_model);
       }
     }
@@ -123,28 +131,32 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch, ForwardOutput*
   }
   std::vector<float> normed(rows.size() * c.d_model);
   for (size_t i = 0; i < rows.size(); ++i) {
-    cpu::RmsNorm(h.data() + rows[i] * c.d_model, weights_.output_norm.data(), c.rms_eps,
-                 c.d_model, normed.data() + i * c.d_model);
+    cpu::RmsNorm(h.data() + rows[i] * c.d_model, weights_.output_norm.data(),
+                 c.rms_eps, c.d_model, normed.data() + i * c.d_model);
   }
   out->logits.resize(rows.size() * c.vocab_size);
-  cpu::Gemm(normed.data(), rows.size(), c.d_model, weights_.output_matrix().view(),
-            out->logits.data(), c.vocab_size, pool_.get());
+  cpu::Gemm(normed.data(), rows.size(), c.d_model,
+            weights_.output_matrix().view(), out->logits.data(), c.vocab_size,
+            pool_.get());
   return absl::OkStatus();
 }
 
 void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
-                  const std::vector<int64_t>& row_seq, const std::vector<int64_t>& row_pos,
+                  const std::vector<int64_t>& row_seq,
+                  const std::vector<int64_t>& row_pos,
                   std::vector<float>& h) const {
   const ModelConfig& c = config_;
   const LayerWeights& w = weights_.layers[l];
   const LayerConfig& lc = c.layers[l];
   const int64_t m = row_seq.size();
-  const int64_t d = c.d_model, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
+  const int64_t d = c.d_model, qd = c.q_dim(), kvd = c.kv_dim(),
+                hd = c.head_dim;
   cpu::ThreadPool* pool = pool_.get();
 
   std::vector<float> x(m * d), q(m * qd), k(m * kvd), v(m * kvd);
   for (int64_t r = 0; r < m; ++r) {
-    cpu::RmsNorm(h.data() + r * d, w.attn_norm.data(), c.rms_eps, d, x.data() + r * d);
+    cpu::RmsNorm(h.data() + r * d, w.attn_norm.data(), c.rms_eps, d,
+                 x.data() + r * d);
   }
   cpu::Gemm(x.data(), m, d, w.wq.view(), q.data(), qd, pool);
   cpu::Gemm(x.data(), m, d, w.wk.view(), k.data(), kvd, pool);
@@ -162,19 +174,25 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
     }
     if (c.qk_norm) {
       for (int64_t hh = 0; hh < c.n_heads; ++hh)
-        cpu::RmsNorm(qr + hh * hd, w.q_norm.data(), c.rms_eps, hd, qr + hh * hd);
+        cpu::RmsNorm(qr + hh * hd, w.q_norm.data(), c.rms_eps, hd,
+                     qr + hh * hd);
       for (int64_t hh = 0; hh < c.n_kv_heads; ++hh)
-        cpu::RmsNorm(kr + hh * hd, w.k_norm.data(), c.rms_eps, hd, kr + hh * hd);
+        cpu::RmsNorm(kr + hh * hd, w.k_norm.data(), c.rms_eps, hd,
+                     kr + hh * hd);
     }
-    cpu::RopeAngles(row_pos[r], lc.rope_base, c.rope_dim, cos.data(), sin.data());
-    cpu::Rope(qr, c.n_heads, hd, c.rope_dim, cos.data(), sin.data(), c.rope_style);
-    cpu::Rope(kr, c.n_kv_heads, hd, c.rope_dim, cos.data(), sin.data(), c.rope_style);
+    cpu::RopeAngles(row_pos[r], lc.rope_base, c.rope_dim, cos.data(),
+                    sin.data());
+    cpu::Rope(qr, c.n_heads, hd, c.rope_dim, cos.data(), sin.data(),
+              c.rope_style);
+    cpu::Rope(kr, c.n_kv_heads, hd, c.rope_dim, cos.data(), sin.data(),
+              c.rope_style);
     KvCache* cache = batch[row_seq[r]].cache;
     cache->WriteKey(l, row_pos[r], kr);
     cache->WriteValue(l, row_pos[r], vr);
   }
 
-  // Attention: one task per (row, K/V head); each query's keys are visited in canonical chunks.
+  // Attention: one task per (row, K/V head); each query's keys are visited in
+  // canonical chunks.
   const int64_t group = c.n_heads / c.n_kv_heads;
   const float scale = c.attn_scale();
   std::vector<float> attn(m * qd);
@@ -183,13 +201,17 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
       const int64_t r = task / c.n_kv_heads, g = task % c.n_kv_heads;
       const KvCache* cache = batch[row_seq[r]].cache;
       const int64_t pos = row_pos[r];
-      const int64_t first = lc.sliding_window > 0 ? std::max<int64_t>(0, pos - lc.sliding_window + 1) : 0;
+      const int64_t first =
+          lc.sliding_window > 0
+              ? std::max<int64_t>(0, pos - lc.sliding_window + 1)
+              : 0;
       cpu::KvRows keys = cache->Keys(l), values = cache->Values(l);
       const size_t elem = precision_ == Precision::kF32 ? 4 : 2;
       keys.data = static_cast<const char*>(keys.data) + g * hd * elem;
       values.data = static_cast<const char*>(values.data) + g * hd * elem;
-      cpu::AttendRange(q.data() + r * qd + g * group * hd, group, hd, scale, keys, values, first,
-                       pos, attn.data() + r * qd + g * group * hd);
+      cpu::AttendRange(q.data() + r * qd + g * group * hd, group, hd, scale,
+                       keys, values, first, pos,
+                       attn.data() + r * qd + g * group * hd);
     }
   };
   pool->ParallelFor(m * c.n_kv_heads, attend);
@@ -198,9 +220,11 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
   cpu::Gemm(attn.data(), m, qd, w.wo.view(), o.data(), d, pool);
   for (int64_t r = 0; r < m; ++r) {
     float* orow = o.data() + r * d;
-    if (c.post_attn_norm) cpu::RmsNorm(orow, w.post_attn_norm.data(), c.rms_eps, d, orow);
+    if (c.post_attn_norm)
+      cpu::RmsNorm(orow, w.post_attn_norm.data(), c.rms_eps, d, orow);
     cpu::AddInPlace(h.data() + r * d, orow, d);
-    cpu::RmsNorm(h.data() + r * d, w.ffn_norm.data(), c.rms_eps, d, x.data() + r * d);
+    cpu::RmsNorm(h.data() + r * d, w.ffn_norm.data(), c.rms_eps, d,
+                 x.data() + r * d);
   }
 
   std::vector<float> gate(m * c.d_ff), up(m * c.d_ff);
@@ -214,7 +238,8 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
   cpu::Gemm(gate.data(), m, c.d_ff, w.w_down.view(), o.data(), d, pool);
   for (int64_t r = 0; r < m; ++r) {
     float* orow = o.data() + r * d;
-    if (c.post_ffn_norm) cpu::RmsNorm(orow, w.post_ffn_norm.data(), c.rms_eps, d, orow);
+    if (c.post_ffn_norm)
+      cpu::RmsNorm(orow, w.post_ffn_norm.data(), c.rms_eps, d, orow);
     cpu::AddInPlace(h.data() + r * d, orow, d);
     // The bf16 mode keeps the residual stream in bf16 at layer boundaries.
     if (precision_ == Precision::kBf16) cpu::RoundToBf16(h.data() + r * d, d);

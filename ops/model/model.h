@@ -1,23 +1,24 @@
 // A loaded transformer and its batched forward pass.
 //
-// One generic forward pass serves every family, driven by ModelConfig. A step takes several
-// sequences at once, each with its own K/V cache and any number of new tokens (prefill chunks
-// and single-token decodes mix freely); all new tokens of the batch go through each projection
-// as one GEMM, attention runs per sequence. Because every kernel is batch-invariant, a
-// sequence's logits do not depend on what else is in the batch, on the thread count or the ISA.
+// One generic forward pass serves every family, driven by ModelConfig. A step
+// takes several sequences at once, each with its own K/V cache and any number
+// of new tokens (prefill chunks and single-token decodes mix freely); all new
+// tokens of the batch go through each projection as one GEMM, attention runs
+// per sequence. Because every kernel is batch-invariant, a sequence's logits do
+// not depend on what else is in the batch, on the thread count or the ISA.
 //
-//   KVD_ASSIGN_OR_RETURN(auto model, Model::Load(path, {.precision = Precision::kF32}));
-//   KvCache cache = model->NewCache();
-//   SequenceStep step{&cache, prompt_ids, LogitsMode::kLast};
-//   ForwardOutput out;
+//   KVD_ASSIGN_OR_RETURN(auto model, Model::Load(path, {.precision =
+//   Precision::kF32})); KvCache cache = model->NewCache(); SequenceStep
+//   step{&cache, prompt_ids, LogitsMode::kLast}; ForwardOutput out;
 //   KVD_RETURN_IF_ERROR(model->Forward({&step, 1}, &out));
-//   const float* logits = out.Logits(0);   // vocab_size values for the last prompt token
+//   const float* logits = out.Logits(0);   // vocab_size values for the last
+//   prompt token
 //
-// ResidualObserver sees the residual stream entering every layer for every new token: the
-// hook KV-Direct checkpoints are built on.
+// ResidualObserver sees the residual stream entering every layer for every new
+// token: the hook KV-Direct checkpoints are built on.
 //
-// Thread-safety: a Model is immutable after Load; Forward may run concurrently from several
-// threads if each call has its own pool and caches.
+// Thread-safety: a Model is immutable after Load; Forward may run concurrently
+// from several threads if each call has its own pool and caches.
 #ifndef KVD_OPS_MODEL_MODEL_H_
 #define KVD_OPS_MODEL_MODEL_H_
 
@@ -41,25 +42,29 @@ enum class LogitsMode { kNone, kLast, kAll };
 
 struct SequenceStep {
   KvCache* cache = nullptr;
-  absl::Span<const int32_t> tokens;  // new tokens, at positions cache->length() onwards
+  absl::Span<const int32_t>
+      tokens;  // new tokens, at positions cache->length() onwards
   LogitsMode logits = LogitsMode::kLast;
   int64_t sequence_id = 0;  // passed to the ResidualObserver
 };
 
 struct ForwardOutput {
   int64_t vocab_size = 0;
-  std::vector<float> logits;         // rows x vocab_size
-  std::vector<int64_t> first_row;    // per sequence: its first logits row (-1 if none)
-  std::vector<int64_t> num_rows;     // per sequence: how many rows
-  const float* Logits(size_t seq, int64_t row = -1) const;  // row -1: its last row
+  std::vector<float> logits;  // rows x vocab_size
+  std::vector<int64_t>
+      first_row;  // per sequence: its first logits row (-1 if none)
+  std::vector<int64_t> num_rows;  // per sequence: how many rows
+  const float* Logits(size_t seq,
+                      int64_t row = -1) const;  // row -1: its last row
 };
 
 class ResidualObserver {
  public:
   virtual ~ResidualObserver() = default;
-  // `residual` (d_model fp32 values; in the bf16 mode exactly bf16-representable) is the input
-  // of `layer` for the token at `position` of sequence `sequence_id`. layer == n_layers is the
-  // final residual (input of the output norm).
+  // `residual` (d_model fp32 values; in the bf16 mode exactly
+  // bf16-representable) is the input of `layer` for the token at `position` of
+  // sequence `sequence_id`. layer == n_layers is the final residual (input of
+  // the output norm).
   virtual void OnResidual(int64_t sequence_id, int64_t layer, int64_t position,
                           const float* residual) = 0;
 };
@@ -72,8 +77,8 @@ struct LoadOptions {
 
 class Model {
  public:
-  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path,
-                                                     const LoadOptions& options);
+  static absl::StatusOr<std::unique_ptr<Model>> Load(
+      const std::string& path, const LoadOptions& options);
 
   const ModelConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
@@ -83,16 +88,17 @@ class Model {
 
   KvCache NewCache() const { return KvCache(config_, precision_); }
 
-  // Runs one step over `batch`. INVALID_ARGUMENT for out-of-range token ids or a sequence that
-  // would exceed the context length; nothing is written to any cache in that case.
+  // Runs one step over `batch`. INVALID_ARGUMENT for out-of-range token ids or
+  // a sequence that would exceed the context length; nothing is written to any
+  // cache in that case.
   absl::Status Forward(absl::Span<const SequenceStep> batch, ForwardOutput* out,
                        ResidualObserver* observer = nullptr) const;
 
  private:
   Model() = default;
   void Layer(int64_t l, absl::Span<const SequenceStep> batch,
-             const std::vector<int64_t>& row_seq, const std::vector<int64_t>& row_pos,
-             std::vector<float>& h) const;
+             const std::vector<int64_t>& row_seq,
+             const std::vector<int64_t>& row_pos, std::vector<float>& h) const;
 
   ModelConfig config_;
   Precision precision_ = Precision::kF32;

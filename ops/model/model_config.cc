@@ -4,11 +4,14 @@
 
 namespace kvd::ops {
 
-const char* PrecisionName(Precision p) { return p == Precision::kF32 ? "fp32" : "bf16"; }
+const char* PrecisionName(Precision p) {
+  return p == Precision::kF32 ? "fp32" : "bf16";
+}
 
 float ModelConfig::attn_scale() const {
-  return attention_scale != 0.0f ? attention_scale
-                                 : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return attention_scale != 0.0f
+             ? attention_scale
+             : 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
 
 int64_t ModelConfig::ParameterCount(bool tied_output) const {

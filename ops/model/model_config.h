@@ -1,8 +1,8 @@
 // Architecture-independent description of a decoder-only transformer.
 //
-// A model family (ops/model/families/*.cc) reads its file's metadata into this struct; the one
-// generic forward pass (model.cc) is driven entirely by it, so adding a family never touches
-// the forward pass (docs/HOWTO-add-model.md).
+// A model family (ops/model/families/*.cc) reads its file's metadata into this
+// struct; the one generic forward pass (model.cc) is driven entirely by it, so
+// adding a family never touches the forward pass (docs/HOWTO-add-model.md).
 #ifndef KVD_OPS_MODEL_MODEL_CONFIG_H_
 #define KVD_OPS_MODEL_MODEL_CONFIG_H_
 
@@ -22,7 +22,8 @@ enum class Precision { kF32, kBf16 };
 const char* PrecisionName(Precision p);
 
 struct LayerConfig {
-  int64_t sliding_window = 0;  // 0: global attention; else keys within this many positions
+  int64_t sliding_window =
+      0;  // 0: global attention; else keys within this many positions
   float rope_base = 10000.0f;
 };
 

@@ -1,6 +1,7 @@
-// Forward-pass properties on tiny random models of every family, in both precision modes:
-// exactness guarantees compared bit for bit, and agreement with an independent float64
-// reference implementation written here from the architectures' definitions.
+// Forward-pass properties on tiny random models of every family, in both
+// precision modes: exactness guarantees compared bit for bit, and agreement
+// with an independent float64 reference implementation written here from the
+// architectures' definitions.
 #include "ops/model/model.h"
 
 #include <cmath>
@@ -40,8 +41,10 @@ class ModelProperties : public ::testing::TestWithParam<Case> {
     spec.family = GetParam().family;
     spec.seed = seed;
     spec.tied_embeddings = spec.family != "qwen2";
-    if (spec.family == "gemma3") spec.n_layers = 6;  // five local layers, then a global one
-    absl::StatusOr<std::string> path = testing::WriteTinyModel(spec, ::testing::TempDir());
+    if (spec.family == "gemma3")
+      spec.n_layers = 6;  // five local layers, then a global one
+    absl::StatusOr<std::string> path =
+        testing::WriteTinyModel(spec, ::testing::TempDir());
     EXPECT_TRUE(path.ok()) << path.status();
     LoadOptions opts;
     opts.precision = GetParam().precision;
@@ -52,13 +55,15 @@ class ModelProperties : public ::testing::TestWithParam<Case> {
   }
 
   // Logits of every position of `tokens`, fed in pieces of the given sizes.
-  static std::vector<float> RunInPieces(const Model& model, const std::vector<int32_t>& tokens,
+  static std::vector<float> RunInPieces(const Model& model,
+                                        const std::vector<int32_t>& tokens,
                                         const std::vector<int>& pieces) {
     KvCache cache = model.NewCache();
     std::vector<float> all;
     size_t at = 0;
     for (int n : pieces) {
-      SequenceStep step{&cache, absl::MakeConstSpan(tokens).subspan(at, n), LogitsMode::kAll};
+      SequenceStep step{&cache, absl::MakeConstSpan(tokens).subspan(at, n),
+                        LogitsMode::kAll};
       ForwardOutput out;
       EXPECT_TRUE(model.Forward({&step, 1}, &out).ok());
       all.insert(all.end(), out.logits.begin(), out.logits.end());
@@ -70,7 +75,8 @@ class ModelProperties : public ::testing::TestWithParam<Case> {
 };
 
 bool Bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
 TEST_P(ModelProperties, PrefillChunkingAndDecodeGiveIdenticalBits) {
@@ -78,8 +84,10 @@ TEST_P(ModelProperties, PrefillChunkingAndDecodeGiveIdenticalBits) {
   const std::vector<int32_t> tokens = Tokens(70, 7, model->config().vocab_size);
   const std::vector<float> prefill = RunInPieces(*model, tokens, {70});
   std::vector<int> ones(70, 1);
-  EXPECT_TRUE(Bits(prefill, RunInPieces(*model, tokens, ones))) << "token-by-token decode";
-  EXPECT_TRUE(Bits(prefill, RunInPieces(*model, tokens, {5, 31, 1, 33}))) << "chunked prefill";
+  EXPECT_TRUE(Bits(prefill, RunInPieces(*model, tokens, ones)))
+      << "token-by-token decode";
+  EXPECT_TRUE(Bits(prefill, RunInPieces(*model, tokens, {5, 31, 1, 33})))
+      << "chunked prefill";
 }
 
 TEST_P(ModelProperties, BatchCompositionDoesNotChangeBits) {
@@ -88,7 +96,8 @@ TEST_P(ModelProperties, BatchCompositionDoesNotChangeBits) {
   const std::vector<int32_t> a = Tokens(40, 1, vocab), b = Tokens(23, 2, vocab),
                              c = Tokens(1, 3, vocab);
   const std::vector<float> alone = RunInPieces(*model, a, {40});
-  KvCache ca = model->NewCache(), cb = model->NewCache(), cc = model->NewCache();
+  KvCache ca = model->NewCache(), cb = model->NewCache(),
+          cc = model->NewCache();
   SequenceStep steps[] = {{&cb, b, LogitsMode::kLast, 1},
                           {&ca, a, LogitsMode::kAll, 0},
                           {&cc, c, LogitsMode::kLast, 2}};
@@ -108,7 +117,8 @@ TEST_P(ModelProperties, ThreadCountAndIsaDoNotChangeBits) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (!kernels::cpu::IsaSupported(isa)) continue;
     ASSERT_TRUE(kernels::cpu::SetIsa(isa).ok());
-    EXPECT_TRUE(Bits(base, RunInPieces(*three, tokens, {20, 25}))) << IsaName(isa);
+    EXPECT_TRUE(Bits(base, RunInPieces(*three, tokens, {20, 25})))
+        << IsaName(isa);
   }
   ASSERT_TRUE(kernels::cpu::SetIsa(saved).ok());
 }
@@ -123,8 +133,8 @@ INSTANTIATE_TEST_SUITE_P(Families, ModelProperties,
                          CaseName);
 
 // ---------------------------------------------------------------------------------------------
-// Independent float64 reference: a direct transcription of each architecture, sharing no code
-// with the engine (only the GGUF reader, to get the weights).
+// Independent float64 reference: a direct transcription of each architecture,
+// sharing no code with the engine (only the GGUF reader, to get the weights).
 
 using Vec = std::vector<double>;
 
@@ -136,7 +146,9 @@ struct RefModel {
     const float* p = reinterpret_cast<const float*>(t->data);
     return Vec(p, p + t->num_elements);
   }
-  bool Has(const std::string& name) const { return f->FindTensor(name) != nullptr; }
+  bool Has(const std::string& name) const {
+    return f->FindTensor(name) != nullptr;
+  }
 };
 
 Vec RmsNormRef(const Vec& x, const Vec& w, double eps) {
@@ -156,7 +168,8 @@ Vec MatVec(const Vec& w, const Vec& x, int64_t rows) {
   return y;
 }
 
-void RopeRef(Vec& v, int64_t heads, int64_t hd, int64_t pos, double base, bool interleaved) {
+void RopeRef(Vec& v, int64_t heads, int64_t hd, int64_t pos, double base,
+             bool interleaved) {
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t i = 0; i < hd / 2; ++i) {
       const double th = pos * std::pow(base, -2.0 * i / hd);
@@ -169,8 +182,10 @@ void RopeRef(Vec& v, int64_t heads, int64_t hd, int64_t pos, double base, bool i
   }
 }
 
-// Logits at every position, recomputing the whole prefix (simple and obviously causal).
-std::vector<Vec> ReferenceLogits(const RefModel& m, const std::vector<int32_t>& tokens) {
+// Logits at every position, recomputing the whole prefix (simple and obviously
+// causal).
+std::vector<Vec> ReferenceLogits(const RefModel& m,
+                                 const std::vector<int32_t>& tokens) {
   const ModelConfig& c = *m.c;
   const bool gemma = c.architecture == "gemma3";
   const bool interleaved = c.architecture == "llama";
@@ -180,7 +195,8 @@ std::vector<Vec> ReferenceLogits(const RefModel& m, const std::vector<int32_t>& 
   for (int64_t t = 0; t < n; ++t) {
     h[t] = Vec(emb.begin() + tokens[t] * d, emb.begin() + (tokens[t] + 1) * d);
     if (gemma)
-      for (double& x : h[t]) x *= std::sqrt(static_cast<double>(static_cast<float>(d)));
+      for (double& x : h[t])
+        x *= std::sqrt(static_cast<double>(static_cast<float>(d)));
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
@@ -197,11 +213,13 @@ std::vector<Vec> ReferenceLogits(const RefModel& m, const std::vector<int32_t>& 
         const Vec bq = m.T(p + "attn_q.bias"), bk = m.T(p + "attn_k.bias"),
                   bv = m.T(p + "attn_v.bias");
         for (size_t i = 0; i < bq.size(); ++i) q[t][i] += bq[i];
-        for (size_t i = 0; i < bk.size(); ++i) k[t][i] += bk[i], v[t][i] += bv[i];
+        for (size_t i = 0; i < bk.size(); ++i)
+          k[t][i] += bk[i], v[t][i] += bv[i];
       }
       if (gemma) {
         const std::tuple<Vec*, int64_t, std::string> norms[] = {
-            {&q[t], c.n_heads, "attn_q_norm.weight"}, {&k[t], c.n_kv_heads, "attn_k_norm.weight"}};
+            {&q[t], c.n_heads, "attn_q_norm.weight"},
+            {&k[t], c.n_kv_heads, "attn_k_norm.weight"}};
         for (const auto& [vec, heads, w] : norms) {
           for (int64_t hh = 0; hh < heads; ++hh) {
             Vec part(vec->begin() + hh * hd, vec->begin() + (hh + 1) * hd);
@@ -223,7 +241,8 @@ std::vector<Vec> ReferenceLogits(const RefModel& m, const std::vector<int32_t>& 
         double mx = -1e300;
         for (int64_t j = first; j <= t; ++j) {
           double dot = 0;
-          for (int64_t i = 0; i < hd; ++i) dot += q[t][hh * hd + i] * k[j][g * hd + i];
+          for (int64_t i = 0; i < hd; ++i)
+            dot += q[t][hh * hd + i] * k[j][g * hd + i];
           s.push_back(dot / std::sqrt(static_cast<double>(hd)));
           mx = std::max(mx, s.back());
         }
@@ -234,7 +253,8 @@ std::vector<Vec> ReferenceLogits(const RefModel& m, const std::vector<int32_t>& 
             attn[hh * hd + i] += s[j - first] / sum * v[j][g * hd + i];
       }
       Vec o = MatVec(m.T(p + "attn_output.weight"), attn, d);
-      if (gemma) o = RmsNormRef(o, m.T(p + "post_attention_norm.weight"), c.rms_eps);
+      if (gemma)
+        o = RmsNormRef(o, m.T(p + "post_attention_norm.weight"), c.rms_eps);
       for (int64_t i = 0; i < d; ++i) h[t][i] += o[i];
       const Vec x = RmsNormRef(h[t], m.T(p + "ffn_norm.weight"), c.rms_eps);
       const Vec gate = MatVec(m.T(p + "ffn_gate.weight"), x, c.d_ff);
@@ -242,31 +262,38 @@ std::vector<Vec> ReferenceLogits(const RefModel& m, const std::vector<int32_t>& 
       Vec act(c.d_ff);
       for (int64_t i = 0; i < c.d_ff; ++i) {
         const double g = gate[i];
-        const double a = gemma ? 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)))
+        const double a = gemma ? 0.5 * g *
+                                     (1 + std::tanh(std::sqrt(2 / M_PI) *
+                                                    (g + 0.044715 * g * g * g)))
                                : g / (1 + std::exp(-g));
         act[i] = a * up[i];
       }
       Vec down = MatVec(m.T(p + "ffn_down.weight"), act, d);
-      if (gemma) down = RmsNormRef(down, m.T(p + "post_ffw_norm.weight"), c.rms_eps);
+      if (gemma)
+        down = RmsNormRef(down, m.T(p + "post_ffw_norm.weight"), c.rms_eps);
       for (int64_t i = 0; i < d; ++i) h[t][i] += down[i];
     }
   }
   const Vec out_w = m.Has("output.weight") ? m.T("output.weight") : emb;
   std::vector<Vec> logits;
   for (int64_t t = 0; t < n; ++t) {
-    logits.push_back(MatVec(out_w, RmsNormRef(h[t], m.T("output_norm.weight"), c.rms_eps),
-                            c.vocab_size));
+    logits.push_back(
+        MatVec(out_w, RmsNormRef(h[t], m.T("output_norm.weight"), c.rms_eps),
+               c.vocab_size));
   }
   return logits;
 }
 
 TEST_P(ModelProperties, AgreesWithFloat64Reference) {
   auto model = Load();
-  const std::vector<int32_t> tokens = Tokens(40, 11, model->config().vocab_size);
+  const std::vector<int32_t> tokens =
+      Tokens(40, 11, model->config().vocab_size);
   const std::vector<float> got = RunInPieces(*model, tokens, {40});
-  const std::vector<Vec> ref = ReferenceLogits(RefModel{&model->file(), &model->config()}, tokens);
-  // fp32 mode: fp32 rounding only. bf16 mode: weights, K/V and residuals rounded to bf16
-  // (8 mantissa bits), measured on these models at ~1e-2 relative.
+  const std::vector<Vec> ref =
+      ReferenceLogits(RefModel{&model->file(), &model->config()}, tokens);
+  // fp32 mode: fp32 rounding only. bf16 mode: weights, K/V and residuals
+  // rounded to bf16 (8 mantissa bits), measured on these models at ~1e-2
+  // relative.
   const double tol = GetParam().precision == Precision::kF32 ? 1e-5 : 5e-2;
   const int64_t vocab = model->config().vocab_size;
   for (size_t t = 0; t < tokens.size(); ++t) {

@@ -15,17 +15,20 @@ using kernels::cpu::WeightType;
 
 std::string DimsString(const GgufTensor& t) {
   std::string s = "[";
-  for (size_t i = 0; i < t.dims.size(); ++i) absl::StrAppend(&s, i ? ", " : "", t.dims[i]);
+  for (size_t i = 0; i < t.dims.size(); ++i)
+    absl::StrAppend(&s, i ? ", " : "", t.dims[i]);
   return s + "]";
 }
 
-absl::StatusOr<const GgufTensor*> CheckedTensor(const GgufFile& file, const std::string& name,
+absl::StatusOr<const GgufTensor*> CheckedTensor(const GgufFile& file,
+                                                const std::string& name,
                                                 int64_t rows, int64_t cols) {
   KVD_ASSIGN_OR_RETURN(const GgufTensor* t, file.GetTensor(name));
   if (t->dims.empty() || t->row_length() != cols || t->num_rows() != rows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file.path(), ": tensor '", name, "' has dims ", DimsString(*t), ", expected ", rows,
-        " rows of ", cols, " (inconsistent with the model's hyper-parameters)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.path(), ": tensor '", name, "' has dims ",
+                     DimsString(*t), ", expected ", rows, " rows of ", cols,
+                     " (inconsistent with the model's hyper-parameters)"));
   }
   if (!kernels::IsDequantizeSupported(t->type)) {
     return absl::InvalidArgumentError(
@@ -39,9 +42,11 @@ absl::StatusOr<const GgufTensor*> CheckedTensor(const GgufFile& file, const std:
 }  // namespace
 
 kernels::cpu::WeightView Matrix::view() const {
-  return kernels::cpu::WeightView{
-      type_, type_ == WeightType::kF32 ? static_cast<const void*>(f32_.data()) : bf16_.data(),
-      rows_, cols_, cols_};
+  return kernels::cpu::WeightView{type_,
+                                  type_ == WeightType::kF32
+                                      ? static_cast<const void*>(f32_.data())
+                                      : bf16_.data(),
+                                  rows_, cols_, cols_};
 }
 
 void Matrix::RowToFloat(int64_t r, float* out) const {
@@ -52,10 +57,12 @@ void Matrix::RowToFloat(int64_t r, float* out) const {
   }
 }
 
-absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file, const std::string& name,
-                                        int64_t rows, int64_t cols, Precision precision,
+absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
+                                        const std::string& name, int64_t rows,
+                                        int64_t cols, Precision precision,
                                         kernels::cpu::ThreadPool* pool) {
-  KVD_ASSIGN_OR_RETURN(const GgufTensor* t, CheckedTensor(file, name, rows, cols));
+  KVD_ASSIGN_OR_RETURN(const GgufTensor* t,
+                       CheckedTensor(file, name, rows, cols));
   Matrix m;
   m.rows_ = rows;
   m.cols_ = cols;
@@ -72,12 +79,13 @@ absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file, const std::string&
     const int my_slot = slot.fetch_add(1);
     std::vector<float> tmp(m.type_ == WeightType::kBf16 ? cols : 0);
     for (int64_t r = begin; r < end; ++r) {
-      float* dst = m.type_ == WeightType::kF32 ? m.f32_.data() + r * cols : tmp.data();
-      absl::Status s =
-          kernels::DequantizeRow(t->type, t->data + r * row_bytes, row_bytes, dst, cols);
+      float* dst =
+          m.type_ == WeightType::kF32 ? m.f32_.data() + r * cols : tmp.data();
+      absl::Status s = kernels::DequantizeRow(t->type, t->data + r * row_bytes,
+                                              row_bytes, dst, cols);
       if (!s.ok()) {
-        errors[my_slot] = absl::InvalidArgumentError(
-            absl::StrCat(file.path(), ": tensor '", name, "' row ", r, ": ", s.message()));
+        errors[my_slot] = absl::InvalidArgumentError(absl::StrCat(
+            file.path(), ": tensor '", name, "' row ", r, ": ", s.message()));
         return;
       }
       if (m.type_ == WeightType::kBf16) {
@@ -94,76 +102,101 @@ absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file, const std::string&
   return m;
 }
 
-absl::StatusOr<std::vector<float>> VectorFromGguf(const GgufFile& file, const std::string& name,
+absl::StatusOr<std::vector<float>> VectorFromGguf(const GgufFile& file,
+                                                  const std::string& name,
                                                   int64_t n) {
   KVD_ASSIGN_OR_RETURN(const GgufTensor* t, CheckedTensor(file, name, 1, n));
   std::vector<float> v(n);
-  KVD_RETURN_IF_ERROR(kernels::DequantizeRow(t->type, t->data, t->size_bytes, v.data(), n));
+  KVD_RETURN_IF_ERROR(
+      kernels::DequantizeRow(t->type, t->data, t->size_bytes, v.data(), n));
   return v;
 }
 
 size_t ModelWeights::size_bytes() const {
-  size_t total = token_embedding.size_bytes() + output.size_bytes() + output_norm.size() * 4;
+  size_t total = token_embedding.size_bytes() + output.size_bytes() +
+                 output_norm.size() * 4;
   for (const LayerWeights& l : layers) {
-    for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+    for (const Matrix* m :
+         {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
       total += m->size_bytes();
   }
   return total;
 }
 
-absl::StatusOr<ModelWeights> LoadWeights(const GgufFile& file, const ModelConfig& c,
-                                         Precision precision, kernels::cpu::ThreadPool* pool,
-                                         const std::function<void(int, int)>& progress) {
+absl::StatusOr<ModelWeights> LoadWeights(
+    const GgufFile& file, const ModelConfig& c, Precision precision,
+    kernels::cpu::ThreadPool* pool,
+    const std::function<void(int, int)>& progress) {
   ModelWeights w;
   const int total = static_cast<int>(c.n_layers) + 2;
   int done = 0;
   auto step = [&] {
     if (progress) progress(++done, total);
   };
-  KVD_ASSIGN_OR_RETURN(w.token_embedding, Matrix::FromGguf(file, "token_embd.weight",
-                                                           c.vocab_size, c.d_model, precision,
-                                                           pool));
-  KVD_ASSIGN_OR_RETURN(w.output_norm, VectorFromGguf(file, "output_norm.weight", c.d_model));
+  KVD_ASSIGN_OR_RETURN(w.token_embedding,
+                       Matrix::FromGguf(file, "token_embd.weight", c.vocab_size,
+                                        c.d_model, precision, pool));
+  KVD_ASSIGN_OR_RETURN(w.output_norm,
+                       VectorFromGguf(file, "output_norm.weight", c.d_model));
   if (file.FindTensor("output.weight") != nullptr) {
-    KVD_ASSIGN_OR_RETURN(w.output, Matrix::FromGguf(file, "output.weight", c.vocab_size,
-                                                    c.d_model, precision, pool));
+    KVD_ASSIGN_OR_RETURN(w.output,
+                         Matrix::FromGguf(file, "output.weight", c.vocab_size,
+                                          c.d_model, precision, pool));
   }
   step();
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string p = absl::StrCat("blk.", l, ".");
     LayerWeights lw;
-    KVD_ASSIGN_OR_RETURN(lw.attn_norm, VectorFromGguf(file, p + "attn_norm.weight", c.d_model));
-    KVD_ASSIGN_OR_RETURN(lw.wq, Matrix::FromGguf(file, p + "attn_q.weight", c.q_dim(),
-                                                 c.d_model, precision, pool));
-    KVD_ASSIGN_OR_RETURN(lw.wk, Matrix::FromGguf(file, p + "attn_k.weight", c.kv_dim(),
-                                                 c.d_model, precision, pool));
-    KVD_ASSIGN_OR_RETURN(lw.wv, Matrix::FromGguf(file, p + "attn_v.weight", c.kv_dim(),
-                                                 c.d_model, precision, pool));
-    KVD_ASSIGN_OR_RETURN(lw.wo, Matrix::FromGguf(file, p + "attn_output.weight", c.d_model,
-                                                 c.q_dim(), precision, pool));
+    KVD_ASSIGN_OR_RETURN(
+        lw.attn_norm, VectorFromGguf(file, p + "attn_norm.weight", c.d_model));
+    KVD_ASSIGN_OR_RETURN(
+        lw.wq, Matrix::FromGguf(file, p + "attn_q.weight", c.q_dim(), c.d_model,
+                                precision, pool));
+    KVD_ASSIGN_OR_RETURN(lw.wk,
+                         Matrix::FromGguf(file, p + "attn_k.weight", c.kv_dim(),
+                                          c.d_model, precision, pool));
+    KVD_ASSIGN_OR_RETURN(lw.wv,
+                         Matrix::FromGguf(file, p + "attn_v.weight", c.kv_dim(),
+                                          c.d_model, precision, pool));
+    KVD_ASSIGN_OR_RETURN(
+        lw.wo, Matrix::FromGguf(file, p + "attn_output.weight", c.d_model,
+                                c.q_dim(), precision, pool));
     if (c.qkv_bias) {
-      KVD_ASSIGN_OR_RETURN(lw.bq, VectorFromGguf(file, p + "attn_q.bias", c.q_dim()));
-      KVD_ASSIGN_OR_RETURN(lw.bk, VectorFromGguf(file, p + "attn_k.bias", c.kv_dim()));
-      KVD_ASSIGN_OR_RETURN(lw.bv, VectorFromGguf(file, p + "attn_v.bias", c.kv_dim()));
+      KVD_ASSIGN_OR_RETURN(lw.bq,
+                           VectorFromGguf(file, p + "attn_q.bias", c.q_dim()));
+      KVD_ASSIGN_OR_RETURN(lw.bk,
+                           VectorFromGguf(file, p + "attn_k.bias", c.kv_dim()));
+      KVD_ASSIGN_OR_RETURN(lw.bv,
+                           VectorFromGguf(file, p + "attn_v.bias", c.kv_dim()));
     }
     if (c.qk_norm) {
-      KVD_ASSIGN_OR_RETURN(lw.q_norm, VectorFromGguf(file, p + "attn_q_norm.weight", c.head_dim));
-      KVD_ASSIGN_OR_RETURN(lw.k_norm, VectorFromGguf(file, p + "attn_k_norm.weight", c.head_dim));
+      KVD_ASSIGN_OR_RETURN(
+          lw.q_norm,
+          VectorFromGguf(file, p + "attn_q_norm.weight", c.head_dim));
+      KVD_ASSIGN_OR_RETURN(
+          lw.k_norm,
+          VectorFromGguf(file, p + "attn_k_norm.weight", c.head_dim));
     }
     if (c.post_attn_norm) {
-      KVD_ASSIGN_OR_RETURN(lw.post_attn_norm,
-                           VectorFromGguf(file, p + "post_attention_norm.weight", c.d_model));
+      KVD_ASSIGN_OR_RETURN(
+          lw.post_attn_norm,
+          VectorFromGguf(file, p + "post_attention_norm.weight", c.d_model));
     }
-    KVD_ASSIGN_OR_RETURN(lw.ffn_norm, VectorFromGguf(file, p + "ffn_norm.weight", c.d_model));
-    KVD_ASSIGN_OR_RETURN(lw.w_gate, Matrix::FromGguf(file, p + "ffn_gate.weight", c.d_ff,
-                                                     c.d_model, precision, pool));
-    KVD_ASSIGN_OR_RETURN(lw.w_up, Matrix::FromGguf(file, p + "ffn_up.weight", c.d_ff,
-                                                   c.d_model, precision, pool));
-    KVD_ASSIGN_OR_RETURN(lw.w_down, Matrix::FromGguf(file, p + "ffn_down.weight", c.d_model,
-                                                     c.d_ff, precision, pool));
+    KVD_ASSIGN_OR_RETURN(
+        lw.ffn_norm, VectorFromGguf(file, p + "ffn_norm.weight", c.d_model));
+    KVD_ASSIGN_OR_RETURN(lw.w_gate,
+                         Matrix::FromGguf(file, p + "ffn_gate.weight", c.d_ff,
+                                          c.d_model, precision, pool));
+    KVD_ASSIGN_OR_RETURN(
+        lw.w_up, Matrix::FromGguf(file, p + "ffn_up.weight", c.d_ff, c.d_model,
+                                  precision, pool));
+    KVD_ASSIGN_OR_RETURN(
+        lw.w_down, Matrix::FromGguf(file, p + "ffn_down.weight", c.d_model,
+                                    c.d_ff, precision, pool));
     if (c.post_ffn_norm) {
-      KVD_ASSIGN_OR_RETURN(lw.post_ffn_norm,
-                           VectorFromGguf(file, p + "post_ffw_norm.weight", c.d_model));
+      KVD_ASSIGN_OR_RETURN(
+          lw.post_ffn_norm,
+          VectorFromGguf(file, p + "post_ffw_norm.weight", c.d_model));
     }
     w.layers.push_back(std::move(lw));
     step();

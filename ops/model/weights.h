@@ -1,8 +1,9 @@
 // Model weights held in memory in the precision mode's dtype.
 //
-// Quantized GGUF tensors are dequantized once at load time: to fp32 in the fp32 mode, to bf16
-// (round-to-nearest-even from the exact fp32 dequantization) in the bf16 mode. Norm weights and
-// biases are always fp32. Thread-safety: immutable after loading.
+// Quantized GGUF tensors are dequantized once at load time: to fp32 in the fp32
+// mode, to bf16 (round-to-nearest-even from the exact fp32 dequantization) in
+// the bf16 mode. Norm weights and biases are always fp32. Thread-safety:
+// immutable after loading.
 #ifndef KVD_OPS_MODEL_WEIGHTS_H_
 #define KVD_OPS_MODEL_WEIGHTS_H_
 
@@ -30,9 +31,11 @@ class Matrix {
   void RowToFloat(int64_t r, float* out) const;
   size_t size_bytes() const { return f32_.size() * 4 + bf16_.size() * 2; }
 
-  // Dequantizes GGUF tensor `name`, which must have `cols` values per row and `rows` rows.
-  static absl::StatusOr<Matrix> FromGguf(const GgufFile& file, const std::string& name,
-                                         int64_t rows, int64_t cols, Precision precision,
+  // Dequantizes GGUF tensor `name`, which must have `cols` values per row and
+  // `rows` rows.
+  static absl::StatusOr<Matrix> FromGguf(const GgufFile& file,
+                                         const std::string& name, int64_t rows,
+                                         int64_t cols, Precision precision,
                                          kernels::cpu::ThreadPool* pool);
 
  private:
@@ -44,34 +47,39 @@ class Matrix {
 };
 
 // A 1-D fp32 tensor (norm weights, biases) of exactly `n` values.
-absl::StatusOr<std::vector<float>> VectorFromGguf(const GgufFile& file, const std::string& name,
+absl::StatusOr<std::vector<float>> VectorFromGguf(const GgufFile& file,
+                                                  const std::string& name,
                                                   int64_t n);
 
 struct LayerWeights {
   std::vector<float> attn_norm;
   Matrix wq, wk, wv, wo;
-  std::vector<float> bq, bk, bv;          // qkv_bias
-  std::vector<float> q_norm, k_norm;      // qk_norm
-  std::vector<float> post_attn_norm;      // post_attn_norm
+  std::vector<float> bq, bk, bv;      // qkv_bias
+  std::vector<float> q_norm, k_norm;  // qk_norm
+  std::vector<float> post_attn_norm;  // post_attn_norm
   std::vector<float> ffn_norm;
   Matrix w_gate, w_up, w_down;
-  std::vector<float> post_ffn_norm;       // post_ffn_norm
+  std::vector<float> post_ffn_norm;  // post_ffn_norm
 };
 
 struct ModelWeights {
   Matrix token_embedding;  // vocab x d_model
   std::vector<float> output_norm;
-  Matrix output;           // empty when tied to token_embedding
+  Matrix output;  // empty when tied to token_embedding
   std::vector<LayerWeights> layers;
 
-  const Matrix& output_matrix() const { return output.empty() ? token_embedding : output; }
+  const Matrix& output_matrix() const {
+    return output.empty() ? token_embedding : output;
+  }
   size_t size_bytes() const;
 };
 
-// Loads every tensor the config calls for; `progress(done, total)` is called as tensors load.
-absl::StatusOr<ModelWeights> LoadWeights(const GgufFile& file, const ModelConfig& config,
-                                         Precision precision, kernels::cpu::ThreadPool* pool,
-                                         const std::function<void(int, int)>& progress);
+// Loads every tensor the config calls for; `progress(done, total)` is called as
+// tensors load.
+absl::StatusOr<ModelWeights> LoadWeights(
+    const GgufFile& file, const ModelConfig& config, Precision precision,
+    kernels::cpu::ThreadPool* pool,
+    const std::function<void(int, int)>& progress);
 
 }  // namespace kvd::ops
 

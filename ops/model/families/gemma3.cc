@@ -1,9 +1,11 @@
-// The gemma3 family (Gemma 3 text models). Differences from llama: embeddings scaled by
-// sqrt(d_model); RMSNorm on each head's queries and keys (QK-norm); a second norm after the
-// attention and after the MLP (pre + post norms); GeGLU (tanh-approximated GELU) MLP; rotary
-// embeddings on half-split pairs; five sliding-window layers (local RoPE base 10000) for every
-// global layer (the file's RoPE base); attention scale 1/sqrt(head_dim) except the 27B model.
-// GGUF converters fold Gemma's "(1 + w)" norm weights into w, so norms are plain RMSNorm here.
+// The gemma3 family (Gemma 3 text models). Differences from llama: embeddings
+// scaled by sqrt(d_model); RMSNorm on each head's queries and keys (QK-norm); a
+// second norm after the attention and after the MLP (pre + post norms); GeGLU
+// (tanh-approximated GELU) MLP; rotary embeddings on half-split pairs; five
+// sliding-window layers (local RoPE base 10000) for every global layer (the
+// file's RoPE base); attention scale 1/sqrt(head_dim) except the 27B model.
+// GGUF converters fold Gemma's "(1 + w)" norm weights into w, so norms are
+// plain RMSNorm here.
 #include <cmath>
 
 #include "base/status_macros.h"
@@ -12,7 +14,8 @@
 namespace kvd::ops {
 namespace {
 
-constexpr int64_t kGlobalLayerPeriod = 6;  // layers 5, 11, 17, ... attend globally
+constexpr int64_t kGlobalLayerPeriod =
+    6;  // layers 5, 11, 17, ... attend globally
 constexpr float kLocalRopeBase = 10000.0f;
 
 absl::StatusOr<ModelConfig> ReadGemma3Config(const GgufFile& f) {
@@ -25,16 +28,22 @@ absl::StatusOr<ModelConfig> ReadGemma3Config(const GgufFile& f) {
   c.post_attn_norm = true;
   c.post_ffn_norm = true;
   c.embedding_scale = std::sqrt(static_cast<float>(c.d_model));
-  KVD_ASSIGN_OR_RETURN(float global_base, ArchFloatOr(f, arch, "rope.freq_base", 1000000.0f));
-  KVD_ASSIGN_OR_RETURN(int64_t window, ArchIntOr(f, arch, "attention.sliding_window", 512));
-  KVD_ASSIGN_OR_RETURN(float scaling, ArchFloatOr(f, arch, "rope.scaling.factor", 1.0f));
+  KVD_ASSIGN_OR_RETURN(float global_base,
+                       ArchFloatOr(f, arch, "rope.freq_base", 1000000.0f));
+  KVD_ASSIGN_OR_RETURN(int64_t window,
+                       ArchIntOr(f, arch, "attention.sliding_window", 512));
+  KVD_ASSIGN_OR_RETURN(float scaling,
+                       ArchFloatOr(f, arch, "rope.scaling.factor", 1.0f));
   if (scaling != 1.0f) {
     return absl::UnimplementedError(
-        f.path() + ": gemma3 RoPE scaling (rope.scaling.factor != 1) is not supported yet");
+        f.path() +
+        ": gemma3 RoPE scaling (rope.scaling.factor != 1) is not supported "
+        "yet");
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const bool global = (l + 1) % kGlobalLayerPeriod == 0;
-    c.layers.push_back(global ? LayerConfig{0, global_base} : LayerConfig{window, kLocalRopeBase});
+    c.layers.push_back(global ? LayerConfig{0, global_base}
+                              : LayerConfig{window, kLocalRopeBase});
   }
   return c;
 }

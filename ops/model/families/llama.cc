@@ -1,6 +1,7 @@
-// The llama family: Llama 2/3, SmolLM2, TinyLlama, Mistral (dense). Pre-norm RMSNorm blocks,
-// SwiGLU MLP, rotary embeddings on interleaved pairs (GGUF stores Q/K permuted for GGML's
-// "normal" RoPE), grouped-query attention, tied or untied output embeddings.
+// The llama family: Llama 2/3, SmolLM2, TinyLlama, Mistral (dense). Pre-norm
+// RMSNorm blocks, SwiGLU MLP, rotary embeddings on interleaved pairs (GGUF
+// stores Q/K permuted for GGML's "normal" RoPE), grouped-query attention, tied
+// or untied output embeddings.
 #include "base/status_macros.h"
 #include "ops/model/architecture.h"
 
@@ -13,8 +14,10 @@ absl::StatusOr<ModelConfig> ReadLlamaConfig(const GgufFile& f) {
   KVD_RETURN_IF_ERROR(ReadCommonConfig(f, arch, &c));
   c.rope_style = kernels::cpu::RopeStyle::kInterleaved;
   c.activation = Activation::kSilu;
-  KVD_ASSIGN_OR_RETURN(float base, ArchFloatOr(f, arch, "rope.freq_base", 10000.0f));
-  KVD_ASSIGN_OR_RETURN(int64_t window, ArchIntOr(f, arch, "attention.sliding_window", 0));
+  KVD_ASSIGN_OR_RETURN(float base,
+                       ArchFloatOr(f, arch, "rope.freq_base", 10000.0f));
+  KVD_ASSIGN_OR_RETURN(int64_t window,
+                       ArchIntOr(f, arch, "attention.sliding_window", 0));
   c.layers.assign(c.n_layers, LayerConfig{window, base});
   return c;
 }

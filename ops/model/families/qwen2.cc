@@ -1,5 +1,5 @@
-// The qwen2 family: llama-like blocks with biases on the Q/K/V projections and rotary
-// embeddings on half-split pairs (GGML's "neox" style).
+// The qwen2 family: llama-like blocks with biases on the Q/K/V projections and
+// rotary embeddings on half-split pairs (GGML's "neox" style).
 #include "base/status_macros.h"
 #include "ops/model/architecture.h"
 
@@ -13,7 +13,8 @@ absl::StatusOr<ModelConfig> ReadQwen2Config(const GgufFile& f) {
   c.rope_style = kernels::cpu::RopeStyle::kHalfSplit;
   c.activation = Activation::kSilu;
   c.qkv_bias = true;
-  KVD_ASSIGN_OR_RETURN(float base, ArchFloatOr(f, arch, "rope.freq_base", 1000000.0f));
+  KVD_ASSIGN_OR_RETURN(float base,
+                       ArchFloatOr(f, arch, "rope.freq_base", 1000000.0f));
   c.layers.assign(c.n_layers, LayerConfig{0, base});
   return c;
 }

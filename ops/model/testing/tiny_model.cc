@@ -33,7 +33,8 @@ class Filler {
 
 }  // namespace
 
-absl::StatusOr<std::string> WriteTinyModel(const TinyModelSpec& s, const std::string& dir) {
+absl::StatusOr<std::string> WriteTinyModel(const TinyModelSpec& s,
+                                           const std::string& dir) {
   GgufWriter w;
   const std::string& a = s.family;
   w.AddString("general.architecture", a);
@@ -50,20 +51,26 @@ absl::StatusOr<std::string> WriteTinyModel(const TinyModelSpec& s, const std::st
     w.AddUint32(a + ".attention.key_length", s.head_dim);
     w.AddUint32(a + ".attention.value_length", s.head_dim);
   }
-  if (a == "gemma3") w.AddUint32(a + ".attention.sliding_window", s.sliding_window);
+  if (a == "gemma3")
+    w.AddUint32(a + ".attention.sliding_window", s.sliding_window);
   std::vector<std::string> tokens;
-  for (int64_t i = 0; i < s.vocab_size; ++i) tokens.push_back(absl::StrCat("<t", i, ">"));
+  for (int64_t i = 0; i < s.vocab_size; ++i)
+    tokens.push_back(absl::StrCat("<t", i, ">"));
   w.AddString("tokenizer.ggml.model", "gpt2");
-  w.AddStringArray("tokenizer.ggml.tokens", absl::Span<const std::string>(tokens));
+  w.AddStringArray("tokenizer.ggml.tokens",
+                   absl::Span<const std::string>(tokens));
 
   Filler f(s.seed);
-  const int64_t d = s.d_model, qd = s.n_heads * s.head_dim, kvd = s.n_kv_heads * s.head_dim;
+  const int64_t d = s.d_model, qd = s.n_heads * s.head_dim,
+                kvd = s.n_kv_heads * s.head_dim;
   const float proj = 1.0f / std::sqrt(static_cast<float>(d));
   // GGUF dims are {cols, rows}: the row length first.
-  w.AddTensorF32("token_embd.weight", {d, s.vocab_size}, f.Random(s.vocab_size * d, 1.0f));
+  w.AddTensorF32("token_embd.weight", {d, s.vocab_size},
+                 f.Random(s.vocab_size * d, 1.0f));
   w.AddTensorF32("output_norm.weight", {d}, f.Near(d, 1.0f, 0.1f));
   if (!s.tied_embeddings) {
-    w.AddTensorF32("output.weight", {d, s.vocab_size}, f.Random(s.vocab_size * d, proj));
+    w.AddTensorF32("output.weight", {d, s.vocab_size},
+                   f.Random(s.vocab_size * d, proj));
   }
   for (int64_t l = 0; l < s.n_layers; ++l) {
     const std::string p = absl::StrCat("blk.", l, ".");
@@ -78,16 +85,22 @@ absl::StatusOr<std::string> WriteTinyModel(const TinyModelSpec& s, const std::st
       w.AddTensorF32(p + "attn_v.bias", {kvd}, f.Random(kvd, 0.1f));
     }
     if (a == "gemma3") {
-      w.AddTensorF32(p + "attn_q_norm.weight", {s.head_dim}, f.Near(s.head_dim, 1.0f, 0.1f));
-      w.AddTensorF32(p + "attn_k_norm.weight", {s.head_dim}, f.Near(s.head_dim, 1.0f, 0.1f));
-      w.AddTensorF32(p + "post_attention_norm.weight", {d}, f.Near(d, 1.0f, 0.1f));
+      w.AddTensorF32(p + "attn_q_norm.weight", {s.head_dim},
+                     f.Near(s.head_dim, 1.0f, 0.1f));
+      w.AddTensorF32(p + "attn_k_norm.weight", {s.head_dim},
+                     f.Near(s.head_dim, 1.0f, 0.1f));
+      w.AddTensorF32(p + "post_attention_norm.weight", {d},
+                     f.Near(d, 1.0f, 0.1f));
       w.AddTensorF32(p + "post_ffw_norm.weight", {d}, f.Near(d, 1.0f, 0.1f));
     }
     w.AddTensorF32(p + "ffn_norm.weight", {d}, f.Near(d, 1.0f, 0.1f));
-    w.AddTensorF32(p + "ffn_gate.weight", {d, s.d_ff}, f.Random(s.d_ff * d, proj));
-    w.AddTensorF32(p + "ffn_up.weight", {d, s.d_ff}, f.Random(s.d_ff * d, proj));
-    w.AddTensorF32(p + "ffn_down.weight", {s.d_ff, d},
-                   f.Random(d * s.d_ff, 1.0f / std::sqrt(static_cast<float>(s.d_ff))));
+    w.AddTensorF32(p + "ffn_gate.weight", {d, s.d_ff},
+                   f.Random(s.d_ff * d, proj));
+    w.AddTensorF32(p + "ffn_up.weight", {d, s.d_ff},
+                   f.Random(s.d_ff * d, proj));
+    w.AddTensorF32(
+        p + "ffn_down.weight", {s.d_ff, d},
+        f.Random(d * s.d_ff, 1.0f / std::sqrt(static_cast<float>(s.d_ff))));
   }
   const std::string path = absl::StrCat(dir, "/tiny-", a, "-", s.seed, ".gguf");
   KVD_RETURN_IF_ERROR(w.WriteToFile(path));

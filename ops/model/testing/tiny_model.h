@@ -1,9 +1,11 @@
-// Tiny random-weight models written as real GGUF files, for fast tests of the forward pass.
+// Tiny random-weight models written as real GGUF files, for fast tests of the
+// forward pass.
 //
-// The weights are a deterministic function of the seed; the files go through the same loader
-// as real models. Test-only.
+// The weights are a deterministic function of the seed; the files go through
+// the same loader as real models. Test-only.
 //
-//   std::string path = WriteTinyModel(TinyModelSpec{.family = "gemma3"}, testing::TempDir());
+//   std::string path = WriteTinyModel(TinyModelSpec{.family = "gemma3"},
+//   testing::TempDir());
 #ifndef KVD_OPS_MODEL_TESTING_TINY_MODEL_H_
 #define KVD_OPS_MODEL_TESTING_TINY_MODEL_H_
 
@@ -30,7 +32,8 @@ struct TinyModelSpec {
 };
 
 // Writes the model to `dir`/tiny-<family>-<seed>.gguf and returns the path.
-absl::StatusOr<std::string> WriteTinyModel(const TinyModelSpec& spec, const std::string& dir);
+absl::StatusOr<std::string> WriteTinyModel(const TinyModelSpec& spec,
+                                           const std::string& dir);
 
 }  // namespace kvd::ops::testing
 

@@ -1,0 +1,64 @@
+// Single-sequence generation: chunked prefill, then sample/decode until a stop
+// condition.
+//
+// This is the loop `kvd generate` runs and the unit the scheduler (next issues)
+// will batch. Text is streamed through `on_text` as soon as it is safe to show:
+// never half a UTF-8 character, never a prefix of a stop string that may still
+// complete.
+//
+//   GenerateRequest req;
+//   req.prompt = tokenizer.Encode(text, /*add_special=*/true,
+//   /*parse_special=*/true); KvCache cache = model.NewCache();
+//   KVD_ASSIGN_OR_RETURN(GenerateResult r,
+//                        Generate(model, tokenizer, req, &cache,
+//                                 [](std::string_view s) { std::cout << s <<
+//                                 std::flush; }));
+//
+// Thread-safety: one call per cache; the model and tokenizer may be shared.
+#ifndef KVD_SERVICES_ENGINE_GENERATOR_H_
+#define KVD_SERVICES_ENGINE_GENERATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ops/model/model.h"
+#include "ops/sampler/sampler.h"
+#include "ops/tokenizer/tokenizer.h"
+
+namespace kvd::engine {
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;    // appended after what the cache already holds
+  int64_t max_tokens = 128;       // new tokens at most
+  ops::SamplingParams sampling;   // temperature 0 = greedy
+  std::vector<std::string> stop;  // stop strings (not included in the output)
+  bool ignore_eos = false;        // keep going past end-of-generation tokens
+  int64_t prefill_chunk =
+      256;  // prompt tokens per forward step (bounds scratch memory)
+};
+
+enum class FinishReason { kStop, kLength };
+const char* FinishReasonName(FinishReason r);
+
+struct GenerateResult {
+  std::vector<int32_t>
+      tokens;  // generated ids (including a final end-of-generation token)
+  std::string text;  // visible text (stop string and EOG token excluded)
+  FinishReason finish_reason = FinishReason::kLength;
+  int64_t prompt_tokens = 0;
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+};
+
+absl::StatusOr<GenerateResult> Generate(
+    const ops::Model& model, const ops::Tokenizer& tokenizer,
+    const GenerateRequest& request, ops::KvCache* cache,
+    const std::function<void(std::string_view)>& on_text);
+
+}  // namespace kvd::engine
+
+#endif  // KVD_SERVICES_ENGINE_GENERATOR_H_

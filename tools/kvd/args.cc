@@ -1,0 +1,135 @@
+#include "tools/kvd/args.h"
+
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvd::cli {
+
+void Args::Flag(const std::string& name, const std::string& default_value,
+                const std::string& help) {
+  order_.push_back(name);
+  specs_[name] = Spec{default_value, help, false};
+}
+
+void Args::Switch(const std::string& name, const std::string& help) {
+  order_.push_back(name);
+  specs_[name] = Spec{"", help, true};
+}
+
+void Args::Positional(const std::string& name, const std::string& help) {
+  positional_specs_.push_back({name, help});
+}
+
+absl::Status Args::Parse(const std::vector<std::string>& argv) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "-h" || a == "--help") {
+      help_ = true;
+      continue;
+    }
+    if (a.rfind("--", 0) != 0 || a == "--") {
+      positional_.push_back(a);
+      continue;
+    }
+    std::string name = a.substr(2), value;
+    bool has_value = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    auto it = specs_.find(name);
+    if (it == specs_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag --", name, " for 'kvd ", command_,
+                       "'; see 'kvd ", command_, " --help'"));
+    }
+    if (it->second.is_switch) {
+      if (has_value) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name, " takes no value"));
+      }
+      values_[name].push_back("1");
+      continue;
+    }
+    if (!has_value) {
+      if (i + 1 >= argv.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name, " needs a value"));
+      }
+      value = argv[++i];
+    }
+    values_[name].push_back(value);
+  }
+  if (!help_ && positional_.size() > positional_specs_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unexpected argument '", positional_[positional_specs_.size()],
+        "'; see 'kvd ", command_, " --help'"));
+  }
+  return absl::OkStatus();
+}
+
+std::string Args::Help() const {
+  std::string s = absl::StrCat("usage: kvd ", command_, " [flags]");
+  for (const auto& [name, help] : positional_specs_)
+    absl::StrAppend(&s, " [", name, "]");
+  absl::StrAppend(&s, "\n\n", summary_, "\n");
+  if (!positional_specs_.empty()) absl::StrAppend(&s, "\narguments:\n");
+  for (const auto& [name, help] : positional_specs_) {
+    absl::StrAppend(&s, "  ", name, "\n      ", help, "\n");
+  }
+  absl::StrAppend(&s, "\nflags:\n");
+  for (const std::string& name : order_) {
+    const Spec& spec = specs_.at(name);
+    absl::StrAppend(&s, "  --", name);
+    if (!spec.is_switch) {
+      absl::StrAppend(
+          &s, " VALUE",
+          spec.default_value.empty() ? "" : "  (default: ", spec.default_value,
+          spec.default_value.empty() ? "" : ")");
+    }
+    absl::StrAppend(&s, "\n      ", spec.help, "\n");
+  }
+  absl::StrAppend(&s, "  --help\n      show this help\n");
+  return s;
+}
+
+std::string Args::Get(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it != values_.end() && !it->second.empty()) return it->second.back();
+  auto spec = specs_.find(name);
+  return spec == specs_.end() ? "" : spec->second.default_value;
+}
+
+std::vector<std::string> Args::GetAll(const std::string& name) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? std::vector<std::string>{} : it->second;
+}
+
+bool Args::Has(const std::string& name) const {
+  return values_.count(name) > 0;
+}
+
+bool Args::On(const std::string& name) const { return Has(name); }
+
+absl::StatusOr<int64_t> Args::GetInt(const std::string& name) const {
+  int64_t v;
+  if (!absl::SimpleAtoi(Get(name), &v)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " must be an integer, got '", Get(name), "'"));
+  }
+  return v;
+}
+
+absl::StatusOr<double> Args::GetDouble(const std::string& name) const {
+  double v;
+  if (!absl::SimpleAtod(Get(name), &v)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " must be a number, got '", Get(name), "'"));
+  }
+  return v;
+}
+
+}  // namespace kvd::cli

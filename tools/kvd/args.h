@@ -1,0 +1,60 @@
+// A small command-line parser for kvd's subcommands: --name value,
+// --name=value, boolean
+// --flag, repeated flags, and positional arguments; every flag is declared with
+// its help text so `--help` is generated and unknown flags are reported with a
+// suggestion to read it.
+#ifndef KVD_TOOLS_KVD_ARGS_H_
+#define KVD_TOOLS_KVD_ARGS_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kvd::cli {
+
+class Args {
+ public:
+  Args(std::string command, std::string summary)
+      : command_(command), summary_(summary) {}
+
+  // Declares a flag taking a value (`default_value` shown in --help) or a
+  // boolean switch.
+  void Flag(const std::string& name, const std::string& default_value,
+            const std::string& help);
+  void Switch(const std::string& name, const std::string& help);
+  void Positional(const std::string& name, const std::string& help);
+
+  // Parses argv (without the program and subcommand names).
+  absl::Status Parse(const std::vector<std::string>& argv);
+
+  bool help_requested() const { return help_; }
+  std::string Help() const;
+
+  std::string Get(const std::string& name) const;
+  std::vector<std::string> GetAll(const std::string& name) const;
+  bool Has(const std::string& name) const;  // given on the command line
+  bool On(const std::string& name) const;   // a switch that was given
+  absl::StatusOr<int64_t> GetInt(const std::string& name) const;
+  absl::StatusOr<double> GetDouble(const std::string& name) const;
+  const std::vector<std::string>& positional() const { return positional_; }
+
+ private:
+  struct Spec {
+    std::string default_value;
+    std::string help;
+    bool is_switch = false;
+  };
+  std::string command_, summary_;
+  std::vector<std::string> order_;
+  std::map<std::string, Spec> specs_;
+  std::vector<std::pair<std::string, std::string>> positional_specs_;
+  std::map<std::string, std::vector<std::string>> values_;
+  std::vector<std::string> positional_;
+  bool help_ = false;
+};
+
+}  // namespace kvd::cli
+
+#endif  // KVD_TOOLS_KVD_ARGS_H_

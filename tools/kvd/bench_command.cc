@@ -1,0 +1,213 @@
+// `kvd bench`: prefill and decode throughput and memory of the CPU engine, as a
+// table.
+//
+// Shapes follow llama.cpp's llama-bench so the numbers sit side by side in
+// docs/BENCHMARKS.md: "pp N" prefills N tokens in one step; "tg N" decodes N
+// tokens one step at a time after a short prompt, for B sequences decoded
+// together (batch B). Each figure is the median of
+// --repetitions runs.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "base/status_macros.h"
+#include "kernels/cpu/cpu_features.h"
+#include "ops/model/model.h"
+#include "tools/kvd/args.h"
+#include "tools/kvd/commands.h"
+#include "tools/kvd/model_source.h"
+
+namespace kvd::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Resident and peak-resident memory of this process, MiB (from
+// /proc/self/status).
+std::pair<double, double> MemoryMiB() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  double rss = 0, hwm = 0;
+  while (std::getline(f, line)) {
+    long kb = 0;
+    if (std::sscanf(line.c_str(), "VmRSS: %ld kB", &kb) == 1) rss = kb / 1024.0;
+    if (std::sscanf(line.c_str(), "VmHWM: %ld kB", &kb) == 1) hwm = kb / 1024.0;
+  }
+  return {rss, hwm};
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+absl::StatusOr<std::vector<int64_t>> IntList(const std::string& s,
+                                             const std::string& flag) {
+  std::vector<int64_t> out;
+  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    int64_t v;
+    if (!absl::SimpleAtoi(part, &v) || v <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, " wants positive integers separated by commas, got '", s,
+          "'"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<int32_t> RandomTokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
+  return t;
+}
+
+absl::StatusOr<double> PrefillTokensPerSecond(const ops::Model& m, int64_t n,
+                                              int reps) {
+  std::vector<double> rates;
+  const std::vector<int32_t> tokens = RandomTokens(n, m.config().vocab_size, 1);
+  for (int r = 0; r < reps; ++r) {
+    ops::KvCache cache = m.NewCache();
+    ops::SequenceStep step{&cache, tokens, ops::LogitsMode::kLast};
+    ops::ForwardOutput out;
+    const auto t0 = Clock::now();
+    KVD_RETURN_IF_ERROR(m.Forward({&step, 1}, &out));
+    rates.push_back(n / Seconds(t0, Clock::now()));
+  }
+  return Median(rates);
+}
+
+absl::StatusOr<double> DecodeTokensPerSecond(const ops::Model& m, int64_t batch,
+                                             int64_t n, int reps) {
+  constexpr int64_t kPrompt = 16;
+  std::vector<double> rates;
+  for (int r = 0; r < reps; ++r) {
+    std::vector<ops::KvCache> caches;
+    std::vector<std::vector<int32_t>> next(batch);
+    for (int64_t b = 0; b < batch; ++b) caches.push_back(m.NewCache());
+    std::vector<ops::SequenceStep> steps;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t b = 0; b < batch; ++b)
+      prompts.push_back(RandomTokens(kPrompt, m.config().vocab_size, 100 + b));
+    for (int64_t b = 0; b < batch; ++b)
+      steps.push_back({&caches[b], prompts[b], ops::LogitsMode::kLast, b});
+    ops::ForwardOutput out;
+    KVD_RETURN_IF_ERROR(m.Forward(steps, &out));
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t b = 0; b < batch; ++b) {
+        const float* logits = out.Logits(b);
+        next[b] = {static_cast<int32_t>(
+            std::max_element(logits, logits + m.config().vocab_size) - logits)};
+        steps[b].tokens = next[b];
+      }
+      KVD_RETURN_IF_ERROR(m.Forward(steps, &out));
+    }
+    rates.push_back(batch * n / Seconds(t0, Clock::now()));
+  }
+  return Median(rates);
+}
+
+absl::Status Run(const Args& args) {
+  KVD_ASSIGN_OR_RETURN(std::string path, ResolveModel(args.Get("model")));
+  KVD_ASSIGN_OR_RETURN(std::vector<int64_t> threads,
+                       IntList(args.Get("threads"), "threads"));
+  KVD_ASSIGN_OR_RETURN(std::vector<int64_t> batches,
+                       IntList(args.Get("batch"), "batch"));
+  KVD_ASSIGN_OR_RETURN(int64_t pp, args.GetInt("prompt-tokens"));
+  KVD_ASSIGN_OR_RETURN(int64_t tg, args.GetInt("gen-tokens"));
+  KVD_ASSIGN_OR_RETURN(int64_t reps, args.GetInt("repetitions"));
+  std::vector<ops::Precision> precisions;
+  for (absl::string_view p :
+       absl::StrSplit(args.Get("precision"), ',', absl::SkipEmpty())) {
+    if (p == "fp32") {
+      precisions.push_back(ops::Precision::kF32);
+    } else if (p == "bf16") {
+      precisions.push_back(ops::Precision::kBf16);
+    } else {
+      return absl::InvalidArgumentError(
+          "--precision wants fp32 and/or bf16, comma-separated");
+    }
+  }
+  std::printf("model: %s\nISA: %s\n\n", path.c_str(),
+              kernels::cpu::IsaName(kernels::cpu::ActiveIsa()));
+  std::printf(
+      "| precision | threads | test | tok/s | RSS MiB | peak RSS MiB |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (ops::Precision precision : precisions) {
+    for (int64_t t : threads) {
+      ops::LoadOptions opts;
+      opts.precision = precision;
+      opts.num_threads = static_cast<int>(t);
+      KVD_ASSIGN_OR_RETURN(std::unique_ptr<ops::Model> model,
+                           ops::Model::Load(path, opts));
+      auto row = [&](const std::string& test, double rate) {
+        const auto [rss, hwm] = MemoryMiB();
+        std::printf("| %s | %lld | %s | %.1f | %.0f | %.0f |\n",
+                    ops::PrecisionName(precision), static_cast<long long>(t),
+                    test.c_str(), rate, rss, hwm);
+        std::fflush(stdout);
+      };
+      KVD_ASSIGN_OR_RETURN(double pp_rate,
+                           PrefillTokensPerSecond(*model, pp, reps));
+      row(absl::StrFormat("pp%d", pp), pp_rate);
+      for (int64_t b : batches) {
+        KVD_ASSIGN_OR_RETURN(double tg_rate,
+                             DecodeTokensPerSecond(*model, b, tg, reps));
+        row(absl::StrFormat("tg%d batch %d", tg, b), tg_rate);
+      }
+    }
+  }
+  std::printf(
+      "\npeak RSS is the process high-water mark so far (models are loaded in "
+      "turn).\n");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int BenchCommand(const std::vector<std::string>& argv) {
+  Args args("bench",
+            "Measures prefill and decode throughput (tokens/s) and memory of "
+            "the CPU engine on "
+            "random token ids, in llama-bench's shapes (pp = prompt "
+            "processing, tg = text "
+            "generation). Prints a Markdown table.");
+  args.Flag("model", "smollm2",
+            "GGUF file, or a cached model name: smollm2, gemma3");
+  args.Flag("precision", "fp32,bf16",
+            "precision modes to measure, comma-separated");
+  args.Flag("threads", "1,2", "thread counts to measure, comma-separated");
+  args.Flag("batch", "1,8,32",
+            "decode batch sizes (sequences decoded together)");
+  args.Flag("prompt-tokens", "512", "tokens prefilled in one step");
+  args.Flag("gen-tokens", "128", "tokens decoded per sequence");
+  args.Flag("repetitions", "3", "runs per figure; the median is reported");
+  if (absl::Status s = args.Parse(argv); !s.ok()) {
+    std::fprintf(stderr, "kvd bench: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (args.help_requested()) {
+    std::fputs(args.Help().c_str(), stdout);
+    return 0;
+  }
+  if (absl::Status s = Run(args); !s.ok()) {
+    std::fprintf(stderr, "kvd bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace kvd::cli

@@ -1,0 +1,16 @@
+// kvd's subcommands. Each takes the arguments after its name and returns the
+// exit code.
+#ifndef KVD_TOOLS_KVD_COMMANDS_H_
+#define KVD_TOOLS_KVD_COMMANDS_H_
+
+#include <string>
+#include <vector>
+
+namespace kvd::cli {
+
+int GenerateCommand(const std::vector<std::string>& args);
+int BenchCommand(const std::vector<std::string>& args);
+
+}  // namespace kvd::cli
+
+#endif  // KVD_TOOLS_KVD_COMMANDS_H_

