@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "ops/sampler/stop_matcher.h"
 
@@ -60,8 +61,8 @@ absl::StatusOr<GenerateResult> Generate(
   result.prefill_seconds = SecondsSince(prefill_start);
 
   const auto decode_start = std::chrono::steady_clock::now();
-  ops::Sampler sampler(request.sampling);
-  ops::StopMatcher stop(request.stop);
+  KVD_ASSIGN_OR_RETURN(ops::Sampler sampler, ops::Sampler::Create(request.sampling));
+  KVD_ASSIGN_OR_RETURN(ops::StopMatcher stop, ops::StopMatcher::Create(request.stop));
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
   auto emit = [&](const std::string& s) {
     if (s.empty()) return;
@@ -77,7 +78,7 @@ absl::StatusOr<GenerateResult> Generate(
       break;
     }
     const ops::StopMatcher::Result r = stop.Feed(tokenizer.TokenToPiece(token));
-    emit(r.text);
+    emit(r.emit);
     if (r.stopped) {
       result.finish_reason = FinishReason::kStop;
       break;

@@ -110,8 +110,12 @@ absl::Status Run(const Args& args) {
   if (raw) {
     text = args.Get("prompt");
   } else {
+    std::optional<std::string_view> jinja;
+    if (const ops::GgufValue* v = model->file().Find("tokenizer.chat_template")) {
+      jinja = v->AsString();
+    }
     KVD_ASSIGN_OR_RETURN(ops::ChatTemplate tmpl,
-                         ops::ChatTemplateFromGguf(model->file()));
+                         ops::ChatTemplate::Detect(model->file().architecture(), jinja));
     std::vector<ops::ChatMessage> messages;
     if (args.Has("system")) messages.push_back({"system", args.Get("system")});
     messages.push_back({"user", args.positional()[0]});
