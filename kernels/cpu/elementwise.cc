@@ -15,11 +15,6 @@ float FromBits(uint32_t b) {
   return f;
 }
 
-uint32_t ToBits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof(b));
-  return b;
-}
 
 }  // namespace
 
@@ -111,18 +106,6 @@ void RopeAngles(int64_t position, float base, int64_t rot_dim, float* cos,
     cos[i] = static_cast<float>(std::cos(theta));
     sin[i] = static_cast<float>(std::sin(theta));
   }
-}
-
-uint16_t FloatToBf16(float x) {
-  uint32_t b = ToBits(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u)
-    return static_cast<uint16_t>((b >> 16) | 0x40);
-  b += 0x7fffu + ((b >> 16) & 1u);
-  return static_cast<uint16_t>(b >> 16);
-}
-
-float Bf16ToFloat(uint16_t h) {
-  return FromBits(static_cast<uint32_t>(h) << 16);
 }
 
 void FloatToBf16(const float* x, uint16_t* y, int64_t n) {

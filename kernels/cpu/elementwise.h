@@ -11,6 +11,7 @@
 #define KVD_KERNELS_CPU_ELEMENTWISE_H_
 
 #include <cstdint>
+#include <cstring>
 
 namespace kvd::kernels::cpu {
 
@@ -49,8 +50,19 @@ void RopeAngles(int64_t position, float base, int64_t rot_dim, float* cos,
                 float* sin);
 
 // bf16 <-> fp32 (round to nearest even; NaN stays NaN).
-uint16_t FloatToBf16(float x);
-float Bf16ToFloat(uint16_t h);
+inline uint16_t FloatToBf16(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x40);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return static_cast<uint16_t>(b >> 16);
+}
+inline float Bf16ToFloat(uint16_t h) {
+  const uint32_t b = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
 void FloatToBf16(const float* x, uint16_t* y, int64_t n);
 void Bf16ToFloat(const uint16_t* x, float* y, int64_t n);
 // x[i] = bf16(x[i]) as float: the precision the bf16 mode keeps at layer
