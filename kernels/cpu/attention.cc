@@ -24,7 +24,8 @@ OnlineSoftmax::OnlineSoftmax(int64_t group, int64_t head_dim, float scale)
       max_(group, -std::numeric_limits<float>::infinity()),
       sum_(group, 0.0f),
       acc_(group * head_dim, 0.0f),
-      scores_(group * kAttentionChunk) {}
+      scores_(group * kAttentionChunk),
+      vrow_(head_dim) {}
 
 void OnlineSoftmax::AddChunk(const float* q, const KvRows& k, const KvRows& v,
                              int64_t n) {
@@ -32,6 +33,20 @@ void OnlineSoftmax::AddChunk(const float* q, const KvRows& k, const KvRows& v,
   // scores[i][j] = q_i . k_j, canonical dot per element (batch-invariant GEMM).
   const WeightView kw{k.type, k.data, n, head_dim_, k.stride};
   Gemm(q, group_, head_dim_, kw, scores_.data(), kAttentionChunk, nullptr);
+  Fold(v, n);
+}
+
+void OnlineSoftmax::AddScores(const float* scores, int64_t stride,
+                              const KvRows& v, int64_t n) {
+  if (n <= 0) return;
+  for (int64_t i = 0; i < group_; ++i) {
+    std::copy(scores + i * stride, scores + i * stride + n,
+              scores_.data() + i * kAttentionChunk);
+  }
+  Fold(v, n);
+}
+
+void OnlineSoftmax::Fold(const KvRows& v, int64_t n) {
   for (int64_t i = 0; i < group_; ++i) {
     float* s = scores_.data() + i * kAttentionChunk;
     float chunk_max = -std::numeric_limits<float>::infinity();
@@ -49,18 +64,22 @@ void OnlineSoftmax::AddChunk(const float* q, const KvRows& k, const KvRows& v,
       for (int64_t d = 0; d < head_dim_; ++d) acc[d] *= alpha;
       max_[i] = new_max;
     }
+    for (int64_t j = 0; j < n; ++j) s[j] = Exp(s[j] - new_max);
     for (int64_t j = 0; j < n; ++j) {
-      const float p = Exp(s[j] - new_max);
+      const float p = s[j];
       sum_[i] += p;
+      const float* vr;
       if (v.type == WeightType::kF32) {
-        const float* vr = static_cast<const float*>(RowPtr(v, j));
-        for (int64_t d = 0; d < head_dim_; ++d)
-          acc[d] = std::fma(p, vr[d], acc[d]);
+        vr = static_cast<const float*>(RowPtr(v, j));
       } else {
-        const uint16_t* vr = static_cast<const uint16_t*>(RowPtr(v, j));
-        for (int64_t d = 0; d < head_dim_; ++d)
-          acc[d] = std::fma(p, Bf16ToFloat(vr[d]), acc[d]);
+        // Widen the bf16 row first (exact), in a loop the compiler can
+        // vectorise.
+        const uint16_t* vb = static_cast<const uint16_t*>(RowPtr(v, j));
+        for (int64_t d = 0; d < head_dim_; ++d) vrow_[d] = Bf16ToFloat(vb[d]);
+        vr = vrow_.data();
       }
+      for (int64_t d = 0; d < head_dim_; ++d)
+        acc[d] = std::fma(p, vr[d], acc[d]);
     }
   }
 }
@@ -90,6 +109,56 @@ void AttendRange(const float* q, int64_t group, int64_t head_dim, float scale,
     state.AddChunk(q, kc, vc, e - b + 1);
   }
   state.Finish(out);
+}
+
+}  // namespace kvd::kernels::cpu
+
+namespace kvd::kernels::cpu {
+
+void AttendCausalBlock(const float* q, int64_t q_stride, int64_t nq,
+                       int64_t group, int64_t head_dim, float scale,
+                       const KvRows& k, const KvRows& v, int64_t pos0,
+                       int64_t window, float* out, int64_t out_stride) {
+  if (nq <= 0) return;
+  auto first_of = [&](int64_t i) {
+    return window > 0 ? std::max<int64_t>(0, pos0 + i - window + 1)
+                      : int64_t{0};
+  };
+  std::vector<OnlineSoftmax> states;
+  states.reserve(nq);
+  for (int64_t i = 0; i < nq; ++i) states.emplace_back(group, head_dim, scale);
+  // Queries packed as (nq * group) rows of head_dim for the score GEMM.
+  std::vector<float> qm(nq * group * head_dim);
+  for (int64_t i = 0; i < nq; ++i) {
+    std::copy(q + i * q_stride, q + i * q_stride + group * head_dim,
+              qm.data() + i * group * head_dim);
+  }
+  std::vector<float> scores(nq * group * kAttentionChunk);
+  const int64_t last_pos = pos0 + nq - 1;
+  for (int64_t c = first_of(0) / kAttentionChunk * kAttentionChunk;
+       c <= last_pos; c += kAttentionChunk) {
+    const int64_t c_end = std::min(c + kAttentionChunk - 1, last_pos);
+    // Queries that see part of this chunk: pos_i >= c and first_i <= c_end (a
+    // contiguous range).
+    const int64_t i_begin = std::max<int64_t>(0, c - pos0);
+    int64_t i_end = nq;
+    while (i_end > i_begin && first_of(i_end - 1) > c_end) --i_end;
+    if (i_begin >= i_end) continue;
+    const WeightView kw{k.type, RowPtr(k, c), c_end - c + 1, head_dim,
+                        k.stride};
+    Gemm(qm.data() + i_begin * group * head_dim, (i_end - i_begin) * group,
+         head_dim, kw, scores.data(), kAttentionChunk, nullptr);
+    for (int64_t i = i_begin; i < i_end; ++i) {
+      const int64_t b = std::max(c, first_of(i));
+      const int64_t e = std::min(c_end, pos0 + i);
+      if (b > e) continue;
+      const KvRows vc{v.type, RowPtr(v, b), v.stride};
+      states[i].AddScores(
+          scores.data() + (i - i_begin) * group * kAttentionChunk + (b - c),
+          kAttentionChunk, vc, e - b + 1);
+    }
+  }
+  for (int64_t i = 0; i < nq; ++i) states[i].Finish(out + i * out_stride);
 }
 
 }  // namespace kvd::kernels::cpu

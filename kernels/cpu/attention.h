@@ -45,6 +45,12 @@ class OnlineSoftmax {
   // head_dim values.
   void AddChunk(const float* q, const KvRows& k, const KvRows& v, int64_t n);
 
+  // As AddChunk, with the raw scores q_i . k_j already computed by the
+  // canonical GEMM: scores[i * stride + j] for query head i < group and key j <
+  // n.
+  void AddScores(const float* scores, int64_t stride, const KvRows& v,
+                 int64_t n);
+
   // out[group x head_dim] = softmax-weighted sum of values (zeros if no key was
   // added).
   void Finish(float* out) const;
@@ -57,6 +63,9 @@ class OnlineSoftmax {
   std::vector<float> sum_;
   std::vector<float> acc_;
   std::vector<float> scores_;
+  std::vector<float> vrow_;  // one bf16 value row widened to fp32
+
+  void Fold(const KvRows& v, int64_t n);
 };
 
 // Attention for one query position over keys [first, last] of a contiguous K/V
@@ -64,6 +73,18 @@ class OnlineSoftmax {
 void AttendRange(const float* q, int64_t group, int64_t head_dim, float scale,
                  const KvRows& k, const KvRows& v, int64_t first, int64_t last,
                  float* out);
+
+// Causal attention for `nq` consecutive query positions pos0, pos0 + 1, ... of
+// one sequence and one K/V head: query i sees keys [max(0, pos_i - window + 1),
+// pos_i] (window 0: all). Query row i holds group x head_dim values at q + i *
+// q_stride; its output goes to out + i * out_stride. Scores for the whole block
+// come from one GEMM per key chunk, but each query folds in exactly the chunks
+// and keys AttendRange would, in the same order: the result is bit-identical to
+// calling AttendRange once per query.
+void AttendCausalBlock(const float* q, int64_t q_stride, int64_t nq,
+                       int64_t group, int64_t head_dim, float scale,
+                       const KvRows& k, const KvRows& v, int64_t pos0,
+                       int64_t window, float* out, int64_t out_stride);
 
 }  // namespace kvd::kernels::cpu
 

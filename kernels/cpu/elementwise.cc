@@ -7,54 +7,6 @@
 #include "kernels/cpu/gemm.h"
 
 namespace kvd::kernels::cpu {
-namespace {
-
-float FromBits(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof(f));
-  return f;
-}
-
-
-}  // namespace
-
-float Exp(float x) {
-  if (std::isnan(x)) return x;
-  if (x > 88.72f) return std::numeric_limits<float>::infinity();
-  if (x < -87.33f) return 0.0f;
-  // x = n * ln2 + r with |r| <= ln2 / 2; ln2 split in two so n * ln2_hi is
-  // exact.
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
-  // Minimax polynomial for (exp(r) - 1 - r) / r^2 (Cephes expf coefficients).
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  const float r2 = r * r;
-  const float e = std::fma(p, r2, r) + 1.0f;
-  // 2^n split in two factors so each stays a normal float for n in [-126, 128].
-  const int ni = static_cast<int>(n);
-  const int n1 = ni / 2;
-  const int n2 = ni - n1;
-  return e * FromBits(static_cast<uint32_t>(n1 + 127) << 23) *
-         FromBits(static_cast<uint32_t>(n2 + 127) << 23);
-}
-
-float Silu(float x) { return x / (1.0f + Exp(-x)); }
-
-float GeluTanh(float x) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  constexpr float kCoef = 0.044715f;
-  const float inner = kSqrt2OverPi * (x + kCoef * (x * x * x));
-  // 0.5 * x * (1 + tanh(y)) == x / (1 + exp(-2y)); this form has no
-  // cancellation for x << 0.
-  return x / (1.0f + Exp(-2.0f * inner));
-}
-
 void RmsNorm(const float* x, const float* w, float eps, int64_t n, float* y) {
   const float sum_sq = Dot(x, x, n);
   const float scale = 1.0f / std::sqrt(sum_sq / static_cast<float>(n) + eps);

@@ -536,7 +536,7 @@ void ExpectRowsMatchPython(const GgufFile& f, const std::string& file_name) {
 TEST(RealModelTest, SmolLM2) {
   const std::string path = ModelPath("SmolLM2-135M-Instruct.Q4_1.gguf");
   if (path.empty())
-    GTEST_SKIP() << "SmolLM2 model not cached; run tools/fetch_models.sh all";
+    FAIL() << "(run tools/setup.sh --test) " << "SmolLM2 model not cached; run tools/fetch_models.sh all";
   auto file = GgufFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
   const GgufFile& f = **file;
@@ -583,7 +583,7 @@ TEST(RealModelTest, SmolLM2) {
 TEST(RealModelTest, Gemma3) {
   const std::string path = ModelPath("gemma-3-270m-q4_k_m.gguf");
   if (path.empty())
-    GTEST_SKIP() << "Gemma 3 model not cached; run tools/fetch_models.sh all";
+    FAIL() << "(run tools/setup.sh --test) " << "Gemma 3 model not cached; run tools/fetch_models.sh all";
   const auto start = std::chrono::steady_clock::now();
   auto file = GgufFile::Open(path);
   const double open_s =

@@ -191,30 +191,41 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
     cache->WriteValue(l, row_pos[r], vr);
   }
 
-  // Attention: one task per (row, K/V head); each query's keys are visited in
-  // canonical chunks.
+  // Attention: one task per (sequence, K/V head, block of up to kQueryBlock
+  // consecutive queries); a block shares its score GEMMs, and each query still
+  // visits its keys in the canonical chunk order, so the bits do not depend on
+  // the blocking.
+  constexpr int64_t kQueryBlock = 64;
+  struct Task {
+    int64_t row, n, g;
+  };
+  std::vector<Task> tasks;
+  for (int64_t r = 0; r < m;) {
+    int64_t e = r + 1;
+    while (e < m && row_seq[e] == row_seq[r]) ++e;
+    for (int64_t g = 0; g < c.n_kv_heads; ++g)
+      for (int64_t b = r; b < e; b += kQueryBlock)
+        tasks.push_back({b, std::min(kQueryBlock, e - b), g});
+    r = e;
+  }
   const int64_t group = c.n_heads / c.n_kv_heads;
   const float scale = c.attn_scale();
+  const size_t elem = precision_ == Precision::kF32 ? 4 : 2;
   std::vector<float> attn(m * qd);
   auto attend = [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t r = task / c.n_kv_heads, g = task % c.n_kv_heads;
-      const KvCache* cache = batch[row_seq[r]].cache;
-      const int64_t pos = row_pos[r];
-      const int64_t first =
-          lc.sliding_window > 0
-              ? std::max<int64_t>(0, pos - lc.sliding_window + 1)
-              : 0;
+    for (int64_t t = begin; t < end; ++t) {
+      const Task& task = tasks[t];
+      const KvCache* cache = batch[row_seq[task.row]].cache;
       cpu::KvRows keys = cache->Keys(l), values = cache->Values(l);
-      const size_t elem = precision_ == Precision::kF32 ? 4 : 2;
-      keys.data = static_cast<const char*>(keys.data) + g * hd * elem;
-      values.data = static_cast<const char*>(values.data) + g * hd * elem;
-      cpu::AttendRange(q.data() + r * qd + g * group * hd, group, hd, scale,
-                       keys, values, first, pos,
-                       attn.data() + r * qd + g * group * hd);
+      keys.data = static_cast<const char*>(keys.data) + task.g * hd * elem;
+      values.data = static_cast<const char*>(values.data) + task.g * hd * elem;
+      const int64_t offset = task.row * qd + task.g * group * hd;
+      cpu::AttendCausalBlock(q.data() + offset, qd, task.n, group, hd, scale,
+                             keys, values, row_pos[task.row], lc.sliding_window,
+                             attn.data() + offset, qd);
     }
   };
-  pool->ParallelFor(m * c.n_kv_heads, attend);
+  pool->ParallelFor(tasks.size(), attend);
 
   std::vector<float> o(m * d);
   cpu::Gemm(attn.data(), m, qd, w.wo.view(), o.data(), d, pool);
