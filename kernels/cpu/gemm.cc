@@ -8,10 +8,15 @@ namespace {
 
 using RangeFn = void (*)(const internal::GemmArgs&, int64_t, int64_t);
 
-RangeFn Pick(WeightType type) {
+RangeFn Pick(WeightType type, int64_t m) {
   const bool bf16 = type == WeightType::kBf16;
   switch (ActiveIsa()) {
     case Isa::kAvx512:
+      // All paths give identical bits, so each shape takes the fastest one.
+      // Measured on Zen 4 (docs/BENCHMARKS.md): a single row streaming weights
+      // from DRAM runs faster with 256-bit loads and two accumulator registers
+      // than with one 512-bit register.
+      if (m == 1) return bf16 ? internal::GemmBf16Avx2 : internal::GemmF32Avx2;
       return bf16 ? internal::GemmBf16Avx512 : internal::GemmF32Avx512;
     case Isa::kAvx2:
       return bf16 ? internal::GemmBf16Avx2 : internal::GemmF32Avx2;
@@ -31,7 +36,7 @@ void Gemm(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
           int64_t ldy, ThreadPool* pool) {
   if (m <= 0 || w.rows <= 0) return;
   const internal::GemmArgs args{x, m, ldx, w.data, w.stride(), w.cols, y, ldy};
-  const RangeFn fn = Pick(w.type);
+  const RangeFn fn = Pick(w.type, m);
   if (pool == nullptr || pool->num_threads() == 1 ||
       m * w.rows * w.cols < kMinParallelWork) {
     fn(args, 0, w.rows);

@@ -71,6 +71,10 @@ struct Case {
                                // argmax
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.model << "/" << ops::PrecisionName(c.precision);
+}
+
 class EngineGolden : public ::testing::TestWithParam<Case> {};
 
 TEST_P(EngineGolden, MatchesLlamaCppFp32Reference) {
@@ -149,8 +153,9 @@ TEST_P(EngineGolden, MatchesLlamaCppFp32Reference) {
       feed[i] = {want};
       steps[i].tokens = feed[i];
     }
-    if (step + 1 < prompts[0].greedy_ids.size())
+    if (step + 1 < prompts[0].greedy_ids.size()) {
       ASSERT_TRUE((*model)->Forward(steps, &out).ok());
+    }
   }
   const double agreement = double(agreed + near_ties) / compared;
   std::printf("%s %s: %d/%d greedy steps agree, %d near-ties\n",
@@ -164,11 +169,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
                            ops::Precision::kF32, 1e-4, 1.0},
                       Case{"smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                           ops::Precision::kBf16, 3e-2, 0.9},
+                           ops::Precision::kBf16, 5e-2, 0.97},
                       Case{"gemma3", "gemma-3-270m-q4_k_m.gguf",
                            ops::Precision::kF32, 1e-4, 1.0},
                       Case{"gemma3", "gemma-3-270m-q4_k_m.gguf",
-                           ops::Precision::kBf16, 3e-2, 0.9}),
+                           ops::Precision::kBf16, 5e-2, 0.97}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.model + "_" + ops::PrecisionName(info.param.precision);
     });

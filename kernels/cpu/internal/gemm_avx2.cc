@@ -42,11 +42,11 @@ struct Avx2Ops {
 }  // namespace
 
 void GemmF32Avx2(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
-  GemmRange<Avx2Ops, float, 2, 3, 4>(a, n_begin, n_end);
+  GemmRange<Avx2Ops, float, 2, 3, 1>(a, n_begin, n_end);
 }
 
 void GemmBf16Avx2(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
-  GemmRange<Avx2Ops, uint16_t, 2, 3, 4>(a, n_begin, n_end);
+  GemmRange<Avx2Ops, uint16_t, 2, 3, 1>(a, n_begin, n_end);
 }
 
 }  // namespace kvd::kernels::cpu::internal

@@ -35,11 +35,11 @@ struct Avx512Ops {
 }  // namespace
 
 void GemmF32Avx512(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
-  GemmRange<Avx512Ops, float, 4, 4, 8>(a, n_begin, n_end);
+  GemmRange<Avx512Ops, float, 4, 4, 1>(a, n_begin, n_end);
 }
 
 void GemmBf16Avx512(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
-  GemmRange<Avx512Ops, uint16_t, 4, 4, 8>(a, n_begin, n_end);
+  GemmRange<Avx512Ops, uint16_t, 4, 4, 1>(a, n_begin, n_end);
 }
 
 }  // namespace kvd::kernels::cpu::internal

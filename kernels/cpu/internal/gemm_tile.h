@@ -39,6 +39,12 @@ inline void Tile(const float* x, int64_t ldx, const W* w, int64_t ldw,
     typename Ops::V xv[MR];
     for (int i = 0; i < MR; ++i) xv[i] = Ops::Load(x + i * ldx + kk);
     for (int j = 0; j < NR; ++j) {
+      if (MR == 1) {
+        // Decode streams each weight once from DRAM in short rows, which the
+        // hardware prefetchers follow poorly; fetch the same offset of the next
+        // tile's rows now.
+        __builtin_prefetch(w + (j + NR) * ldw + kk, 0, 0);
+      }
       const typename Ops::V wv = Ops::Load(w + j * ldw + kk);
       for (int i = 0; i < MR; ++i) acc[i][j] = Ops::Fma(xv[i], wv, acc[i][j]);
     }
