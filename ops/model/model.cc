@@ -85,6 +85,7 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
   }
 
   std::vector<float> h(total * c.d_model);
+  Workspace ws;
   {
     int64_t r = 0;
     for (const SequenceStep& step : batch) {
@@ -105,7 +106,7 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
                              h.data() + r * c.d_model);
       }
     }
-    if (l < c.n_layers) Layer(l, batch, row_seq, row_pos, h);
+    if (l < c.n_layers) Layer(l, batch, row_seq, row_pos, h, ws);
   }
   for (const SequenceStep& step : batch) {
     step.cache->SetLength(step.cache->length() + step.tokens.size());
@@ -143,8 +144,8 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
 
 void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
                   const std::vector<int64_t>& row_seq,
-                  const std::vector<int64_t>& row_pos,
-                  std::vector<float>& h) const {
+                  const std::vector<int64_t>& row_pos, std::vector<float>& h,
+                  Workspace& ws) const {
   const ModelConfig& c = config_;
   const LayerWeights& w = weights_.layers[l];
   const LayerConfig& lc = c.layers[l];
@@ -153,7 +154,24 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
                 hd = c.head_dim;
   cpu::ThreadPool* pool = pool_.get();
 
-  std::vector<float> x(m * d), q(m * qd), k(m * kvd), v(m * kvd);
+  // Scratch reused by every layer of this step: allocating it per layer made
+  // the kernel zero fresh pages 30 times per forward pass.
+  std::vector<float>& x = ws.x;
+  std::vector<float>& q = ws.q;
+  std::vector<float>& k = ws.k;
+  std::vector<float>& v = ws.v;
+  std::vector<float>& attn = ws.attn;
+  std::vector<float>& o = ws.o;
+  std::vector<float>& gate = ws.gate;
+  std::vector<float>& up = ws.up;
+  x.resize(m * d);
+  q.resize(m * qd);
+  k.resize(m * kvd);
+  v.resize(m * kvd);
+  attn.resize(m * qd);
+  o.resize(m * d);
+  gate.resize(m * c.d_ff);
+  up.resize(m * c.d_ff);
   for (int64_t r = 0; r < m; ++r) {
     cpu::RmsNorm(h.data() + r * d, w.attn_norm.data(), c.rms_eps, d,
                  x.data() + r * d);
@@ -211,7 +229,6 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
   const int64_t group = c.n_heads / c.n_kv_heads;
   const float scale = c.attn_scale();
   const size_t elem = precision_ == Precision::kF32 ? 4 : 2;
-  std::vector<float> attn(m * qd);
   auto attend = [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const Task& task = tasks[t];
@@ -227,7 +244,6 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
   };
   pool->ParallelFor(tasks.size(), attend);
 
-  std::vector<float> o(m * d);
   cpu::Gemm(attn.data(), m, qd, w.wo.view(), o.data(), d, pool);
   for (int64_t r = 0; r < m; ++r) {
     float* orow = o.data() + r * d;
@@ -238,7 +254,6 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
                  x.data() + r * d);
   }
 
-  std::vector<float> gate(m * c.d_ff), up(m * c.d_ff);
   cpu::Gemm(x.data(), m, d, w.w_gate.view(), gate.data(), c.d_ff, pool);
   cpu::Gemm(x.data(), m, d, w.w_up.view(), up.data(), c.d_ff, pool);
   if (c.activation == Activation::kSilu) {

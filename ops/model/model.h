@@ -96,9 +96,13 @@ class Model {
 
  private:
   Model() = default;
+  struct Workspace {
+    std::vector<float> x, q, k, v, attn, o, gate, up;
+  };
   void Layer(int64_t l, absl::Span<const SequenceStep> batch,
              const std::vector<int64_t>& row_seq,
-             const std::vector<int64_t>& row_pos, std::vector<float>& h) const;
+             const std::vector<int64_t>& row_pos, std::vector<float>& h,
+             Workspace& ws) const;
 
   ModelConfig config_;
   Precision precision_ = Precision::kF32;
