@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/elementwise.h"
 #include "ops/model/testing/tiny_model.h"
 
 namespace kvd::ops {
@@ -121,6 +122,79 @@ TEST_P(ModelProperties, ThreadCountAndIsaDoNotChangeBits) {
         << IsaName(isa);
   }
   ASSERT_TRUE(kernels::cpu::SetIsa(saved).ok());
+}
+
+// Records every residual the forward pass exposes.
+class RecordingObserver : public ResidualObserver {
+ public:
+  explicit RecordingObserver(int64_t d) : d_(d) {}
+  void OnResidual(int64_t seq, int64_t layer, int64_t pos,
+                  const float* h) override {
+    seen[{seq, layer, pos}] = std::vector<float>(h, h + d_);
+  }
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<float>> seen;
+
+ private:
+  int64_t d_;
+};
+
+TEST_P(ModelProperties, ResidualHookSeesEveryLayerInputOfEveryToken) {
+  auto model = Load();
+  const ModelConfig& c = model->config();
+  const std::vector<int32_t> a = Tokens(20, 4, c.vocab_size),
+                             b = Tokens(7, 5, c.vocab_size);
+  // Alone, a in two steps.
+  RecordingObserver alone(c.d_model);
+  {
+    KvCache cache = model->NewCache();
+    for (auto piece : {absl::MakeConstSpan(a).subspan(0, 12),
+                       absl::MakeConstSpan(a).subspan(12)}) {
+      SequenceStep step{&cache, piece, LogitsMode::kLast, 0};
+      ForwardOutput out;
+      ASSERT_TRUE(model->Forward({&step, 1}, &out, &alone).ok());
+    }
+  }
+  EXPECT_EQ(alone.seen.size(), static_cast<size_t>((c.n_layers + 1) * 20));
+  // Layer 0's input is the (scaled) token embedding.
+  std::vector<float> emb(c.d_model);
+  model->weights().token_embedding.RowToFloat(a[3], emb.data());
+  for (float& x : emb) x *= c.embedding_scale;
+  if (GetParam().precision == Precision::kBf16)
+    kernels::cpu::RoundToBf16(emb.data(), c.d_model);
+  EXPECT_EQ(alone.seen.at({0, 0, 3}), emb);
+  // Batched with another sequence: a's residuals are bit-identical.
+  RecordingObserver batched(c.d_model);
+  KvCache ca = model->NewCache(), cb = model->NewCache();
+  SequenceStep steps[] = {{&cb, b, LogitsMode::kLast, 1},
+                          {&ca, a, LogitsMode::kLast, 0}};
+  ForwardOutput out;
+  ASSERT_TRUE(model->Forward(steps, &out, &batched).ok());
+  for (const auto& [key, value] : alone.seen) {
+    EXPECT_EQ(batched.seen.at(key), value)
+        << std::get<1>(key) << " " << std::get<2>(key);
+  }
+  EXPECT_EQ(batched.seen.size(), static_cast<size_t>((c.n_layers + 1) * 27));
+}
+
+TEST_P(ModelProperties, RejectsBadInputWithoutTouchingTheCache) {
+  auto model = Load();
+  KvCache cache = model->NewCache();
+  const std::vector<int32_t> good = {1, 2, 3},
+                             bad = {1, static_cast<int32_t>(
+                                           model->config().vocab_size)};
+  SequenceStep ok{&cache, good, LogitsMode::kLast};
+  ForwardOutput out;
+  ASSERT_TRUE(model->Forward({&ok, 1}, &out).ok());
+  SequenceStep wrong{&cache, bad, LogitsMode::kLast};
+  const absl::Status s = model->Forward({&wrong, 1}, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("out of range"), std::string::npos) << s;
+  EXPECT_EQ(cache.length(), 3);
+  std::vector<int32_t> too_long(model->config().context_length, 1);
+  SequenceStep overflow{&cache, too_long, LogitsMode::kLast};
+  EXPECT_EQ(model->Forward({&overflow, 1}, &out).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.length(), 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelProperties,
