@@ -15,6 +15,41 @@ namespace kvd::ops {
 
 namespace cpu = kernels::cpu;
 
+namespace {
+
+// Runs fn(row) for every row, split over the pool when there are enough rows to
+// pay for it. Rows are independent, so the split cannot change any result.
+void ForRows(cpu::ThreadPool* pool, int64_t m,
+             const std::function<void(int64_t)>& fn) {
+  constexpr int64_t kMinRowsToSplit = 4;
+  if (pool == nullptr || m < kMinRowsToSplit) {
+    for (int64_t r = 0; r < m; ++r) fn(r);
+    return;
+  }
+  pool->ParallelFor(m, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) fn(r);
+  });
+}
+
+}  // namespace
+
+const std::vector<float>& Model::Workspace::RopeTable(float base) {
+  for (const auto& [b, table] : rope) {
+    if (b == base) return table;
+  }
+  // One table per distinct RoPE base and step (not per layer): cos then sin,
+  // half values each, per row.
+  const int64_t half = config->rope_dim / 2;
+  std::vector<float> table(row_pos->size() * 2 * half);
+  ForRows(pool, row_pos->size(), [&](int64_t r) {
+    cpu::RopeAngles((*row_pos)[r], base, config->rope_dim,
+                    table.data() + r * 2 * half,
+                    table.data() + r * 2 * half + half);
+  });
+  rope.emplace_back(base, std::move(table));
+  return rope.back().second;
+}
+
 const float* ForwardOutput::Logits(size_t seq, int64_t row) const {
   if (seq >= first_row.size() || first_row[seq] < 0) return nullptr;
   const int64_t r = row < 0 ? num_rows[seq] - 1 : row;
@@ -86,6 +121,9 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
 
   std::vector<float> h(total * c.d_model);
   Workspace ws;
+  ws.config = &c;
+  ws.row_pos = &row_pos;
+  ws.pool = pool_.get();
   {
     int64_t r = 0;
     for (const SequenceStep& step : batch) {
@@ -172,16 +210,17 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
   o.resize(m * d);
   gate.resize(m * c.d_ff);
   up.resize(m * c.d_ff);
-  for (int64_t r = 0; r < m; ++r) {
+  ForRows(pool, m, [&](int64_t r) {
     cpu::RmsNorm(h.data() + r * d, w.attn_norm.data(), c.rms_eps, d,
                  x.data() + r * d);
-  }
+  });
   cpu::Gemm(x.data(), m, d, w.wq.view(), q.data(), qd, pool);
   cpu::Gemm(x.data(), m, d, w.wk.view(), k.data(), kvd, pool);
   cpu::Gemm(x.data(), m, d, w.wv.view(), v.data(), kvd, pool);
 
-  std::vector<float> cos(c.rope_dim / 2), sin(c.rope_dim / 2);
-  for (int64_t r = 0; r < m; ++r) {
+  const std::vector<float>& angles = ws.RopeTable(lc.rope_base);
+  const int64_t half = c.rope_dim / 2;
+  ForRows(pool, m, [&](int64_t r) {
     float* qr = q.data() + r * qd;
     float* kr = k.data() + r * kvd;
     float* vr = v.data() + r * kvd;
@@ -198,16 +237,14 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
         cpu::RmsNorm(kr + hh * hd, w.k_norm.data(), c.rms_eps, hd,
                      kr + hh * hd);
     }
-    cpu::RopeAngles(row_pos[r], lc.rope_base, c.rope_dim, cos.data(),
-                    sin.data());
-    cpu::Rope(qr, c.n_heads, hd, c.rope_dim, cos.data(), sin.data(),
-              c.rope_style);
-    cpu::Rope(kr, c.n_kv_heads, hd, c.rope_dim, cos.data(), sin.data(),
-              c.rope_style);
+    const float* cos = angles.data() + r * 2 * half;
+    const float* sin = cos + half;
+    cpu::Rope(qr, c.n_heads, hd, c.rope_dim, cos, sin, c.rope_style);
+    cpu::Rope(kr, c.n_kv_heads, hd, c.rope_dim, cos, sin, c.rope_style);
     KvCache* cache = batch[row_seq[r]].cache;
     cache->WriteKey(l, row_pos[r], kr);
     cache->WriteValue(l, row_pos[r], vr);
-  }
+  });
 
   // Attention: one task per (sequence, K/V head, block of up to kQueryBlock
   // consecutive queries); a block shares its score GEMMs, and each query still
@@ -245,31 +282,35 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
   pool->ParallelFor(tasks.size(), attend);
 
   cpu::Gemm(attn.data(), m, qd, w.wo.view(), o.data(), d, pool);
-  for (int64_t r = 0; r < m; ++r) {
+  ForRows(pool, m, [&](int64_t r) {
     float* orow = o.data() + r * d;
     if (c.post_attn_norm)
       cpu::RmsNorm(orow, w.post_attn_norm.data(), c.rms_eps, d, orow);
     cpu::AddInPlace(h.data() + r * d, orow, d);
     cpu::RmsNorm(h.data() + r * d, w.ffn_norm.data(), c.rms_eps, d,
                  x.data() + r * d);
-  }
+  });
 
   cpu::Gemm(x.data(), m, d, w.w_gate.view(), gate.data(), c.d_ff, pool);
   cpu::Gemm(x.data(), m, d, w.w_up.view(), up.data(), c.d_ff, pool);
-  if (c.activation == Activation::kSilu) {
-    cpu::SiluMul(gate.data(), up.data(), m * c.d_ff, gate.data());
-  } else {
-    cpu::GeluTanhMul(gate.data(), up.data(), m * c.d_ff, gate.data());
-  }
+  ForRows(pool, m, [&](int64_t r) {
+    float* g = gate.data() + r * c.d_ff;
+    const float* u = up.data() + r * c.d_ff;
+    if (c.activation == Activation::kSilu) {
+      cpu::SiluMul(g, u, c.d_ff, g);
+    } else {
+      cpu::GeluTanhMul(g, u, c.d_ff, g);
+    }
+  });
   cpu::Gemm(gate.data(), m, c.d_ff, w.w_down.view(), o.data(), d, pool);
-  for (int64_t r = 0; r < m; ++r) {
+  ForRows(pool, m, [&](int64_t r) {
     float* orow = o.data() + r * d;
     if (c.post_ffn_norm)
       cpu::RmsNorm(orow, w.post_ffn_norm.data(), c.rms_eps, d, orow);
     cpu::AddInPlace(h.data() + r * d, orow, d);
     // The bf16 mode keeps the residual stream in bf16 at layer boundaries.
     if (precision_ == Precision::kBf16) cpu::RoundToBf16(h.data() + r * d, d);
-  }
+  });
 }
 
 }  // namespace kvd::ops

@@ -98,6 +98,12 @@ class Model {
   Model() = default;
   struct Workspace {
     std::vector<float> x, q, k, v, attn, o, gate, up;
+    // RoPE cos/sin per row, computed once per step for each distinct base.
+    std::vector<std::pair<float, std::vector<float>>> rope;
+    const ModelConfig* config = nullptr;
+    const std::vector<int64_t>* row_pos = nullptr;
+    kernels::cpu::ThreadPool* pool = nullptr;
+    const std::vector<float>& RopeTable(float base);
   };
   void Layer(int64_t l, absl::Span<const SequenceStep> batch,
              const std::vector<int64_t>& row_seq,
