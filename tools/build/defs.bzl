@@ -1,5 +1,10 @@
 """Build macros for kvd's own code: warnings as errors, C++17, and code generation helpers."""
 
+load("@cuda//:defs.bzl", "CUDA_AVAILABLE", "CUDA_ROOT")
+
+# Add to any target that needs the CUDA toolkit: without it the target is skipped, not failed.
+CUDA_COMPATIBLE = [] if CUDA_AVAILABLE else ["//tools/build:cuda_toolkit_installed"]
+
 KVD_COPTS = [
     "-Wall",
     "-Wextra",
@@ -68,10 +73,11 @@ def kvd_cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = 
             name = name + "_" + src.replace("/", "_").replace(".", "_"),
             srcs = [src] + hdrs,
             outs = [obj],
-            cmd = ("/usr/local/cuda/bin/nvcc -std=c++17 -O3 -Xcompiler -fPIC -I. " +
+            cmd = (CUDA_ROOT + "/bin/nvcc -std=c++17 -O3 -Xcompiler -fPIC -I. " +
                    "-gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90 " +
                    " ".join(copts) + " -c $(location %s) -o $@" % src),
             tags = tags,
+            target_compatible_with = CUDA_COMPATIBLE,
         )
     native.cc_library(
         name = name,
@@ -81,6 +87,7 @@ def kvd_cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = 
         visibility = visibility,
         tags = tags,
         linkstatic = 1,
+        target_compatible_with = CUDA_COMPATIBLE,
     )
 
 def kvd_fuzz_test(name, srcs, seeds = [], max_total_time_s = 20, linkopts = [], tags = []):
