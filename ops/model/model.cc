@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -58,6 +59,10 @@ const float* ForwardOutput::Logits(size_t seq, int64_t row) const {
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
                                                    const LoadOptions& options) {
+  std::error_code is_dir_error;
+  if (std::filesystem::is_directory(path, is_dir_error)) {
+    return LoadHuggingFace(path, options);
+  }
   if (!cpu::IsaSupported(cpu::Isa::kAvx2)) {
     return absl::FailedPreconditionError(
         "kvd needs an x86-64 CPU with AVX2, FMA and F16C (Intel Haswell / AMD "
@@ -96,6 +101,10 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
         return absl::InvalidArgumentError(absl::StrCat(
             "token id ", t, " out of range [0, ", c.vocab_size, ")"));
       }
+    }
+    if (step.kv_source != nullptr) {
+      KVD_RETURN_IF_ERROR(
+          step.kv_source->Check(c.n_layers, step.cache->length()));
     }
     const int64_t end =
         step.cache->length() + static_cast<int64_t>(step.tokens.size());
@@ -180,6 +189,34 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
   return absl::OkStatus();
 }
 
+void Model::KvProjection(int64_t l, const float* h, int64_t m,
+                         const float* angles, float* x, float* k, float* v,
+                         cpu::ThreadPool* pool) const {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = weights_.layers[l];
+  const int64_t d = c.d_model, kvd = c.kv_dim(), hd = c.head_dim;
+  const int64_t half = c.rope_dim / 2;
+  ForRows(pool, m, [&](int64_t r) {
+    cpu::RmsNorm(h + r * d, w.attn_norm.data(), c.rms_eps, d, x + r * d);
+  });
+  cpu::Gemm(x, m, d, w.wk.view(), k, kvd, pool);
+  cpu::Gemm(x, m, d, w.wv.view(), v, kvd, pool);
+  ForRows(pool, m, [&](int64_t r) {
+    float* kr = k + r * kvd;
+    if (c.qkv_bias) {
+      cpu::AddInPlace(kr, w.bk.data(), kvd);
+      cpu::AddInPlace(v + r * kvd, w.bv.data(), kvd);
+    }
+    if (c.qk_norm) {
+      for (int64_t hh = 0; hh < c.n_kv_heads; ++hh)
+        cpu::RmsNorm(kr + hh * hd, w.k_norm.data(), c.rms_eps, hd,
+                     kr + hh * hd);
+    }
+    const float* cos = angles + r * 2 * half;
+    cpu::Rope(kr, c.n_kv_heads, hd, c.rope_dim, cos, cos + half, c.rope_style);
+  });
+}
+
 void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
                   const std::vector<int64_t>& row_seq,
                   const std::vector<int64_t>& row_pos, std::vector<float>& h,
@@ -210,37 +247,24 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
   o.resize(m * d);
   gate.resize(m * c.d_ff);
   up.resize(m * c.d_ff);
-  ForRows(pool, m, [&](int64_t r) {
-    cpu::RmsNorm(h.data() + r * d, w.attn_norm.data(), c.rms_eps, d,
-                 x.data() + r * d);
-  });
-  cpu::Gemm(x.data(), m, d, w.wq.view(), q.data(), qd, pool);
-  cpu::Gemm(x.data(), m, d, w.wk.view(), k.data(), kvd, pool);
-  cpu::Gemm(x.data(), m, d, w.wv.view(), v.data(), kvd, pool);
-
   const std::vector<float>& angles = ws.RopeTable(lc.rope_base);
   const int64_t half = c.rope_dim / 2;
+  KvProjection(l, h.data(), m, angles.data(), x.data(), k.data(), v.data(),
+               pool);
+  cpu::Gemm(x.data(), m, d, w.wq.view(), q.data(), qd, pool);
   ForRows(pool, m, [&](int64_t r) {
     float* qr = q.data() + r * qd;
-    float* kr = k.data() + r * kvd;
-    float* vr = v.data() + r * kvd;
-    if (c.qkv_bias) {
-      cpu::AddInPlace(qr, w.bq.data(), qd);
-      cpu::AddInPlace(kr, w.bk.data(), kvd);
-      cpu::AddInPlace(vr, w.bv.data(), kvd);
-    }
+    const float* kr = k.data() + r * kvd;
+    const float* vr = v.data() + r * kvd;
+    if (c.qkv_bias) cpu::AddInPlace(qr, w.bq.data(), qd);
     if (c.qk_norm) {
       for (int64_t hh = 0; hh < c.n_heads; ++hh)
         cpu::RmsNorm(qr + hh * hd, w.q_norm.data(), c.rms_eps, hd,
                      qr + hh * hd);
-      for (int64_t hh = 0; hh < c.n_kv_heads; ++hh)
-        cpu::RmsNorm(kr + hh * hd, w.k_norm.data(), c.rms_eps, hd,
-                     kr + hh * hd);
     }
     const float* cos = angles.data() + r * 2 * half;
     const float* sin = cos + half;
     cpu::Rope(qr, c.n_heads, hd, c.rope_dim, cos, sin, c.rope_style);
-    cpu::Rope(kr, c.n_kv_heads, hd, c.rope_dim, cos, sin, c.rope_style);
     KvCache* cache = batch[row_seq[r]].cache;
     cache->WriteKey(l, row_pos[r], kr);
     cache->WriteValue(l, row_pos[r], vr);
@@ -269,7 +293,14 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
   auto attend = [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const Task& task = tasks[t];
-      const KvCache* cache = batch[row_seq[task.row]].cache;
+      const SequenceStep& step = batch[row_seq[task.row]];
+      if (step.kv_source != nullptr) {
+        const int64_t offset = task.row * qd + task.g * group * hd;
+        AttendWithSource(l, step, task.g, q.data() + offset, qd, task.n,
+                         row_pos[task.row], attn.data() + offset, qd);
+        continue;
+      }
+      const KvCache* cache = step.cache;
       cpu::KvRows keys = cache->Keys(l), values = cache->Values(l);
       keys.data = static_cast<const char*>(keys.data) + task.g * hd * elem;
       values.data = static_cast<const char*>(values.data) + task.g * hd * elem;

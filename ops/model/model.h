@@ -40,12 +40,35 @@ namespace kvd::ops {
 
 enum class LogitsMode { kNone, kLast, kAll };
 
+// KV-Direct bounded-memory attention: where a sequence's K/V older than its
+// hot window come from. Attention reads cache rows only at positions >=
+// HotBegin; a canonical chunk that reaches below it is rebuilt whole into a
+// one-chunk scratch buffer, older rows from these residuals (RecomputeKv), so
+// the chunk folds into the online softmax exactly as the cached one would.
+// Called concurrently from attention tasks: the const methods must be safe to
+// call from several threads at once.
+class KvSource {
+ public:
+  virtual ~KvSource() = default;
+  // First position of `layer` whose cache rows are kept, given the cache's
+  // length before this step (<= that length: this step's rows stay hot).
+  virtual int64_t HotBegin(int64_t layer, int64_t cache_length) const = 0;
+  // OK if every position below HotBegin can be served at every layer; Forward
+  // calls it before touching any cache.
+  virtual absl::Status Check(int64_t n_layers, int64_t cache_length) const = 0;
+  // Residuals entering `layer` at positions [first, first + n), fp32, into out
+  // (n x d_model). Only asked for what Check promised.
+  virtual void ReadResiduals(int64_t layer, int64_t first, int64_t n,
+                             float* out) const = 0;
+};
+
 struct SequenceStep {
   KvCache* cache = nullptr;
   absl::Span<const int32_t>
       tokens;  // new tokens, at positions cache->length() onwards
   LogitsMode logits = LogitsMode::kLast;
-  int64_t sequence_id = 0;  // passed to the ResidualObserver
+  int64_t sequence_id = 0;              // passed to the ResidualObserver
+  const KvSource* kv_source = nullptr;  // null: every cached row is hot
 };
 
 struct ForwardOutput {
@@ -79,9 +102,17 @@ class Model {
  public:
   static absl::StatusOr<std::unique_ptr<Model>> Load(
       const std::string& path, const LoadOptions& options);
+  // A Hugging Face checkpoint directory (config.json + *.safetensors); Load
+  // calls it for a directory. Such a model has no GGUF file: file() must not be
+  // called on it. Implemented in hf_loader.cc.
+  static absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(
+      const std::string& dir, const LoadOptions& options);
 
   const ModelConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
+  // The GGUF file the model came from; has_gguf() is false for Hugging Face
+  // checkpoints.
+  bool has_gguf() const { return file_ != nullptr; }
   const GgufFile& file() const { return *file_; }
   const ModelWeights& weights() const { return weights_; }
   kernels::cpu::ThreadPool* pool() const { return pool_.get(); }
@@ -94,6 +125,19 @@ class Model {
   absl::Status Forward(absl::Span<const SequenceStep> batch, ForwardOutput* out,
                        ResidualObserver* observer = nullptr) const;
 
+  // KV-Direct: rebuilds layer `layer`'s K and V rows for `n` tokens from their
+  // residuals entering that layer (`residuals`: n x d_model values exactly as
+  // the ResidualObserver saw them) at absolute `positions`. Writes n rows of
+  // NewCache().row_bytes() bytes each to k_out / v_out, in the cache's dtype
+  // and layout. The rows equal bit for bit the ones Forward cached for those
+  // tokens, because both run KvProjection. `pool` null: single-threaded (for
+  // callers already inside a ParallelFor of pool()). INVALID_ARGUMENT for a
+  // bad layer, position or count. Implemented in kv_recompute.cc.
+  absl::Status RecomputeKv(int64_t layer, const float* residuals,
+                           const int64_t* positions, int64_t n, uint8_t* k_out,
+                           uint8_t* v_out,
+                           kernels::cpu::ThreadPool* pool = nullptr) const;
+
  private:
   Model() = default;
   struct Workspace {
@@ -105,6 +149,19 @@ class Model {
     kernels::cpu::ThreadPool* pool = nullptr;
     const std::vector<float>& RopeTable(float base);
   };
+  // The K/V half of layer l's attention input, shared by Forward and
+  // RecomputeKv so the two cannot drift apart: x = RMSNorm_l(h),
+  // k = RoPE(k_norm(x W_k + b_k)), v = x W_v + b_v, all fp32, m rows.
+  // `angles` holds per row rope_dim / 2 cos then rope_dim / 2 sin values.
+  void KvProjection(int64_t l, const float* h, int64_t m, const float* angles,
+                    float* x, float* k, float* v,
+                    kernels::cpu::ThreadPool* pool) const;
+  // Attention of one (sequence, K/V head g, query block) task whose sequence
+  // has a KvSource; same bits as AttendCausalBlock over a full cache
+  // (kv_recompute.cc).
+  void AttendWithSource(int64_t l, const SequenceStep& step, int64_t g,
+                        const float* q, int64_t q_stride, int64_t nq,
+                        int64_t pos0, float* out, int64_t out_stride) const;
   void Layer(int64_t l, absl::Span<const SequenceStep> batch,
              const std::vector<int64_t>& row_seq,
              const std::vector<int64_t>& row_pos, std::vector<float>& h,

@@ -57,12 +57,10 @@ void Matrix::RowToFloat(int64_t r, float* out) const {
   }
 }
 
-absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
-                                        const std::string& name, int64_t rows,
-                                        int64_t cols, Precision precision,
-                                        kernels::cpu::ThreadPool* pool) {
-  KVD_ASSIGN_OR_RETURN(const GgufTensor* t,
-                       CheckedTensor(file, name, rows, cols));
+absl::StatusOr<Matrix> Matrix::FromRows(
+    int64_t rows, int64_t cols, Precision precision,
+    kernels::cpu::ThreadPool* pool,
+    const std::function<absl::Status(int64_t r, float* dst)>& row) {
   Matrix m;
   m.rows_ = rows;
   m.cols_ = cols;
@@ -72,7 +70,6 @@ absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
   } else {
     m.bf16_.resize(rows * cols);
   }
-  const uint64_t row_bytes = t->row_bytes();
   std::vector<absl::Status> errors(pool != nullptr ? pool->num_threads() : 1);
   std::atomic<int> slot{0};
   auto work = [&](int64_t begin, int64_t end) {
@@ -81,11 +78,9 @@ absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
     for (int64_t r = begin; r < end; ++r) {
       float* dst =
           m.type_ == WeightType::kF32 ? m.f32_.data() + r * cols : tmp.data();
-      absl::Status s = kernels::DequantizeRow(t->type, t->data + r * row_bytes,
-                                              row_bytes, dst, cols);
+      absl::Status s = row(r, dst);
       if (!s.ok()) {
-        errors[my_slot] = absl::InvalidArgumentError(absl::StrCat(
-            file.path(), ": tensor '", name, "' row ", r, ": ", s.message()));
+        errors[my_slot] = std::move(s);
         return;
       }
       if (m.type_ == WeightType::kBf16) {
@@ -100,6 +95,25 @@ absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
   }
   for (const absl::Status& s : errors) KVD_RETURN_IF_ERROR(s);
   return m;
+}
+
+absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
+                                        const std::string& name, int64_t rows,
+                                        int64_t cols, Precision precision,
+                                        kernels::cpu::ThreadPool* pool) {
+  KVD_ASSIGN_OR_RETURN(const GgufTensor* t,
+                       CheckedTensor(file, name, rows, cols));
+  const uint64_t row_bytes = t->row_bytes();
+  return FromRows(
+      rows, cols, precision, pool, [&](int64_t r, float* dst) -> absl::Status {
+        absl::Status s = kernels::DequantizeRow(
+            t->type, t->data + r * row_bytes, row_bytes, dst, cols);
+        if (!s.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              file.path(), ": tensor '", name, "' row ", r, ": ", s.message()));
+        }
+        return absl::OkStatus();
+      });
 }
 
 absl::StatusOr<std::vector<float>> VectorFromGguf(const GgufFile& file,

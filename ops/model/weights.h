@@ -8,6 +8,7 @@
 #define KVD_OPS_MODEL_WEIGHTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,15 @@ class Matrix {
                                          const std::string& name, int64_t rows,
                                          int64_t cols, Precision precision,
                                          kernels::cpu::ThreadPool* pool);
+
+  // Builds a rows x cols matrix from fp32 rows: `row(r, dst)` writes row r's
+  // `cols` values to dst, which are then stored as FromGguf stores dequantized
+  // rows (copied in fp32 mode, rounded to nearest-even bf16 in bf16 mode). Rows
+  // may be produced concurrently on `pool`; the first error is returned.
+  static absl::StatusOr<Matrix> FromRows(
+      int64_t rows, int64_t cols, Precision precision,
+      kernels::cpu::ThreadPool* pool,
+      const std::function<absl::Status(int64_t r, float* dst)>& row);
 
  private:
   kernels::cpu::WeightType type_ = kernels::cpu::WeightType::kF32;

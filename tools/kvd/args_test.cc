@@ -16,7 +16,9 @@ Args MakeArgs() {
 
 TEST(Args, ParsesValuesSwitchesAndPositionals) {
   Args a = MakeArgs();
-  ASSERT_TRUE(a.Parse({"--count", "7", "hello", "--stop=x", "--stop", "y", "--quiet"}).ok());
+  ASSERT_TRUE(
+      a.Parse({"--count", "7", "hello", "--stop=x", "--stop", "y", "--quiet"})
+          .ok());
   EXPECT_EQ(*a.GetInt("count"), 7);
   EXPECT_EQ(a.GetAll("stop"), (std::vector<std::string>{"x", "y"}));
   EXPECT_TRUE(a.On("quiet"));
@@ -34,9 +36,11 @@ TEST(Args, DefaultsAndHelp) {
 
 TEST(Args, ClearErrors) {
   Args a = MakeArgs();
-  EXPECT_NE(a.Parse({"--nope"}).message().find("unknown flag --nope"), std::string::npos);
+  EXPECT_NE(a.Parse({"--nope"}).message().find("unknown flag --nope"),
+            std::string::npos);
   Args b = MakeArgs();
-  EXPECT_NE(b.Parse({"--count"}).message().find("needs a value"), std::string::npos);
+  EXPECT_NE(b.Parse({"--count"}).message().find("needs a value"),
+            std::string::npos);
   Args c = MakeArgs();
   ASSERT_TRUE(c.Parse({"--count", "x"}).ok());
   EXPECT_FALSE(c.GetInt("count").ok());

@@ -103,6 +103,13 @@ absl::Status Run(const Args& args) {
   const double load_s = std::chrono::duration<double>(
                             std::chrono::steady_clock::now() - load_start)
                             .count();
+  if (!model->has_gguf()) {
+    return absl::UnimplementedError(
+        path +
+        " is a Hugging Face checkpoint: its weights load, but tokenizer.json "
+        "is not "
+        "supported yet; use a GGUF file for generation");
+  }
   KVD_ASSIGN_OR_RETURN(std::unique_ptr<ops::Tokenizer> tokenizer,
                        ops::TokenizerFromGguf(model->file()));
 
@@ -111,11 +118,13 @@ absl::Status Run(const Args& args) {
     text = args.Get("prompt");
   } else {
     std::optional<std::string_view> jinja;
-    if (const ops::GgufValue* v = model->file().Find("tokenizer.chat_template")) {
+    if (const ops::GgufValue* v =
+            model->file().Find("tokenizer.chat_template")) {
       jinja = v->AsString();
     }
-    KVD_ASSIGN_OR_RETURN(ops::ChatTemplate tmpl,
-                         ops::ChatTemplate::Detect(model->file().architecture(), jinja));
+    KVD_ASSIGN_OR_RETURN(
+        ops::ChatTemplate tmpl,
+        ops::ChatTemplate::Detect(model->file().architecture(), jinja));
     std::vector<ops::ChatMessage> messages;
     if (args.Has("system")) messages.push_back({"system", args.Get("system")});
     messages.push_back({"user", args.positional()[0]});

@@ -11,7 +11,8 @@ namespace {
 
 bool Exists(const std::string& path) {
   struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  return stat(path.c_str(), &st) == 0 &&
+         (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode));
 }
 
 }  // namespace
@@ -40,7 +41,8 @@ absl::StatusOr<std::string> ResolveModel(const std::string& name_or_path) {
   if (Exists(name_or_path)) return name_or_path;
   return absl::NotFoundError(
       absl::StrCat("no model file at '", name_or_path,
-                   "'; pass a GGUF path, or one of: smollm2, gemma3 (fetched "
+                   "'; pass a GGUF file, a Hugging Face checkpoint directory, "
+                   "or one of: smollm2, gemma3 (fetched "
                    "by tools/fetch_models.sh)"));
 }
 

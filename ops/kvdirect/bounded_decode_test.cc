@@ -1,0 +1,175 @@
+// Bounded-memory decoding (policy kv-direct) gives logits bit-identical to the
+// plain K/V cache at every step of a multi-turn conversation, for every hot
+// budget B, every family and both precisions. The reference is the plain
+// forward pass over a full cache, which never runs the recompute path.
+//
+// Eviction is simulated, not real: KvCache keeps rows from position 0, so
+// before every step this test overwrites every cache row below the hot window
+// with NaN. Attention that read any of them would turn the logits into NaN,
+// so bit-identity proves cold rows come only from the residuals.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "ops/kvdirect/checkpoint_policy.h"
+#include "ops/kvdirect/residual_kv_source.h"
+#include "ops/kvdirect/residual_store.h"
+#include "ops/model/testing/tiny_model.h"
+
+namespace kvd::ops {
+namespace {
+
+std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = rng() % vocab;
+  return t;
+}
+
+int32_t Argmax(const float* logits, int64_t n) {
+  return std::max_element(logits, logits + n) - logits;
+}
+
+struct Case {
+  std::string family;
+  Precision precision;
+};
+
+// Three turns: a user message prefilled in one step (straddling attention
+// chunk boundaries), then greedy decoding of 70 tokens; 210 generated.
+constexpr int kTurnTokens[] = {40, 25, 33};
+constexpr int kGenerated = 70;
+
+// Logits of every step of the conversation, the plain way. Also returns the
+// token sequence (user tokens + greedy replies) the bounded runs replay.
+std::vector<std::vector<float>> PlainRun(
+    const Model& model, std::vector<std::vector<int32_t>>* steps) {
+  const ModelConfig& c = model.config();
+  KvCache cache = model.NewCache();
+  std::vector<std::vector<float>> logits;
+  uint32_t seed = 10;
+  for (int turn : kTurnTokens) {
+    std::vector<int32_t> next = Tokens(turn, seed++, c.vocab_size);
+    for (int g = 0; g <= kGenerated; ++g) {
+      SequenceStep step{&cache, next, LogitsMode::kLast, 0};
+      ForwardOutput out;
+      EXPECT_TRUE(model.Forward({&step, 1}, &out).ok());
+      steps->push_back(next);
+      logits.emplace_back(out.Logits(0), out.Logits(0) + c.vocab_size);
+      if (g == kGenerated) break;  // the last reply token opens no step
+      next = {Argmax(out.Logits(0), c.vocab_size)};
+    }
+  }
+  return logits;
+}
+
+class BoundedDecode : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BoundedDecode, LogitsBitIdenticalToPlainCacheForEveryBudget) {
+  testing::TinyModelSpec spec;
+  spec.family = GetParam().family;
+  if (spec.family == "gemma3") spec.n_layers = 6;  // 5 local + 1 global
+  absl::StatusOr<std::string> path =
+      testing::WriteTinyModel(spec, ::testing::TempDir());
+  ASSERT_TRUE(path.ok()) << path.status();
+  LoadOptions opts;
+  opts.precision = GetParam().precision;
+  opts.num_threads = 2;
+  absl::StatusOr<std::unique_ptr<Model>> loaded = Model::Load(*path, opts);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Model& model = **loaded;
+  const ModelConfig& c = model.config();
+
+  std::vector<std::vector<int32_t>> steps;
+  const std::vector<std::vector<float>> plain = PlainRun(model, &steps);
+  ASSERT_EQ(steps.size(), 3u * (kGenerated + 1));
+
+  const std::vector<float> nan_row(c.kv_dim(),
+                                   std::numeric_limits<float>::quiet_NaN());
+  for (int64_t budget :
+       {int64_t{0}, int64_t{16}, int64_t{64}, ResidualKvSource::kAll}) {
+    ResidualStore store(
+        c, model.precision(),
+        CheckpointLayers(*ParseCheckpointPolicy("kv-direct"), c.n_layers));
+    ResidualKvSource source(&store, /*sequence_id=*/3, budget);
+    KvCache cache = model.NewCache();
+    int64_t poisoned = 0, mismatches = 0, cold_steps = 0, want_cold = 0;
+    int64_t length = 0;
+    for (const std::vector<int32_t>& t : steps) {
+      want_cold += budget != ResidualKvSource::kAll && length > budget;
+      length += t.size();
+    }
+    for (size_t s = 0; s < steps.size(); ++s) {
+      const int64_t hot = source.HotBegin(0, cache.length());
+      for (; poisoned < hot; ++poisoned) {
+        for (int64_t l = 0; l < c.n_layers; ++l) {
+          cache.WriteKey(l, poisoned, nan_row.data());
+          cache.WriteValue(l, poisoned, nan_row.data());
+        }
+      }
+      cold_steps += hot > 0;
+      SequenceStep step{&cache, steps[s], LogitsMode::kLast, 3, &source};
+      ForwardOutput out;
+      ASSERT_TRUE(model.Forward({&step, 1}, &out, &store).ok());
+      ASSERT_TRUE(store.status().ok()) << store.status();
+      mismatches += std::memcmp(out.Logits(0), plain[s].data(),
+                                c.vocab_size * sizeof(float)) != 0;
+    }
+    EXPECT_EQ(mismatches, 0) << "budget " << budget;
+    // Every step whose cache outgrew B ran with cold chunks, and at the end
+    // every row older than the last step's window had been poisoned.
+    EXPECT_EQ(cold_steps, want_cold) << "budget " << budget;
+    if (budget != ResidualKvSource::kAll) {
+      EXPECT_GT(cold_steps, 180) << "budget " << budget;
+      EXPECT_EQ(poisoned, cache.length() - 1 - budget);
+    }
+  }
+}
+
+TEST_P(BoundedDecode, CheckRejectsAStoreThatCannotServeTheColdRange) {
+  testing::TinyModelSpec spec;
+  spec.family = GetParam().family;
+  absl::StatusOr<std::string> path =
+      testing::WriteTinyModel(spec, ::testing::TempDir());
+  ASSERT_TRUE(path.ok());
+  LoadOptions opts;
+  opts.precision = GetParam().precision;
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(*path, opts);
+  ASSERT_TRUE(model.ok());
+  const ModelConfig& c = (*model)->config();
+  const std::vector<int32_t> t = Tokens(10, 1, c.vocab_size);
+  // A stride:2 store lacks layer 1; an unattached store lacks the rows.
+  ResidualStore strided(c, (*model)->precision(), {0, 2});
+  ResidualStore empty(
+      c, (*model)->precision(),
+      CheckpointLayers(*ParseCheckpointPolicy("kv-direct"), c.n_layers));
+  for (const ResidualStore* store : {&strided, &empty}) {
+    KvCache cache = (*model)->NewCache();
+    SequenceStep first{&cache, t, LogitsMode::kLast, 0};
+    ForwardOutput out;
+    ASSERT_TRUE((*model)->Forward({&first, 1}, &out).ok());
+    ResidualKvSource source(store, 0, /*budget=*/4);
+    SequenceStep next{&cache, absl::MakeConstSpan(t).subspan(0, 1),
+                      LogitsMode::kLast, 0, &source};
+    EXPECT_EQ((*model)->Forward({&next, 1}, &out).code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(cache.length(), 10);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, BoundedDecode,
+                         ::testing::Values(Case{"llama", Precision::kF32},
+                                           Case{"llama", Precision::kBf16},
+                                           Case{"qwen2", Precision::kF32},
+                                           Case{"qwen2", Precision::kBf16},
+                                           Case{"gemma3", Precision::kF32},
+                                           Case{"gemma3", Precision::kBf16}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.family + "_" +
+                                  PrecisionName(info.param.precision);
+                         });
+
+}  // namespace
+}  // namespace kvd::ops
