@@ -82,8 +82,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
 }
 
 absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
-                            ForwardOutput* out,
-                            ResidualObserver* observer) const {
+                            ForwardOutput* out, ResidualObserver* observer,
+                            ResidualPatcher* patcher) const {
   const ModelConfig& c = config_;
   // Validate everything before touching any cache.
   int64_t total = 0;
@@ -147,6 +147,12 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
   }
 
   for (int64_t l = 0; l <= c.n_layers; ++l) {
+    if (patcher != nullptr) {
+      for (int64_t r = 0; r < total; ++r) {
+        patcher->Patch(batch[row_seq[r]].sequence_id, l, row_pos[r],
+                       h.data() + r * c.d_model);
+      }
+    }
     if (observer != nullptr) {
       for (int64_t r = 0; r < total; ++r) {
         observer->OnResidual(batch[row_seq[r]].sequence_id, l, row_pos[r],

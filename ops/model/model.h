@@ -92,6 +92,19 @@ class ResidualObserver {
                           const float* residual) = 0;
 };
 
+// Overwrites residuals as they enter a layer, before the ResidualObserver sees
+// them: the "residual patching" experiment of the KV-Direct paper (replace
+// every position's residual entering layer l with another prompt's and the
+// output must become that prompt's exactly). Also the entry point for resuming
+// from a checkpointed residual.
+class ResidualPatcher {
+ public:
+  virtual ~ResidualPatcher() = default;
+  // May modify `residual` (d_model values) in place.
+  virtual void Patch(int64_t sequence_id, int64_t layer, int64_t position,
+                     float* residual) = 0;
+};
+
 struct LoadOptions {
   Precision precision = Precision::kF32;
   int num_threads = 0;  // 0: all hardware threads
@@ -123,7 +136,8 @@ class Model {
   // a sequence that would exceed the context length; nothing is written to any
   // cache in that case.
   absl::Status Forward(absl::Span<const SequenceStep> batch, ForwardOutput* out,
-                       ResidualObserver* observer = nullptr) const;
+                       ResidualObserver* observer = nullptr,
+                       ResidualPatcher* patcher = nullptr) const;
 
   // KV-Direct: rebuilds layer `layer`'s K and V rows for `n` tokens from their
   // residuals entering that layer (`residuals`: n x d_model values exactly as
