@@ -3,16 +3,16 @@
 // budget B, every family and both precisions. The reference is the plain
 // forward pass over a full cache, which never runs the recompute path.
 //
-// Eviction is simulated, not real: KvCache keeps rows from position 0, so
-// before every step this test overwrites every cache row below the hot window
-// with NaN. Attention that read any of them would turn the logits into NaN,
-// so bit-identity proves cold rows come only from the residuals.
-#include <cmath>
+// Eviction is real: Forward frees the cache rows below the hot window, so the
+// test checks what the cache holds (first_kept) and what it has allocated
+// (std::vector capacities, not a counter kvd keeps) after every step.
+#include <algorithm>
 #include <cstring>
-#include <limits>
+#include <iostream>
 #include <random>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/attention.h"
 #include "ops/kvdirect/checkpoint_policy.h"
 #include "ops/kvdirect/residual_kv_source.h"
 #include "ops/kvdirect/residual_store.h"
@@ -86,16 +86,22 @@ TEST_P(BoundedDecode, LogitsBitIdenticalToPlainCacheForEveryBudget) {
   const std::vector<std::vector<float>> plain = PlainRun(model, &steps);
   ASSERT_EQ(steps.size(), 3u * (kGenerated + 1));
 
-  const std::vector<float> nan_row(c.kv_dim(),
-                                   std::numeric_limits<float>::quiet_NaN());
-  for (int64_t budget :
-       {int64_t{0}, int64_t{16}, int64_t{64}, ResidualKvSource::kAll}) {
+  // Rows a step may need: the hot window, the step's new tokens, and one
+  // attention chunk of headroom (rows move once per chunk, not per step).
+  int64_t longest_step = 0;
+  for (const std::vector<int32_t>& t : steps)
+    longest_step = std::max<int64_t>(longest_step, t.size());
+  for (int64_t budget : {int64_t{0}, int64_t{16}, int64_t{64}, int64_t{256},
+                         ResidualKvSource::kAll}) {
     ResidualStore store(
         c, model.precision(),
         CheckpointLayers(*ParseCheckpointPolicy("kv-direct"), c.n_layers));
     ResidualKvSource source(&store, /*sequence_id=*/3, budget);
     KvCache cache = model.NewCache();
-    int64_t poisoned = 0, mismatches = 0, cold_steps = 0, want_cold = 0;
+    const size_t bound =
+        c.n_layers * 2 * cache.row_bytes() *
+        (budget + kernels::cpu::kAttentionChunk + longest_step);
+    int64_t mismatches = 0, cold_steps = 0, want_cold = 0, over_bound = 0;
     int64_t length = 0;
     for (const std::vector<int32_t>& t : steps) {
       want_cold += budget != ResidualKvSource::kAll && length > budget;
@@ -103,12 +109,6 @@ TEST_P(BoundedDecode, LogitsBitIdenticalToPlainCacheForEveryBudget) {
     }
     for (size_t s = 0; s < steps.size(); ++s) {
       const int64_t hot = source.HotBegin(0, cache.length());
-      for (; poisoned < hot; ++poisoned) {
-        for (int64_t l = 0; l < c.n_layers; ++l) {
-          cache.WriteKey(l, poisoned, nan_row.data());
-          cache.WriteValue(l, poisoned, nan_row.data());
-        }
-      }
       cold_steps += hot > 0;
       SequenceStep step{&cache, steps[s], LogitsMode::kLast, 3, &source};
       ForwardOutput out;
@@ -116,15 +116,109 @@ TEST_P(BoundedDecode, LogitsBitIdenticalToPlainCacheForEveryBudget) {
       ASSERT_TRUE(store.status().ok()) << store.status();
       mismatches += std::memcmp(out.Logits(0), plain[s].data(),
                                 c.vocab_size * sizeof(float)) != 0;
+      // The rows below this step's hot window are gone at every layer.
+      for (int64_t l = 0; l < c.n_layers; ++l)
+        ASSERT_EQ(cache.first_kept(l), hot) << "budget " << budget;
+      if (budget != ResidualKvSource::kAll)
+        over_bound += cache.allocated_bytes() > bound;
     }
     EXPECT_EQ(mismatches, 0) << "budget " << budget;
-    // Every step whose cache outgrew B ran with cold chunks, and at the end
-    // every row older than the last step's window had been poisoned.
+    EXPECT_EQ(over_bound, 0) << "budget " << budget << ": allocated "
+                             << cache.allocated_bytes() << " > " << bound;
+    // Every step whose cache outgrew B ran with cold chunks.
     EXPECT_EQ(cold_steps, want_cold) << "budget " << budget;
     if (budget != ResidualKvSource::kAll) {
-      EXPECT_GT(cold_steps, 180) << "budget " << budget;
-      EXPECT_EQ(poisoned, cache.length() - 1 - budget);
+      EXPECT_GT(cold_steps, 40) << "budget " << budget;
+    } else {
+      EXPECT_GE(cache.allocated_bytes(),
+                c.n_layers * 2 * cache.row_bytes() * cache.length());
     }
+  }
+}
+
+// A 1000-token session: the plain cache grows with the context, the kv-direct
+// cache stays at its window while logits stay bit-identical.
+TEST_P(BoundedDecode, ThousandTokenSessionKeepsPeakCacheBytesFlat) {
+  testing::TinyModelSpec spec;
+  spec.family = GetParam().family;
+  absl::StatusOr<std::string> path =
+      testing::WriteTinyModel(spec, ::testing::TempDir());
+  ASSERT_TRUE(path.ok()) << path.status();
+  LoadOptions opts;
+  opts.precision = GetParam().precision;
+  opts.num_threads = 2;
+  absl::StatusOr<std::unique_ptr<Model>> loaded = Model::Load(*path, opts);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Model& model = **loaded;
+  const ModelConfig& c = model.config();
+  constexpr int64_t kBudget = 64, kTokens = 1000;
+  ResidualStore store(
+      c, model.precision(),
+      CheckpointLayers(*ParseCheckpointPolicy("kv-direct"), c.n_layers));
+  ResidualKvSource source(&store, 0, kBudget);
+  KvCache plain = model.NewCache(), bounded = model.NewCache();
+  size_t plain_peak = 0, bounded_peak = 0;
+  int64_t mismatches = 0;
+  std::vector<int32_t> next = Tokens(1, 5, c.vocab_size);
+  for (int64_t i = 0; i < kTokens; ++i) {
+    SequenceStep a{&plain, next, LogitsMode::kLast, 0};
+    SequenceStep b{&bounded, next, LogitsMode::kLast, 0, &source};
+    ForwardOutput out_a, out_b;
+    ASSERT_TRUE(model.Forward({&a, 1}, &out_a).ok());
+    ASSERT_TRUE(model.Forward({&b, 1}, &out_b, &store).ok());
+    mismatches += std::memcmp(out_a.Logits(0), out_b.Logits(0),
+                              c.vocab_size * sizeof(float)) != 0;
+    plain_peak = std::max(plain_peak, plain.allocated_bytes());
+    bounded_peak = std::max(bounded_peak, bounded.allocated_bytes());
+    next = {Argmax(out_a.Logits(0), c.vocab_size)};
+  }
+  EXPECT_EQ(mismatches, 0);
+  const size_t row_pair = c.n_layers * 2 * plain.row_bytes();
+  EXPECT_GE(plain_peak, kTokens * row_pair);
+  EXPECT_LE(bounded_peak,
+            (kBudget + 1 + kernels::cpu::kAttentionChunk) * row_pair);
+  std::cout << GetParam().family << " " << PrecisionName(GetParam().precision)
+            << ": peak K/V bytes over " << kTokens << " tokens: plain "
+            << plain_peak << ", kv-direct B=" << kBudget << " " << bounded_peak
+            << " (residual store " << store.size_bytes() << ")\n";
+}
+
+TEST_P(BoundedDecode, StepsThatWouldReadDroppedRowsAreRejected) {
+  testing::TinyModelSpec spec;
+  spec.family = GetParam().family;
+  absl::StatusOr<std::string> path =
+      testing::WriteTinyModel(spec, ::testing::TempDir());
+  ASSERT_TRUE(path.ok());
+  LoadOptions opts;
+  opts.precision = GetParam().precision;
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(*path, opts);
+  ASSERT_TRUE(model.ok());
+  const ModelConfig& c = (*model)->config();
+  const std::vector<int32_t> t = Tokens(40, 1, c.vocab_size);
+  ResidualStore store(
+      c, (*model)->precision(),
+      CheckpointLayers(*ParseCheckpointPolicy("kv-direct"), c.n_layers));
+  ResidualKvSource small(&store, 0, /*budget=*/8);
+  KvCache cache = (*model)->NewCache();
+  ForwardOutput out;
+  SequenceStep first{&cache, t, LogitsMode::kLast, 0, &small};
+  ASSERT_TRUE((*model)->Forward({&first, 1}, &out, &store).ok());
+  SequenceStep second{&cache, absl::MakeConstSpan(t).subspan(0, 1),
+                      LogitsMode::kLast, 0, &small};
+  ASSERT_TRUE((*model)->Forward({&second, 1}, &out, &store).ok());
+  ASSERT_EQ(cache.first_kept(0), 32);
+  // Without the source, or with a wider window, attention would need rows
+  // that are gone: refused before anything is written.
+  ResidualKvSource wide(&store, 0, /*budget=*/16);
+  SequenceStep plain{&cache, absl::MakeConstSpan(t).subspan(0, 1),
+                     LogitsMode::kLast, 0};
+  SequenceStep widened{&cache, absl::MakeConstSpan(t).subspan(0, 1),
+                       LogitsMode::kLast, 0, &wide};
+  for (const SequenceStep* step : {&plain, &widened}) {
+    EXPECT_EQ((*model)->Forward({step, 1}, &out, &store).code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(cache.length(), 41);
+    EXPECT_EQ(cache.first_kept(0), 32);
   }
 }
 

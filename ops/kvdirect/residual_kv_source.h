@@ -8,9 +8,10 @@
 //   SequenceStep step{&cache, tokens, LogitsMode::kLast, 7, &source};
 //   KVD_RETURN_IF_ERROR(model->Forward({&step, 1}, &out, &store));
 //
-// Rows of the cache below HotBegin are never read, so a caller may evict
-// them (KvCache keeps its rows contiguous from position 0 today, so nothing
-// frees them yet: see ops/kvdirect/README.md).
+// Forward frees the cache rows below HotBegin before each step, so the cache
+// holds about B + one attention chunk rows per layer however long the session
+// runs. The budget must not grow later for the same cache (those rows are
+// gone; RebuildKv in rebuild.h brings them back).
 //
 // Thread-safety: const methods may run concurrently (Model::Forward's
 // attention tasks) while nobody writes the store.

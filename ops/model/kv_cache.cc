@@ -7,45 +7,122 @@
 
 namespace kvd::ops {
 
+using kernels::cpu::kAttentionChunk;
 using kernels::cpu::WeightType;
 
 KvCache::KvCache(const ModelConfig& config, Precision precision)
     : precision_(precision),
       row_size_(config.kv_dim()),
       elem_bytes_(precision == Precision::kF32 ? 4 : 2),
-      keys_(config.n_layers),
-      values_(config.n_layers) {}
+      layers_(config.n_layers) {}
 
 size_t KvCache::size_bytes() const {
-  return 2 * keys_.size() * length_ * row_bytes();
+  size_t rows = 0;
+  for (const LayerRows& l : layers_) rows += length_ - l.first_kept;
+  return 2 * rows * row_bytes();
+}
+
+size_t KvCache::allocated_bytes() const {
+  size_t bytes = 0;
+  for (const LayerRows& l : layers_)
+    bytes += l.keys.capacity() + l.values.capacity();
+  return bytes;
+}
+
+WeightType KvCache::type() const {
+  return precision_ == Precision::kF32 ? WeightType::kF32 : WeightType::kBf16;
+}
+
+// Moves the kept rows [first_kept, end) to the front of a `capacity`-row
+// store, in place when the size does not change.
+void KvCache::Resize(LayerRows& l, int64_t capacity) {
+  const int64_t n = std::min(
+      {l.end - l.first_kept, l.capacity - (l.first_kept - l.begin), capacity});
+  const size_t rb = row_bytes();
+  const size_t from = (l.first_kept - l.begin) * rb;
+  if (capacity == l.capacity) {
+    if (n > 0 && from > 0) {
+      std::memmove(l.keys.data(), l.keys.data() + from, n * rb);
+      std::memmove(l.values.data(), l.values.data() + from, n * rb);
+    }
+  } else {
+    // A fresh allocation, so a shrink really returns memory.
+    std::vector<uint8_t> keys(capacity * rb), values(capacity * rb);
+    if (n > 0) {
+      std::memcpy(keys.data(), l.keys.data() + from, n * rb);
+      std::memcpy(values.data(), l.values.data() + from, n * rb);
+    }
+    l.keys.swap(keys);
+    l.values.swap(values);
+    l.capacity = capacity;
+  }
+  l.begin = l.first_kept;
+}
+
+void KvCache::DropBelow(int64_t layer, int64_t position) {
+  LayerRows& l = layers_[layer];
+  position =
+      std::min(std::max(position, l.first_kept), std::max(l.end, length_));
+  l.first_kept = position;
+  l.end = std::max(l.end, position);
+  if (l.first_kept >= l.begin + l.capacity) l.begin = l.first_kept;
+  // Give memory back once most of the store is dropped rows; keeping a chunk
+  // of headroom means the rows move about once per chunk, not every step.
+  const int64_t kept = l.end - l.first_kept;
+  if (l.capacity > 2 * (kept + kAttentionChunk))
+    Resize(l, kept + kAttentionChunk);
+}
+
+void KvCache::DropBelow(int64_t position) {
+  for (int64_t l = 0; l < n_layers(); ++l) DropBelow(l, position);
 }
 
 void KvCache::Truncate(int64_t length) {
   length_ = std::min(length_, std::max<int64_t>(0, length));
+  for (LayerRows& l : layers_) {
+    l.end = std::min(l.end, length_);
+    if (l.first_kept > length_) l.first_kept = l.begin = l.end = length_;
+  }
+}
+
+void KvCache::Reset(int64_t length) {
+  length_ = std::max<int64_t>(0, length);
+  for (LayerRows& l : layers_) l.begin = l.first_kept = l.end = length_;
 }
 
 void KvCache::Reserve(int64_t length) {
-  if (length <= capacity_) return;
-  int64_t cap = std::max<int64_t>(capacity_ * 2, 64);
-  while (cap < length) cap *= 2;
-  for (auto* stores : {&keys_, &values_})
-    for (std::vector<uint8_t>& s : *stores) s.resize(cap * row_bytes());
-  capacity_ = cap;
+  for (int64_t l = 0; l < n_layers(); ++l)
+    ReserveLayer(l, length, Growth::kGeometric);
+}
+
+void KvCache::ReserveLayer(int64_t layer, int64_t length, Growth growth) {
+  LayerRows& l = layers_[layer];
+  if (length - l.begin <= l.capacity) {
+    l.end = std::max(l.end, length);
+    return;
+  }
+  const int64_t need = length - l.first_kept;
+  int64_t capacity = l.capacity;
+  if (need > capacity) {
+    capacity = growth == Growth::kWindow
+                   ? need + kAttentionChunk
+                   : std::max<int64_t>({need, 2 * capacity, 64});
+  }
+  Resize(l, capacity);
+  l.end = std::max(l.end, length);
 }
 
 kernels::cpu::KvRows KvCache::Keys(int64_t layer) const {
-  return {precision_ == Precision::kF32 ? WeightType::kF32 : WeightType::kBf16,
-          keys_[layer].data(), row_size_};
+  return {type(), KeyBytes(layer, layers_[layer].first_kept), row_size_};
 }
 
 kernels::cpu::KvRows KvCache::Values(int64_t layer) const {
-  return {precision_ == Precision::kF32 ? WeightType::kF32 : WeightType::kBf16,
-          values_[layer].data(), row_size_};
+  return {type(), ValueBytes(layer, layers_[layer].first_kept), row_size_};
 }
 
-void KvCache::Write(std::vector<uint8_t>& store, int64_t position,
+void KvCache::Write(std::vector<uint8_t>& store, int64_t index,
                     const float* row) {
-  uint8_t* dst = store.data() + position * row_bytes();
+  uint8_t* dst = store.data() + index * row_bytes();
   if (precision_ == Precision::kF32) {
     std::memcpy(dst, row, row_bytes());
   } else {
@@ -54,19 +131,33 @@ void KvCache::Write(std::vector<uint8_t>& store, int64_t position,
 }
 
 void KvCache::WriteKey(int64_t layer, int64_t position, const float* row) {
-  Write(keys_[layer], position, row);
+  LayerRows& l = layers_[layer];
+  Write(l.keys, position - l.begin, row);
 }
 
 void KvCache::WriteValue(int64_t layer, int64_t position, const float* row) {
-  Write(values_[layer], position, row);
+  LayerRows& l = layers_[layer];
+  Write(l.values, position - l.begin, row);
 }
 
 const uint8_t* KvCache::KeyBytes(int64_t layer, int64_t position) const {
-  return keys_[layer].data() + position * row_bytes();
+  const LayerRows& l = layers_[layer];
+  return l.keys.data() + (position - l.begin) * row_bytes();
 }
 
 const uint8_t* KvCache::ValueBytes(int64_t layer, int64_t position) const {
-  return values_[layer].data() + position * row_bytes();
+  const LayerRows& l = layers_[layer];
+  return l.values.data() + (position - l.begin) * row_bytes();
+}
+
+uint8_t* KvCache::MutableKeyBytes(int64_t layer, int64_t position) {
+  LayerRows& l = layers_[layer];
+  return l.keys.data() + (position - l.begin) * row_bytes();
+}
+
+uint8_t* KvCache::MutableValueBytes(int64_t layer, int64_t position) {
+  LayerRows& l = layers_[layer];
+  return l.values.data() + (position - l.begin) * row_bytes();
 }
 
 }  // namespace kvd::ops

@@ -106,6 +106,7 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
       KVD_RETURN_IF_ERROR(
           step.kv_source->Check(c.n_layers, step.cache->length()));
     }
+    KVD_RETURN_IF_ERROR(CheckKeptRows(step));
     const int64_t end =
         step.cache->length() + static_cast<int64_t>(step.tokens.size());
     if (end > c.context_length) {
@@ -121,7 +122,7 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
   row_seq.reserve(total);
   row_pos.reserve(total);
   for (size_t s = 0; s < batch.size(); ++s) {
-    batch[s].cache->Reserve(batch[s].cache->length() + batch[s].tokens.size());
+    PrepareCache(batch[s]);
     for (size_t i = 0; i < batch[s].tokens.size(); ++i) {
       row_seq.push_back(s);
       row_pos.push_back(batch[s].cache->length() + i);
@@ -146,21 +147,7 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
     }
   }
 
-  for (int64_t l = 0; l <= c.n_layers; ++l) {
-    if (patcher != nullptr) {
-      for (int64_t r = 0; r < total; ++r) {
-        patcher->Patch(batch[row_seq[r]].sequence_id, l, row_pos[r],
-                       h.data() + r * c.d_model);
-      }
-    }
-    if (observer != nullptr) {
-      for (int64_t r = 0; r < total; ++r) {
-        observer->OnResidual(batch[row_seq[r]].sequence_id, l, row_pos[r],
-                             h.data() + r * c.d_model);
-      }
-    }
-    if (l < c.n_layers) Layer(l, batch, row_seq, row_pos, h, ws);
-  }
+  RunLayers(0, c.n_layers, batch, row_seq, row_pos, h, ws, observer, patcher);
   for (const SequenceStep& step : batch) {
     step.cache->SetLength(step.cache->length() + step.tokens.size());
   }
@@ -192,6 +179,123 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
   cpu::Gemm(normed.data(), rows.size(), c.d_model,
             weights_.output_matrix().view(), out->logits.data(), c.vocab_size,
             pool_.get());
+  return absl::OkStatus();
+}
+
+absl::Status Model::CheckKeptRows(const SequenceStep& step) const {
+  const KvCache& cache = *step.cache;
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    // Without a KvSource attention reads every row; with one, rows from
+    // HotBegin on.
+    const int64_t needed =
+        step.kv_source == nullptr
+            ? 0
+            : std::min(step.kv_source->HotBegin(l, cache.length()),
+                       cache.length());
+    if (cache.first_kept(l) > needed) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sequence ", step.sequence_id, ": layer ", l,
+          " needs K/V rows from position ", needed,
+          " but the cache dropped them below ", cache.first_kept(l),
+          step.kv_source == nullptr
+              ? "; attach the KvSource the rows were dropped for"
+              : "; a larger hot window needs a rebuild "
+                "(ops/kvdirect/rebuild.h)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Model::PrepareCache(const SequenceStep& step) const {
+  KvCache& cache = *step.cache;
+  const int64_t end = cache.length() + step.tokens.size();
+  if (step.kv_source == nullptr) {
+    cache.Reserve(end);
+    return;
+  }
+  // The hot window becomes real: rows below HotBegin are never read, so they
+  // are freed, and a layer whose next step will drop rows again grows only to
+  // its window instead of doubling.
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    cache.DropBelow(l, step.kv_source->HotBegin(l, cache.length()));
+    cache.ReserveLayer(l, end,
+                       step.kv_source->HotBegin(l, end) > 0
+                           ? KvCache::Growth::kWindow
+                           : KvCache::Growth::kGeometric);
+  }
+}
+
+void Model::RunLayers(int64_t first, int64_t end,
+                      absl::Span<const SequenceStep> batch,
+                      const std::vector<int64_t>& row_seq,
+                      const std::vector<int64_t>& row_pos,
+                      std::vector<float>& h, Workspace& ws,
+                      ResidualObserver* observer,
+                      ResidualPatcher* patcher) const {
+  const ModelConfig& c = config_;
+  const int64_t total = row_seq.size();
+  // The final residual (layer n_layers) is shown only by a run that ends
+  // there.
+  const int64_t last_seen = end == c.n_layers ? end : end - 1;
+  for (int64_t l = first; l <= last_seen; ++l) {
+    if (patcher != nullptr) {
+      for (int64_t r = 0; r < total; ++r) {
+        patcher->Patch(batch[row_seq[r]].sequence_id, l, row_pos[r],
+                       h.data() + r * c.d_model);
+      }
+    }
+    if (observer != nullptr) {
+      for (int64_t r = 0; r < total; ++r) {
+        observer->OnResidual(batch[row_seq[r]].sequence_id, l, row_pos[r],
+                             h.data() + r * c.d_model);
+      }
+    }
+    if (l < end) Layer(l, batch, row_seq, row_pos, h, ws);
+  }
+}
+
+absl::Status Model::ForwardLayers(KvCache* cache, int64_t position, int64_t n,
+                                  int64_t first_layer, int64_t end_layer,
+                                  float* h, ResidualObserver* observer,
+                                  int64_t sequence_id) const {
+  const ModelConfig& c = config_;
+  if (cache == nullptr || h == nullptr)
+    return absl::InvalidArgumentError("ForwardLayers: null cache or residuals");
+  if (cache->precision() != precision_ || cache->n_layers() != c.n_layers) {
+    return absl::FailedPreconditionError(
+        "ForwardLayers: K/V cache was made for another model or precision");
+  }
+  if (first_layer < 0 || first_layer > end_layer || end_layer > c.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardLayers: layers [", first_layer, ", ", end_layer,
+                     ") are not a range of the model's ", c.n_layers));
+  }
+  if (n < 0 || position < 0 || position + n > c.context_length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ForwardLayers: positions [", position, ", ", position + n,
+        ") are outside the model's context of ", c.context_length));
+  }
+  for (int64_t l = first_layer; l < end_layer; ++l) {
+    if (cache->first_kept(l) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ForwardLayers: layer ", l, " dropped its rows below ",
+          cache->first_kept(l), "; a partial prefill needs all of them"));
+    }
+  }
+  if (n == 0 || first_layer == end_layer) return absl::OkStatus();
+  for (int64_t l = first_layer; l < end_layer; ++l)
+    cache->ReserveLayer(l, position + n, KvCache::Growth::kGeometric);
+  const SequenceStep step{cache, {}, LogitsMode::kNone, sequence_id};
+  std::vector<int64_t> row_seq(n, 0), row_pos(n);
+  for (int64_t i = 0; i < n; ++i) row_pos[i] = position + i;
+  std::vector<float> rows(h, h + n * c.d_model);
+  Workspace ws;
+  ws.config = &c;
+  ws.row_pos = &row_pos;
+  ws.pool = pool_.get();
+  RunLayers(first_layer, end_layer, {&step, 1}, row_seq, row_pos, rows, ws,
+            observer, /*patcher=*/nullptr);
+  std::copy(rows.begin(), rows.end(), h);
   return absl::OkStatus();
 }
 

@@ -45,6 +45,8 @@ enum class LogitsMode { kNone, kLast, kAll };
 // HotBegin; a canonical chunk that reaches below it is rebuilt whole into a
 // one-chunk scratch buffer, older rows from these residuals (RecomputeKv), so
 // the chunk folds into the online softmax exactly as the cached one would.
+// Forward frees the cache rows below HotBegin before the step (the hot window
+// is real memory), so HotBegin must not move backwards for a cache.
 // Called concurrently from attention tasks: the const methods must be safe to
 // call from several threads at once.
 class KvSource {
@@ -139,6 +141,22 @@ class Model {
                        ResidualObserver* observer = nullptr,
                        ResidualPatcher* patcher = nullptr) const;
 
+  // A partial forward pass, what a stride:k rebuild runs for one segment:
+  // layers [first_layer, end_layer) for `n` tokens of one sequence at
+  // positions [position, position + n), whose residuals entering first_layer
+  // are `h` (n x d_model, exactly as the ResidualObserver saw them). On return
+  // `h` holds the residuals entering end_layer. Writes those layers' K/V rows
+  // into `cache` at those positions; their rows below `position` must be
+  // there (run front to back). cache->length() is left alone. The observer
+  // sees the residual entering each layer of the range (and the final one if
+  // end_layer == n_layers). Runs Forward's own layer code, so rows and
+  // residuals are bit-identical to Forward's. INVALID_ARGUMENT for a bad
+  // range, FAILED_PRECONDITION if the layers dropped rows.
+  absl::Status ForwardLayers(KvCache* cache, int64_t position, int64_t n,
+                             int64_t first_layer, int64_t end_layer, float* h,
+                             ResidualObserver* observer = nullptr,
+                             int64_t sequence_id = 0) const;
+
   // KV-Direct: rebuilds layer `layer`'s K and V rows for `n` tokens from their
   // residuals entering that layer (`residuals`: n x d_model values exactly as
   // the ResidualObserver saw them) at absolute `positions`. Writes n rows of
@@ -176,6 +194,18 @@ class Model {
   void AttendWithSource(int64_t l, const SequenceStep& step, int64_t g,
                         const float* q, int64_t q_stride, int64_t nq,
                         int64_t pos0, float* out, int64_t out_stride) const;
+  // FAILED_PRECONDITION if attention would need rows the cache dropped.
+  absl::Status CheckKeptRows(const SequenceStep& step) const;
+  // Frees rows below the KvSource's hot window and makes room for the step.
+  void PrepareCache(const SequenceStep& step) const;
+  // Layers [first, end) over the flattened rows, with the patcher and
+  // observer hooks at each layer's input.
+  void RunLayers(int64_t first, int64_t end,
+                 absl::Span<const SequenceStep> batch,
+                 const std::vector<int64_t>& row_seq,
+                 const std::vector<int64_t>& row_pos, std::vector<float>& h,
+                 Workspace& ws, ResidualObserver* observer,
+                 ResidualPatcher* patcher) const;
   void Layer(int64_t l, absl::Span<const SequenceStep> batch,
              const std::vector<int64_t>& row_seq,
              const std::vector<int64_t>& row_pos, std::vector<float>& h,

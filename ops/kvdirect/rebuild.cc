@@ -1,0 +1,190 @@
+#include "ops/kvdirect/rebuild.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace kvd::ops {
+
+namespace {
+
+using Kind = CheckpointPolicy::Kind;
+
+absl::Status CheckStore(const ResidualStore& store, const Model& model,
+                        int64_t sequence_id, absl::Span<const int64_t> layers,
+                        int64_t length, const char* what) {
+  const ModelConfig& c = model.config();
+  const int64_t elem = model.precision() == Precision::kF32 ? 4 : 2;
+  if (store.row_bytes() != c.d_model * elem) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rebuild: the ", what, " holds ", store.row_bytes(),
+        "-byte residual rows but model ", c.name, " in ",
+        PrecisionName(model.precision()), " needs ", c.d_model * elem));
+  }
+  KVD_RETURN_IF_ERROR(store.status());
+  for (int64_t l : layers) {
+    if (!store.HasLayer(l)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rebuild: the ", what, " does not checkpoint layer ", l));
+    }
+  }
+  if (length > 0 && store.length(sequence_id) < length) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rebuild: the ", what, " holds ",
+                     store.length(sequence_id), " positions of sequence ",
+                     sequence_id, " but the sequence has ", length, " tokens"));
+  }
+  return absl::OkStatus();
+}
+
+// kv-direct: one projection per layer for the hot positions only.
+absl::Status RecomputeHot(const Model& model, const RebuildSpec& spec,
+                          int64_t hot, int64_t length, KvCache* cache) {
+  const ModelConfig& c = model.config();
+  std::vector<float> h;
+  std::vector<int64_t> positions;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    cache->ReserveLayer(l, length, KvCache::Growth::kWindow);
+    for (int64_t p = hot; p < length; p += spec.block) {
+      const int64_t n = std::min(spec.block, length - p);
+      h.resize(n * c.d_model);
+      positions.resize(n);
+      for (int64_t i = 0; i < n; ++i) positions[i] = p + i;
+      KVD_RETURN_IF_ERROR(
+          spec.checkpoint->ReadRows(spec.sequence_id, l, p, n, h.data()));
+      // The hot rows are contiguous in the cache: recompute in place.
+      KVD_RETURN_IF_ERROR(model.RecomputeKv(
+          l, h.data(), positions.data(), n, cache->MutableKeyBytes(l, p),
+          cache->MutableValueBytes(l, p), model.pool()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// stride:k: a partial prefill per segment from its checkpointed residuals.
+// Each segment needs all its layers' rows while it runs; they shrink to the
+// hot window before the next segment starts.
+absl::Status PrefillSegments(const Model& model, const RebuildSpec& spec,
+                             int64_t hot, int64_t length, KvCache* cache,
+                             ResidualStore* cold) {
+  const ModelConfig& c = model.config();
+  std::vector<float> h;
+  for (int64_t s = 0; s < c.n_layers; s += spec.policy.stride) {
+    const int64_t e = std::min(s + spec.policy.stride, c.n_layers);
+    for (int64_t p = 0; p < length; p += spec.block) {
+      const int64_t n = std::min(spec.block, length - p);
+      h.resize(n * c.d_model);
+      KVD_RETURN_IF_ERROR(
+          spec.checkpoint->ReadRows(spec.sequence_id, s, p, n, h.data()));
+      KVD_RETURN_IF_ERROR(model.ForwardLayers(cache, p, n, s, e, h.data(), cold,
+                                              spec.sequence_id));
+    }
+    for (int64_t l = s; l < e; ++l) cache->DropBelow(l, hot);
+  }
+  return absl::OkStatus();
+}
+
+// tokens: a re-prefill.
+absl::Status Prefill(const Model& model, const RebuildSpec& spec, int64_t hot,
+                     int64_t length, KvCache* cache, ResidualStore* cold) {
+  ForwardOutput out;
+  for (int64_t p = 0; p < length; p += spec.block) {
+    const int64_t n = std::min(spec.block, length - p);
+    const SequenceStep step{cache, spec.tokens.subspan(p, n), LogitsMode::kNone,
+                            spec.sequence_id};
+    KVD_RETURN_IF_ERROR(model.Forward({&step, 1}, &out, cold));
+  }
+  cache->DropBelow(hot);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RebuildKv(const Model& model, const RebuildSpec& spec,
+                       KvCache* cache, ResidualStore* cold_residuals) {
+  const ModelConfig& c = model.config();
+  const int64_t length = spec.tokens.size();
+  if (spec.policy.kind == Kind::kKv) {
+    return absl::InvalidArgumentError(
+        "rebuild: policy kv keeps the K/V themselves; there is nothing to "
+        "rebuild from");
+  }
+  if (spec.budget < 0 && spec.budget != ResidualKvSource::kAll) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rebuild: budget ", spec.budget, " must be >= 0 or kAll"));
+  }
+  if (spec.block < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rebuild: block ", spec.block, " must be >= 1"));
+  }
+  if (cache == nullptr) return absl::InvalidArgumentError("rebuild: no cache");
+  if (cache->precision() != model.precision() ||
+      cache->n_layers() != c.n_layers) {
+    return absl::FailedPreconditionError(
+        "rebuild: the K/V cache was made for another model or precision");
+  }
+  if (length > c.context_length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rebuild: ", length, " tokens exceed model ", c.name,
+                     "'s context length of ", c.context_length));
+  }
+  const int64_t hot = spec.budget == ResidualKvSource::kAll
+                          ? 0
+                          : std::max<int64_t>(0, length - spec.budget);
+  const std::vector<int64_t> layers = CheckpointLayers(spec.policy, c.n_layers);
+  if (spec.policy.kind != Kind::kTokens) {
+    if (spec.checkpoint == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rebuild: policy ", spec.policy.Name(), " needs its checkpoint"));
+    }
+    KVD_RETURN_IF_ERROR(CheckStore(*spec.checkpoint, model, spec.sequence_id,
+                                   layers, length, "checkpoint"));
+  }
+  ResidualStore* cold = nullptr;
+  if (spec.policy.kind != Kind::kKvDirect && hot > 0) {
+    if (cold_residuals == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rebuild: policy ", spec.policy.Name(), " with a hot window of ",
+          spec.budget, " of ", length,
+          " tokens needs a store for the cold positions' residuals"));
+    }
+    std::vector<int64_t> all(c.n_layers);
+    for (int64_t l = 0; l < c.n_layers; ++l) all[l] = l;
+    KVD_RETURN_IF_ERROR(CheckStore(*cold_residuals, model, spec.sequence_id,
+                                   all, 0, "cold-residual store"));
+    cold = cold_residuals;
+    cold->Erase(spec.sequence_id);
+  }
+  for (int32_t t : spec.tokens) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rebuild: token id ", t, " out of range [0, ", c.vocab_size, ")"));
+    }
+  }
+
+  switch (spec.policy.kind) {
+    case Kind::kKvDirect:
+      cache->Reset(hot);
+      KVD_RETURN_IF_ERROR(RecomputeHot(model, spec, hot, length, cache));
+      cache->SetLength(length);
+      break;
+    case Kind::kStride:
+      cache->Reset(0);
+      KVD_RETURN_IF_ERROR(
+          PrefillSegments(model, spec, hot, length, cache, cold));
+      cache->SetLength(length);
+      break;
+    case Kind::kTokens:
+      cache->Reset(0);
+      KVD_RETURN_IF_ERROR(Prefill(model, spec, hot, length, cache, cold));
+      break;
+    case Kind::kKv:
+      break;
+  }
+  if (cold != nullptr) KVD_RETURN_IF_ERROR(cold->status());
+  return absl::OkStatus();
+}
+
+}  // namespace kvd::ops

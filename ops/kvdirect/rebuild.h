@@ -1,0 +1,72 @@
+// Rebuilding a sequence's hot K/V from its session checkpoint: what resume
+// after a restart and migration to another node call (DESIGN.md section 4).
+//
+// Given every token id of the sequence and the checkpoint its policy keeps,
+// RebuildKv fills a fresh KvCache with the K/V of the last `budget` positions
+// (or all), bit-identical to the rows the uninterrupted forward pass cached,
+// so decoding continues with bit-identical logits:
+//   kv-direct  one projection per layer (Model::RecomputeKv) for the hot
+//              positions only; the checkpoint keeps serving the cold ones.
+//   stride:k   per segment [s, s + k): a partial prefill (Model::ForwardLayers)
+//              of the segment's layers over every token, starting from the
+//              residuals checkpointed at layer s.
+//   tokens     a re-prefill from the token ids.
+// With a bounded budget, stride:k and tokens also write the residual entering
+// every layer at every position into `cold_residuals` (a kv-direct store):
+// attention needs the cold K/V, and their intermediate layers' residuals are
+// not in the checkpoint. The session then decodes as kv-direct.
+//
+//   RebuildSpec spec{.policy = policy, .tokens = ids, .checkpoint = &store,
+//                    .sequence_id = 7, .budget = 64};
+//   KvCache cache = model->NewCache();
+//   ResidualStore cold(config, precision, CheckpointLayers(kv_direct, L));
+//   KVD_RETURN_IF_ERROR(RebuildKv(*model, spec, &cache, &cold));
+//   ResidualKvSource source(&cold, 7, 64);   // &store for kv-direct
+//   SequenceStep step{&cache, next, LogitsMode::kLast, 7, &source};
+//   KVD_RETURN_IF_ERROR(model->Forward({&step, 1}, &out, &cold));
+//
+// Thread-safety: uses the model's thread pool; one rebuild per cache and
+// store at a time.
+#ifndef KVD_OPS_KVDIRECT_REBUILD_H_
+#define KVD_OPS_KVDIRECT_REBUILD_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "ops/kvdirect/checkpoint_policy.h"
+#include "ops/kvdirect/residual_kv_source.h"
+#include "ops/kvdirect/residual_store.h"
+#include "ops/model/model.h"
+
+namespace kvd::ops {
+
+struct RebuildSpec {
+  CheckpointPolicy policy;
+  // Every token of the sequence, in order; the rebuilt cache's length.
+  absl::Span<const int32_t> tokens;
+  // Residuals of the policy's layers for at least tokens.size() positions
+  // (kv-direct, stride:k); unused for tokens. Must outlive the call.
+  const ResidualStore* checkpoint = nullptr;
+  // The sequence's id in `checkpoint` and in `cold_residuals`.
+  int64_t sequence_id = 0;
+  // Hot positions to rebuild (the last `budget`), or ResidualKvSource::kAll.
+  int64_t budget = ResidualKvSource::kAll;
+  // Tokens per partial-prefill or recompute step: bounds the activations'
+  // memory; the bits do not depend on it.
+  int64_t block = 256;
+};
+
+// Empties `cache` and rebuilds it to length tokens.size(), each layer holding
+// the rows of the positions from max(0, length - budget) on. `cold_residuals`
+// (a store checkpointing every layer) receives every layer's residuals when
+// the policy is stride:k or tokens and some position is cold; otherwise it
+// may be null and is not touched. INVALID_ARGUMENT for policy kv, a bad
+// budget or block, or a missing/unsuitable store; FAILED_PRECONDITION if the
+// checkpoint lacks a layer or positions, or does not belong to this model.
+absl::Status RebuildKv(const Model& model, const RebuildSpec& spec,
+                       KvCache* cache, ResidualStore* cold_residuals);
+
+}  // namespace kvd::ops
+
+#endif  // KVD_OPS_KVDIRECT_REBUILD_H_
