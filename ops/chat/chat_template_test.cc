@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "base/model_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -206,20 +207,13 @@ TEST(ChatTemplateTest, MatchesJinja2Renderings) {
   EXPECT_EQ(cases, 24);
 }
 
-std::string ModelPath(const char* file) {
-  const char* dir = std::getenv("KVD_MODEL_DIR");
-  const char* home = std::getenv("HOME");
-  return (dir != nullptr && *dir != '\0'
-              ? std::string(dir)
-              : std::string(home != nullptr ? home : "") +
-                    "/.cache/kvd/models") +
-         "/" + file;
-}
+std::string ModelPath(const char* file) { return CachedModelPath(file); }
 
 TEST(ChatTemplateRealModelTest, SmolLm2FileCarriesTheChatMlTemplate) {
   const std::string path = ModelPath("SmolLM2-135M-Instruct.Q4_1.gguf");
   if (!std::ifstream(path).good())
-    FAIL() << "(run tools/setup.sh --test) " << "model file not found: " << path;
+    FAIL() << "(run tools/setup.sh --test) "
+           << "model file not found: " << path;
   absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
   absl::StatusOr<std::string_view> jinja =
@@ -238,7 +232,8 @@ TEST(ChatTemplateRealModelTest, SmolLm2FileCarriesTheChatMlTemplate) {
 TEST(ChatTemplateRealModelTest, Gemma3FileHasNoTemplateAndGetsGemma) {
   const std::string path = ModelPath("gemma-3-270m-q4_k_m.gguf");
   if (!std::ifstream(path).good())
-    FAIL() << "(run tools/setup.sh --test) " << "model file not found: " << path;
+    FAIL() << "(run tools/setup.sh --test) "
+           << "model file not found: " << path;
   absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ((*file)->Find("tokenizer.chat_template"), nullptr);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "base/model_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/quant/dequant.h"
@@ -484,11 +485,7 @@ TEST_F(GetterTest, ConversionsAndErrors) {
 }
 
 std::string ModelPath(const std::string& file) {
-  std::vector<std::string> dirs;
-  if (const char* d = std::getenv("KVD_MODEL_DIR")) dirs.push_back(d);
-  if (const char* h = std::getenv("HOME"))
-    dirs.push_back(std::string(h) + "/.cache/kvd/models");
-  dirs.push_back("/root/.cache/kvd/models");
+  const std::vector<std::string> dirs = {ModelCacheDir()};
   for (const std::string& d : dirs) {
     const std::string p = d + "/" + file;
     if (std::ifstream(p).good()) return p;
@@ -536,7 +533,8 @@ void ExpectRowsMatchPython(const GgufFile& f, const std::string& file_name) {
 TEST(RealModelTest, SmolLM2) {
   const std::string path = ModelPath("SmolLM2-135M-Instruct.Q4_1.gguf");
   if (path.empty())
-    FAIL() << "(run tools/setup.sh --test) " << "SmolLM2 model not cached; run tools/fetch_models.sh all";
+    FAIL() << "(run tools/setup.sh --test) "
+           << "SmolLM2 model not cached; run tools/fetch_models.sh all";
   auto file = GgufFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
   const GgufFile& f = **file;
@@ -583,7 +581,8 @@ TEST(RealModelTest, SmolLM2) {
 TEST(RealModelTest, Gemma3) {
   const std::string path = ModelPath("gemma-3-270m-q4_k_m.gguf");
   if (path.empty())
-    FAIL() << "(run tools/setup.sh --test) " << "Gemma 3 model not cached; run tools/fetch_models.sh all";
+    FAIL() << "(run tools/setup.sh --test) "
+           << "Gemma 3 model not cached; run tools/fetch_models.sh all";
   const auto start = std::chrono::steady_clock::now();
   auto file = GgufFile::Open(path);
   const double open_s =

@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "absl/strings/str_format.h"
+#include "base/model_dir.h"
 #include "gtest/gtest.h"
 #include "ops/model/architecture.h"
 
@@ -71,9 +72,8 @@ void PrintTable(const ModelConfig& c) {
   }
 }
 
-constexpr char kSmolLm2[] =
-    "/root/.cache/kvd/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-constexpr char kGemma3[] = "/root/.cache/kvd/models/gemma-3-270m-q4_k_m.gguf";
+const std::string kSmolLm2 = CachedModelPath("SmolLM2-135M-Instruct.Q4_1.gguf");
+const std::string kGemma3 = CachedModelPath("gemma-3-270m-q4_k_m.gguf");
 
 TEST(CheckpointPolicy, SmolLm2BytesPerToken) {
   if (!std::filesystem::exists(kSmolLm2))

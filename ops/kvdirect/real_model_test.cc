@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 
+#include "base/model_dir.h"
 #include "gtest/gtest.h"
 #include "ops/kvdirect/checkpoint_policy.h"
 #include "ops/kvdirect/rebuild.h"
@@ -36,7 +37,7 @@ constexpr int kCut = 110;            // rebuild point (mid-reply)
 class RealModel : public ::testing::TestWithParam<Case> {};
 
 TEST_P(RealModel, BoundedDecodeAndRebuildAreBitIdentical) {
-  const std::string path = "/root/.cache/kvd/models/" + GetParam().file;
+  const std::string path = CachedModelPath(GetParam().file);
   if (!std::filesystem::exists(path)) {
     FAIL() << path << " is missing: run tools/setup.sh --test";
   }

@@ -10,6 +10,7 @@
 #include <random>
 #include <utility>
 
+#include "base/model_dir.h"
 #include "gtest/gtest.h"
 #include "ops/model/model.h"
 #include "ops/model/testing/tiny_model.h"
@@ -193,8 +194,7 @@ INSTANTIATE_TEST_SUITE_P(Families, TinyRecompute,
 class SmolLm2Recompute : public ::testing::TestWithParam<Precision> {};
 
 TEST_P(SmolLm2Recompute, RecomputedKvEqualsCachedKvBitForBit) {
-  const std::string path =
-      "/root/.cache/kvd/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  const std::string path = CachedModelPath("SmolLM2-135M-Instruct.Q4_1.gguf");
   if (!std::filesystem::exists(path)) {
     FAIL() << path << " is missing: run tools/setup.sh --test";
   }

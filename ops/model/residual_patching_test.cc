@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 
+#include "base/model_dir.h"
 #include "gtest/gtest.h"
 #include "ops/model/model.h"
 #include "ops/model/testing/tiny_model.h"
@@ -124,12 +125,7 @@ TEST(ResidualPatching, TinyModelsEveryLayerKlZero) {
 }
 
 TEST(ResidualPatching, SmolLm2EveryLayerKlZero) {
-  const char* dir = std::getenv("KVD_MODEL_DIR");
-  const char* home = std::getenv("HOME");
-  const std::string path =
-      (dir && *dir ? std::string(dir)
-                   : std::string(home ? home : ".") + "/.cache/kvd/models") +
-      "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  const std::string path = CachedModelPath("SmolLM2-135M-Instruct.Q4_1.gguf");
   if (std::ifstream(path).fail())
     FAIL() << path << " missing: run tools/setup.sh --test";
   for (const Precision precision : {Precision::kF32, Precision::kBf16}) {

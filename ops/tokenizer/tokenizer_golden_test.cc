@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "base/model_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -21,13 +22,7 @@
 namespace kvd::ops {
 namespace {
 
-std::string ModelDir() {
-  if (const char* dir = std::getenv("KVD_MODEL_DIR");
-      dir != nullptr && *dir != '\0')
-    return dir;
-  const char* home = std::getenv("HOME");
-  return std::string(home != nullptr ? home : "") + "/.cache/kvd/models";
-}
+std::string ModelDir() { return ModelCacheDir(); }
 
 std::string Hex(const std::string& bytes) {
   return absl::BytesToHexString(absl::string_view(bytes.data(), bytes.size()));
@@ -43,7 +38,8 @@ class TokenizerGoldenTest : public ::testing::TestWithParam<ModelCase> {
   void SetUp() override {
     const std::string path = ModelDir() + "/" + GetParam().file;
     if (!std::ifstream(path).good())
-      FAIL() << "(run tools/setup.sh --test) " << "model file not found: " << path;
+      FAIL() << "(run tools/setup.sh --test) "
+             << "model file not found: " << path;
     absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
     ASSERT_TRUE(file.ok()) << file.status();
     file_ = std::move(*file);
@@ -145,7 +141,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(RealModelTokenizerTest, SmolLm2SpecialTokens) {
   const std::string path = ModelDir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (!std::ifstream(path).good())
-    FAIL() << "(run tools/setup.sh --test) " << "model file not found: " << path;
+    FAIL() << "(run tools/setup.sh --test) "
+           << "model file not found: " << path;
   auto file = GgufFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
   auto tok = TokenizerFromGguf(**file);
@@ -164,7 +161,8 @@ TEST(RealModelTokenizerTest, SmolLm2SpecialTokens) {
 TEST(RealModelTokenizerTest, Gemma3SpecialTokens) {
   const std::string path = ModelDir() + "/gemma-3-270m-q4_k_m.gguf";
   if (!std::ifstream(path).good())
-    FAIL() << "(run tools/setup.sh --test) " << "model file not found: " << path;
+    FAIL() << "(run tools/setup.sh --test) "
+           << "model file not found: " << path;
   auto file = GgufFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
   auto tok = TokenizerFromGguf(**file);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "base/model_dir.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "ops/model/model.h"
@@ -31,13 +32,7 @@ struct GoldenPrompt {
   std::vector<float> top2_gap;
 };
 
-std::string ModelDir() {
-  if (const char* d = std::getenv("KVD_MODEL_DIR"); d && *d) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
-    return std::string(x) + "/kvd/models";
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : ".") + "/.cache/kvd/models";
-}
+std::string ModelDir() { return ModelCacheDir(); }
 
 std::vector<GoldenPrompt> ReadGolden(const std::string& path) {
   std::vector<GoldenPrompt> out;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "base/model_dir.h"
 
 namespace kvd::cli {
 namespace {
@@ -17,15 +18,7 @@ bool Exists(const std::string& path) {
 
 }  // namespace
 
-std::string ModelDir() {
-  if (const char* dir = std::getenv("KVD_MODEL_DIR"); dir != nullptr && *dir)
-    return dir;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg) {
-    return absl::StrCat(xdg, "/kvd/models");
-  }
-  const char* home = std::getenv("HOME");
-  return absl::StrCat(home != nullptr ? home : ".", "/.cache/kvd/models");
-}
+std::string ModelDir() { return ModelCacheDir(); }
 
 absl::StatusOr<std::string> ResolveModel(const std::string& name_or_path) {
   std::string file;
