@@ -4,7 +4,10 @@
 // cannot differ by a bit (DESIGN.md section 3; kv_recompute_test.cc).
 // Model::AttendWithSource: attention for a sequence whose old K/V live only as
 // residuals (KV-Direct bounded-memory decoding; ops/kvdirect).
+// Model::AttendSelected: attention over a KeySelection's kept positions, for
+// the eviction baselines KV-Direct is compared with (experiments only).
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -13,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/gemm.h"
 #include "ops/model/model.h"
 
 namespace kvd::ops {
@@ -143,6 +147,113 @@ void Model::AttendWithSource(int64_t l, const SequenceStep& step, int64_t g,
     }
   }
   for (int64_t i = 0; i < nq; ++i) states[i].Finish(out + i * out_stride);
+}
+
+absl::Status Model::CheckKeySelection(const SequenceStep& step) const {
+  if (step.key_selection == nullptr) return absl::OkStatus();
+  if (step.kv_source != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence ", step.sequence_id,
+        ": a KeySelection (eviction experiment) cannot be combined with a "
+        "KvSource"));
+  }
+  const int64_t length = step.cache->length();
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    for (int64_t g = 0; g < config_.n_kv_heads; ++g) {
+      const absl::Span<const int64_t> kept =
+          step.key_selection->KeptKeys(l, g, length);
+      for (size_t j = 0; j < kept.size(); ++j) {
+        if (kept[j] < 0 || kept[j] >= length ||
+            (j > 0 && kept[j] <= kept[j - 1])) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "sequence ", step.sequence_id, ": KeySelection of layer ", l,
+              ", K/V head ", g, " lists position ", kept[j], " at index ", j,
+              "; kept positions must ascend strictly within the ", length,
+              " cached ones"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Model::AttendSelected(int64_t l, const SequenceStep& step, int64_t g,
+                           const float* q, int64_t q_stride, int64_t nq,
+                           int64_t pos0, float* out, int64_t out_stride) const {
+  const ModelConfig& c = config_;
+  constexpr int64_t kChunk = cpu::kAttentionChunk;
+  const int64_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
+  const int64_t kvd = c.kv_dim(), window = c.layers[l].sliding_window;
+  const KvCache& cache = *step.cache;
+  const int64_t cached = cache.length();  // this step's rows start here
+  KeySelection& selection = *step.key_selection;
+  const absl::Span<const int64_t> kept = selection.KeptKeys(l, g, cached);
+  const bool want_weights = selection.WantsWeights();
+  const size_t rb = cache.row_bytes();
+  const size_t head_offset = g * hd * (rb / kvd);
+  const cpu::WeightType type = precision_ == Precision::kF32
+                                   ? cpu::WeightType::kF32
+                                   : cpu::WeightType::kBf16;
+  std::vector<uint8_t> k_scratch(kChunk * rb), v_scratch(kChunk * rb);
+  std::vector<int64_t> keys;
+  std::vector<float> weights;
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t pos = pos0 + i;
+    const int64_t first =
+        window > 0 ? std::max<int64_t>(0, pos - window + 1) : int64_t{0};
+    keys.clear();
+    for (int64_t p : kept) {
+      if (p >= first) keys.push_back(p);
+    }
+    for (int64_t p = std::max(cached, first); p <= pos; ++p) keys.push_back(p);
+    // The visible keys of one canonical chunk fold as one piece, so a full
+    // selection folds exactly the pieces AttendCausalBlock does.
+    cpu::OnlineSoftmax state(group, hd, c.attn_scale());
+    if (want_weights) weights.resize(group * keys.size());
+    for (size_t b = 0; b < keys.size();) {
+      size_t e = b + 1;
+      while (e < keys.size() && keys[e] / kChunk == keys[b] / kChunk) ++e;
+      const int64_t n = e - b;
+      const uint8_t* k_rows = cache.KeyBytes(l, keys[b]);
+      const uint8_t* v_rows = cache.ValueBytes(l, keys[b]);
+      if (keys[e - 1] - keys[b] != n - 1) {  // gaps: gather the rows
+        for (int64_t j = 0; j < n; ++j) {
+          std::memcpy(k_scratch.data() + j * rb, cache.KeyBytes(l, keys[b + j]),
+                      rb);
+          std::memcpy(v_scratch.data() + j * rb,
+                      cache.ValueBytes(l, keys[b + j]), rb);
+        }
+        k_rows = k_scratch.data();
+        v_rows = v_scratch.data();
+      }
+      state.AddChunk(q + i * q_stride,
+                     cpu::KvRows{type, k_rows + head_offset, kvd},
+                     cpu::KvRows{type, v_rows + head_offset, kvd}, n);
+      if (want_weights) {  // raw scores into columns [b, e) of `weights`
+        cpu::Gemm(q + i * q_stride, group, hd,
+                  cpu::WeightView{type, k_rows + head_offset, n, hd, kvd},
+                  weights.data() + b, keys.size(), nullptr);
+      }
+      b = e;
+    }
+    state.Finish(out + i * out_stride);
+    if (!want_weights) continue;
+    // A plain softmax of the same scores (accumulated in double); only the
+    // baselines' rankings read it, never the attention output.
+    const int64_t n = keys.size();
+    for (int64_t h = 0; h < group; ++h) {
+      float* w = weights.data() + h * n;
+      const double max = double{*std::max_element(w, w + n)} * c.attn_scale();
+      double sum = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        w[j] =
+            static_cast<float>(std::exp(double{w[j]} * c.attn_scale() - max));
+        sum += w[j];
+      }
+      for (int64_t j = 0; j < n; ++j) w[j] = static_cast<float>(w[j] / sum);
+    }
+    selection.OnWeights(l, g, pos, keys, weights.data());
+  }
 }
 
 }  // namespace kvd::ops

@@ -106,6 +106,7 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
       KVD_RETURN_IF_ERROR(
           step.kv_source->Check(c.n_layers, step.cache->length()));
     }
+    KVD_RETURN_IF_ERROR(CheckKeySelection(step));
     KVD_RETURN_IF_ERROR(CheckKeptRows(step));
     const int64_t end =
         step.cache->length() + static_cast<int64_t>(step.tokens.size());
@@ -408,6 +409,12 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
         const int64_t offset = task.row * qd + task.g * group * hd;
         AttendWithSource(l, step, task.g, q.data() + offset, qd, task.n,
                          row_pos[task.row], attn.data() + offset, qd);
+        continue;
+      }
+      if (step.key_selection != nullptr) {
+        const int64_t offset = task.row * qd + task.g * group * hd;
+        AttendSelected(l, step, task.g, q.data() + offset, qd, task.n,
+                       row_pos[task.row], attn.data() + offset, qd);
         continue;
       }
       const KvCache* cache = step.cache;

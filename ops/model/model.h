@@ -64,6 +64,33 @@ class KvSource {
                              float* out) const = 0;
 };
 
+// Experiment-only: the eviction baselines KV-Direct is measured against
+// (ops/kvdirect/eviction.h; the product never evicts lossily). Restricts
+// which cached positions attention visits, per layer and K/V head, and can
+// report the softmax weights the score-based baselines (H2O, TOVA, SnapKV)
+// rank keys by. A query attends to the kept positions that its sliding window
+// (if any) reaches, then to the step's own positions up to itself, grouped by
+// canonical chunk: with every position kept the result is bit-identical to
+// attention without a selection. Methods are called concurrently from
+// attention tasks.
+class KeySelection {
+ public:
+  virtual ~KeySelection() = default;
+  // Positions below `cache_length` (the cache's length before the step) that
+  // K/V head `kv_head` of `layer` attends to: strictly ascending, valid until
+  // the step ends. Forward refuses the step (INVALID_ARGUMENT) otherwise.
+  virtual absl::Span<const int64_t> KeptKeys(int64_t layer, int64_t kv_head,
+                                             int64_t cache_length) const = 0;
+  // Whether OnWeights should be called (it costs a second pass over the keys).
+  virtual bool WantsWeights() const { return false; }
+  // Softmax weights of the query at `position`: weights[i * keys.size() + j]
+  // for query head i of the K/V head's group and key position keys[j]. Called
+  // from several threads at once (different heads and query blocks).
+  virtual void OnWeights(int64_t layer, int64_t kv_head, int64_t position,
+                         absl::Span<const int64_t> keys, const float* weights) {
+  }
+};
+
 struct SequenceStep {
   KvCache* cache = nullptr;
   absl::Span<const int32_t>
@@ -71,6 +98,8 @@ struct SequenceStep {
   LogitsMode logits = LogitsMode::kLast;
   int64_t sequence_id = 0;              // passed to the ResidualObserver
   const KvSource* kv_source = nullptr;  // null: every cached row is hot
+  // Experiment-only (eviction baselines); not with a kv_source.
+  KeySelection* key_selection = nullptr;
 };
 
 struct ForwardOutput {
@@ -194,6 +223,14 @@ class Model {
   void AttendWithSource(int64_t l, const SequenceStep& step, int64_t g,
                         const float* q, int64_t q_stride, int64_t nq,
                         int64_t pos0, float* out, int64_t out_stride) const;
+  // Attention of one task whose sequence has a KeySelection: only the kept
+  // positions (kv_recompute.cc).
+  void AttendSelected(int64_t l, const SequenceStep& step, int64_t g,
+                      const float* q, int64_t q_stride, int64_t nq,
+                      int64_t pos0, float* out, int64_t out_stride) const;
+  // INVALID_ARGUMENT if the KeySelection's kept positions are not ascending
+  // cached positions, or it is combined with a KvSource.
+  absl::Status CheckKeySelection(const SequenceStep& step) const;
   // FAILED_PRECONDITION if attention would need rows the cache dropped.
   absl::Status CheckKeptRows(const SequenceStep& step) const;
   // Frees rows below the KvSource's hot window and makes room for the step.

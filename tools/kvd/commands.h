@@ -10,6 +10,7 @@ namespace kvd::cli {
 
 int GenerateCommand(const std::vector<std::string>& args);
 int BenchCommand(const std::vector<std::string>& args);
+int PlanCommand(const std::vector<std::string>& args);
 
 }  // namespace kvd::cli
 

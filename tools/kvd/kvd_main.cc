@@ -15,6 +15,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  generate   generate text (a chat reply by default) with a local model\n"
     "  bench      measure prefill/decode speed and memory of the CPU engine\n"
+    "  plan       estimate (and measure) K/V rebuild time per checkpoint policy\n"
     "\n"
     "Run 'kvd <command> --help' for the flags of a command.\n";
 
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "generate") return kvd::cli::GenerateCommand(args);
   if (command == "bench") return kvd::cli::BenchCommand(args);
+  if (command == "plan") return kvd::cli::PlanCommand(args);
   std::fprintf(stderr, "kvd: unknown command '%s'\n\n%s", command.c_str(),
                kUsage);
   return 2;

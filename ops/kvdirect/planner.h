@@ -1,0 +1,103 @@
+// The rebuild planner (DESIGN.md section 4): for a session of T tokens on a
+// storage tier, estimates how long rebuilding its K/V takes under each
+// checkpoint policy and picks the fastest that fits the tier's byte budget.
+//
+// The cost model, per policy (docs/PLANNER.md has the derivation):
+//   bytes at rest  token ids + the policy's rows, counting for a sliding-window
+//                  layer only the positions its window can still see;
+//   bytes read     = bytes at rest (a rebuild of every layer reads the lot);
+//   FLOPs          counted from the config: kv reads and computes nothing,
+//                  kv-direct runs one K/V projection per layer, stride:k runs
+//                  each segment's layers in full from its checkpoint, tokens
+//                  runs every layer (a re-prefill);
+//   time           max(read, compute) when reading and computing are
+//                  pipelined (by layer or chunk), read + compute when not,
+//                  with read = bytes / tier bandwidth and compute = FLOPs /
+//                  measured rates (calibration.h).
+// Elementwise work (norms, RoPE, activations) and the pipeline's fill (the
+// first chunk's read) are not counted.
+//
+//   PlanRequest request{.config = model.config(), .precision = precision,
+//                       .tokens = 4096, .read_bytes_per_s = 2e9,
+//                       .rates = rates};
+//   KVD_ASSIGN_OR_RETURN(RebuildPlan plan, PlanRebuild(request));
+//   const PolicyEstimate& best = plan.estimates[plan.chosen];
+//
+// Thread-safety: pure functions on values.
+#ifndef KVD_OPS_KVDIRECT_PLANNER_H_
+#define KVD_OPS_KVDIRECT_PLANNER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ops/kvdirect/checkpoint_policy.h"
+#include "ops/model/model_config.h"
+
+namespace kvd::ops {
+
+// Measured compute rates, FLOP/s (a multiply-add counts 2), at the row count
+// the rebuild runs its GEMMs with (calibration.h measures them).
+struct RebuildRates {
+  double kv_projection_flops_per_s = 0;  // GEMM at the K/V projection's shape
+  double layer_gemm_flops_per_s = 0;     // GEMM at the other projections'
+  double attention_flops_per_s = 0;      // causal attention (score + value)
+};
+
+struct PlanRequest {
+  ModelConfig config;
+  Precision precision = Precision::kBf16;
+  int64_t tokens = 0;  // session length T, >= 1
+  // Sustained read bandwidth of the tier holding the checkpoint, bytes/s.
+  double read_bytes_per_s = 0;
+  RebuildRates rates;
+  // Largest bytes at rest per token the tier may hold for this session (the
+  // session's total / T); 0: no limit.
+  int64_t budget_bytes_per_token = 0;
+  // True: reading a layer's (or chunk's) checkpoint overlaps the compute of
+  // the previous one. False: the whole checkpoint is read first.
+  bool overlap_read_and_compute = true;
+  // False (what RebuildKv does today): a stride segment runs all its layers in
+  // full. True: its last layer only needs its K/V projection (the next
+  // segment starts from its own checkpoint), and so does a re-prefill's last
+  // layer.
+  bool kv_only_segment_tails = false;
+  // Policies to consider; empty: DefaultCandidates(config.n_layers).
+  std::vector<CheckpointPolicy> candidates;
+};
+
+struct PolicyEstimate {
+  CheckpointPolicy policy;
+  int64_t bytes_at_rest = 0;   // the whole session, token ids included
+  double bytes_per_token = 0;  // bytes_at_rest / T
+  int64_t bytes_read = 0;
+  double gemm_flops = 0;       // all projections and MLPs run
+  double attention_flops = 0;  // 4 x q_dim per (query, visible key) pair
+  double read_s = 0;
+  double compute_s = 0;
+  double estimate_s = 0;  // the modelled rebuild time
+  bool fits_budget = true;
+  double flops() const { return gemm_flops + attention_flops; }
+};
+
+struct RebuildPlan {
+  std::vector<PolicyEstimate> estimates;  // in candidate order
+  int chosen = -1;  // index of the fastest within budget (ties: fewest bytes)
+};
+
+// kv, kv-direct, stride:k for k in {2, 3, 4, 6, 8, 12} below n_layers, tokens.
+std::vector<CheckpointPolicy> DefaultCandidates(int64_t n_layers);
+
+// The cost of one policy (fits_budget filled in against the request's
+// budget). INVALID_ARGUMENT for a bad request (T < 1, T beyond the context,
+// a non-positive or non-finite bandwidth or rate, a config without layers).
+absl::StatusOr<PolicyEstimate> EstimateRebuild(const PlanRequest& request,
+                                               const CheckpointPolicy& policy);
+
+// Every candidate's estimate and the choice. RESOURCE_EXHAUSTED if no
+// candidate fits the budget (the message names the smallest one).
+absl::StatusOr<RebuildPlan> PlanRebuild(const PlanRequest& request);
+
+}  // namespace kvd::ops
+
+#endif  // KVD_OPS_KVDIRECT_PLANNER_H_

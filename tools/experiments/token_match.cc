@@ -1,0 +1,269 @@
+// Token match and KL of K/V budget policies against the full cache (the
+// KV-Direct paper's experiment; ops/kvdirect/experiment.h describes the
+// protocol). For each model and each multi-turn conversation of the prompts
+// file, rendered with the model's chat template, it runs every policy at
+// every budget and writes one CSV row per (model, prompt, policy, budget) and
+// a Markdown summary (match % and mean KL per policy and budget, pooled over
+// the prompts' steps).
+//
+//   bazel run //tools/experiments:token_match -- --csv=/tmp/tm.csv
+//       --markdown=/tmp/tm.md
+//
+// Flags (--name=value): --models (comma-separated GGUF paths; default the two
+// cached real models), --precision (fp32|bf16, default bf16), --prompts
+// (default tools/experiments/prompts/conversations.json), --max_prompts,
+// --steps (32), --budgets (64,128,256,512,1024), --policies (all six),
+// --threads (2), --csv, --markdown.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "base/model_dir.h"
+#include "base/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "ops/chat/chat_template.h"
+#include "ops/kvdirect/experiment.h"
+#include "ops/model/model.h"
+#include "ops/tokenizer/gguf_tokenizer.h"
+
+namespace kvd {
+namespace {
+
+struct Flags {
+  std::vector<std::string> models = {
+      CachedModelPath("SmolLM2-135M-Instruct.Q4_1.gguf"),
+      CachedModelPath("gemma-3-270m-q4_k_m.gguf")};
+  std::string precision = "bf16";
+  std::string prompts = "tools/experiments/prompts/conversations.json";
+  int64_t max_prompts = 1000;
+  int threads = 2;
+  std::string csv, markdown;
+  ops::TokenMatchOptions options;
+};
+
+absl::StatusOr<std::vector<int64_t>> ParseInts(const std::string& s) {
+  std::vector<int64_t> out;
+  for (absl::string_view part : absl::StrSplit(s, ',')) {
+    int64_t v;
+    if (!absl::SimpleAtoi(part, &v)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", std::string(part), "' is not an integer"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  Flags f;
+  // 3 prompts x 32 steps on both models fits ~10 minutes on 2 cores.
+  f.options.steps = 32;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unexpected argument '", arg,
+          "'; flags are --name=value (see the header of token_match.cc)"));
+    }
+    const std::string name = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
+    if (name == "models") {
+      f.models = absl::StrSplit(value, ',');
+    } else if (name == "precision") {
+      f.precision = value;
+    } else if (name == "prompts") {
+      f.prompts = value;
+    } else if (name == "max_prompts") {
+      if (!absl::SimpleAtoi(value, &f.max_prompts))
+        return absl::InvalidArgumentError("--max_prompts needs an integer");
+    } else if (name == "steps") {
+      if (!absl::SimpleAtoi(value, &f.options.steps))
+        return absl::InvalidArgumentError("--steps needs an integer");
+    } else if (name == "threads") {
+      if (!absl::SimpleAtoi(value, &f.threads))
+        return absl::InvalidArgumentError("--threads needs an integer");
+    } else if (name == "budgets") {
+      KVD_ASSIGN_OR_RETURN(f.options.budgets, ParseInts(value));
+    } else if (name == "policies") {
+      f.options.policies = absl::StrSplit(value, ',');
+    } else if (name == "csv") {
+      f.csv = value;
+    } else if (name == "markdown") {
+      f.markdown = value;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown flag --", name, " (see the header of token_match.cc)"));
+    }
+  }
+  if (f.precision != "bf16" && f.precision != "fp32") {
+    return absl::InvalidArgumentError("--precision must be fp32 or bf16");
+  }
+  return f;
+}
+
+struct Conversation {
+  std::string name;
+  std::vector<ops::ChatMessage> messages;
+};
+
+absl::StatusOr<std::vector<Conversation>> ReadPrompts(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot open prompts file ", path,
+                     "; run from the repository root or pass --prompts"));
+  }
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (!j.is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": expected a JSON array of conversations"));
+  }
+  std::vector<Conversation> out;
+  for (const nlohmann::json& c : j) {
+    if (!c.contains("name") || !c.contains("messages") ||
+        !c["messages"].is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": every conversation needs a name and a messages array"));
+    }
+    Conversation conv;
+    conv.name = c["name"].get<std::string>();
+    for (const nlohmann::json& m : c["messages"]) {
+      conv.messages.push_back(
+          {m.value("role", std::string()), m.value("content", std::string())});
+    }
+    out.push_back(std::move(conv));
+  }
+  return out;
+}
+
+// Match % and KL pooled over prompts, per (model, policy, budget).
+struct Pooled {
+  int64_t steps = 0, matches = 0;
+  double kl_sum = 0, max_kl = 0;
+};
+
+std::string ModelName(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+absl::Status Run(const Flags& flags) {
+  if (const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY")) {
+    // Under `bazel run` the working directory is the runfiles tree; relative
+    // paths mean the repository.
+    if (chdir(ws) != 0) return absl::InternalError("chdir failed");
+  }
+  KVD_ASSIGN_OR_RETURN(std::vector<Conversation> prompts,
+                       ReadPrompts(flags.prompts));
+  if (static_cast<int64_t>(prompts.size()) > flags.max_prompts)
+    prompts.resize(flags.max_prompts);
+
+  std::ostringstream csv, md;
+  csv << "model,precision,prompt,prompt_tokens,policy,budget,steps,matches,"
+         "match_pct,mean_kl,max_kl,seconds\n";
+  const auto start = std::chrono::steady_clock::now();
+  for (const std::string& path : flags.models) {
+    ops::LoadOptions load;
+    load.precision = flags.precision == "bf16" ? ops::Precision::kBf16
+                                               : ops::Precision::kF32;
+    load.num_threads = flags.threads;
+    KVD_ASSIGN_OR_RETURN(std::unique_ptr<ops::Model> model,
+                         ops::Model::Load(path, load));
+    KVD_ASSIGN_OR_RETURN(std::unique_ptr<ops::Tokenizer> tokenizer,
+                         ops::TokenizerFromGguf(model->file()));
+    std::optional<std::string_view> jinja;
+    if (const ops::GgufValue* v =
+            model->file().Find("tokenizer.chat_template")) {
+      jinja = v->AsString();
+    }
+    KVD_ASSIGN_OR_RETURN(
+        ops::ChatTemplate tmpl,
+        ops::ChatTemplate::Detect(model->file().architecture(), jinja));
+    std::map<std::pair<std::string, int64_t>, Pooled> pooled;
+    std::vector<int64_t> lengths;
+    for (const Conversation& conv : prompts) {
+      KVD_ASSIGN_OR_RETURN(std::string text, tmpl.Render(conv.messages, true));
+      const std::vector<int32_t> ids =
+          tokenizer->Encode(text, /*add_special=*/true, /*parse_special=*/true);
+      lengths.push_back(ids.size());
+      std::fprintf(stderr, "%s / %s: %zu prompt tokens\n",
+                   ModelName(path).c_str(), conv.name.c_str(), ids.size());
+      ops::TokenMatchOptions options = flags.options;
+      options.on_result = [&](const ops::TokenMatchResult& r) {
+        std::fprintf(stderr,
+                     "  %-14s B=%-5lld match %5.1f%%  KL %.4g  (%.1f s)\n",
+                     r.policy.c_str(), static_cast<long long>(r.budget),
+                     100.0 * r.match_fraction(), r.mean_kl, r.seconds);
+      };
+      KVD_ASSIGN_OR_RETURN(ops::TokenMatchRun run,
+                           ops::RunTokenMatch(*model, ids, options));
+      for (const ops::TokenMatchResult& r : run.results) {
+        csv << absl::StrFormat("%s,%s,%s,%d,%s,%d,%d,%d,%.2f,%.6g,%.6g,%.2f\n",
+                               ModelName(path), flags.precision, conv.name,
+                               run.prompt_tokens, r.policy, r.budget, r.steps,
+                               r.matches, 100.0 * r.match_fraction(), r.mean_kl,
+                               r.max_kl, r.seconds);
+        Pooled& p = pooled[{r.policy, r.budget}];
+        p.steps += r.steps;
+        p.matches += r.matches;
+        p.kl_sum += r.mean_kl * r.steps;
+        p.max_kl = std::max(p.max_kl, r.max_kl);
+      }
+    }
+    md << "### " << ModelName(path) << " (" << flags.precision << ", "
+       << prompts.size() << " prompts of " << absl::StrJoin(lengths, ", ")
+       << " tokens, " << flags.options.steps << " steps each)\n\n"
+       << "token match % / mean KL(full || policy) in nats\n\n| policy |";
+    for (int64_t b : flags.options.budgets) md << " B=" << b << " |";
+    md << "\n|---|";
+    for (size_t i = 0; i < flags.options.budgets.size(); ++i) md << "---|";
+    md << "\n";
+    for (const std::string& policy : flags.options.policies) {
+      md << "| " << policy << " |";
+      for (int64_t b : flags.options.budgets) {
+        const Pooled& p = pooled[{policy, b}];
+        md << absl::StrFormat(" %.1f / %.3g |", 100.0 * p.matches / p.steps,
+                              p.kl_sum / p.steps);
+      }
+      md << "\n";
+    }
+    md << "\n";
+  }
+  const double total =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  md << absl::StrFormat("Total wall time: %.0f s.\n", total);
+  std::cout << md.str();
+  if (!flags.csv.empty()) std::ofstream(flags.csv) << csv.str();
+  if (!flags.markdown.empty()) std::ofstream(flags.markdown) << md.str();
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace kvd
+
+int main(int argc, char** argv) {
+  absl::StatusOr<kvd::Flags> flags = kvd::ParseFlags(argc, argv);
+  absl::Status s = flags.ok() ? kvd::Run(*flags) : flags.status();
+  if (!s.ok()) {
+    std::cerr << "token_match: " << s << "\n";
+    return 1;
+  }
+  return 0;
+}

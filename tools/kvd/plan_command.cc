@@ -1,0 +1,281 @@
+// `kvd plan`: the rebuild planner's table for one model, session length and
+// storage tier (ops/kvdirect/planner.h), from calibrated GEMM and attention
+// rates (ops/kvdirect/calibration.h), optionally next to rebuild times
+// measured on this machine with the real model (--measure).
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "kernels/cpu/cpu_features.h"
+#include "ops/kvdirect/calibration.h"
+#include "ops/kvdirect/planner.h"
+#include "ops/kvdirect/rebuild.h"
+#include "ops/kvdirect/residual_store.h"
+#include "ops/model/model.h"
+#include "tools/kvd/args.h"
+#include "tools/kvd/commands.h"
+#include "tools/kvd/model_source.h"
+
+namespace kvd::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Rows per rebuild step (RebuildSpec::block): the GEMMs' m.
+constexpr int64_t kBlock = 256;
+constexpr int64_t kBandwidthFileBytes = 256 << 20;
+
+struct Tier {
+  const char* name;
+  double bytes_per_s;
+  const char* what;
+};
+constexpr Tier kTiers[] = {
+    {"dram", 20e9, "host DRAM, ~20 GB/s"},
+    {"disk", 2e9, "local NVMe, ~2 GB/s"},
+    {"net", 1e9, "network, ~1 GB/s (about 10 GbE)"},
+};
+
+absl::StatusOr<ops::Precision> ParsePrecision(const std::string& s) {
+  if (s == "fp32") return ops::Precision::kF32;
+  if (s == "bf16") return ops::Precision::kBf16;
+  return absl::InvalidArgumentError("--precision wants fp32 or bf16");
+}
+
+// The storage tier's read bandwidth and where the figure came from.
+absl::StatusOr<std::pair<double, std::string>> Bandwidth(const Args& args,
+                                                         ops::Calibration* cal,
+                                                         bool* cal_changed) {
+  if (args.Has("bandwidth")) {
+    KVD_ASSIGN_OR_RETURN(double b, args.GetDouble("bandwidth"));
+    if (!(b > 0)) return absl::InvalidArgumentError("--bandwidth must be > 0");
+    return std::make_pair(b, std::string("--bandwidth"));
+  }
+  if (args.Has("bandwidth-dir")) {
+    const std::string dir = args.Get("bandwidth-dir");
+    const ops::StorageRate* s = ops::FindStorage(*cal, dir);
+    if (s == nullptr) {
+      KVD_ASSIGN_OR_RETURN(ops::StorageRate r,
+                           ops::MeasureReadBandwidth(dir, kBandwidthFileBytes));
+      cal->storage.push_back(r);
+      *cal_changed = true;
+      s = &cal->storage.back();
+    }
+    return std::make_pair(
+        s->bytes_per_s,
+        absl::StrFormat("measured reading %d MiB in %s (page cache %s)",
+                        s->file_bytes >> 20, dir,
+                        s->cache_dropped ? "dropped: device speed"
+                                         : "NOT dropped: an upper bound"));
+  }
+  for (const Tier& t : kTiers) {
+    if (args.Get("tier") == t.name) {
+      return std::make_pair(t.bytes_per_s,
+                            absl::StrCat("tier ", t.name, " (", t.what, ")"));
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--tier '", args.Get("tier"), "' is not dram, disk or net"));
+}
+
+// Rebuild compute measured with the real model: a T-token session
+// checkpointed at every layer, then RebuildKv into a fresh cache per policy
+// (budget all) from the in-memory checkpoint. Seconds per estimate; kv is 0.
+absl::StatusOr<std::vector<double>> MeasureRebuilds(
+    const ops::Model& model, int64_t tokens,
+    const std::vector<ops::PolicyEstimate>& estimates) {
+  const ops::ModelConfig& c = model.config();
+  std::mt19937 rng(1);
+  std::vector<int32_t> ids(tokens);
+  for (int32_t& t : ids) t = static_cast<int32_t>(rng() % c.vocab_size);
+  const ops::CheckpointPolicy all{ops::CheckpointPolicy::Kind::kKvDirect, 1};
+  ops::ResidualStore store(c, model.precision(),
+                           ops::CheckpointLayers(all, c.n_layers));
+  {
+    ops::KvCache cache = model.NewCache();
+    ops::ForwardOutput out;
+    for (int64_t p = 0; p < tokens; p += kBlock) {
+      const int64_t n = std::min(kBlock, tokens - p);
+      const ops::SequenceStep step{&cache,
+                                   absl::MakeConstSpan(ids).subspan(p, n),
+                                   ops::LogitsMode::kNone, 0};
+      KVD_RETURN_IF_ERROR(model.Forward({&step, 1}, &out, &store));
+    }
+    KVD_RETURN_IF_ERROR(store.status());
+  }
+  std::vector<double> seconds;
+  for (const ops::PolicyEstimate& e : estimates) {
+    if (e.policy.kind == ops::CheckpointPolicy::Kind::kKv) {
+      seconds.push_back(0);
+      continue;
+    }
+    std::fprintf(stderr, "kvd plan: measuring %s rebuild...\n",
+                 e.policy.Name().c_str());
+    ops::RebuildSpec spec;
+    spec.policy = e.policy;
+    spec.tokens = ids;
+    spec.checkpoint = &store;
+    spec.block = kBlock;
+    ops::KvCache cache = model.NewCache();
+    const Clock::time_point t0 = Clock::now();
+    KVD_RETURN_IF_ERROR(ops::RebuildKv(model, spec, &cache, nullptr));
+    seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return seconds;
+}
+
+absl::Status Run(const Args& args) {
+  KVD_ASSIGN_OR_RETURN(std::string path, ResolveModel(args.Get("model")));
+  KVD_ASSIGN_OR_RETURN(ops::Precision precision,
+                       ParsePrecision(args.Get("precision")));
+  KVD_ASSIGN_OR_RETURN(int64_t tokens, args.GetInt("tokens"));
+  KVD_ASSIGN_OR_RETURN(int64_t budget, args.GetInt("budget"));
+  KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));
+  ops::LoadOptions options;
+  options.precision = precision;
+  options.num_threads = static_cast<int>(threads);
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<ops::Model> model,
+                       ops::Model::Load(path, options));
+  const ops::ModelConfig& config = model->config();
+
+  ops::Calibration cal;
+  const std::string cal_path = args.Get("calibration");
+  if (!cal_path.empty()) {
+    absl::StatusOr<ops::Calibration> read = ops::ReadCalibrationFile(cal_path);
+    if (read.ok()) {
+      cal = *read;
+    } else if (!absl::IsNotFound(read.status())) {
+      return read.status();
+    }
+  }
+  KVD_ASSIGN_OR_RETURN(
+      bool cal_changed,
+      ops::EnsureModelRates(config, precision, model->pool(), {}, &cal));
+  KVD_ASSIGN_OR_RETURN(auto bandwidth, Bandwidth(args, &cal, &cal_changed));
+  if (cal_changed && !cal_path.empty()) {
+    KVD_RETURN_IF_ERROR(ops::WriteCalibrationFile(cal, cal_path));
+  }
+  const int pool_threads = model->pool()->num_threads();
+  KVD_ASSIGN_OR_RETURN(ops::RebuildRates rates,
+                       ops::RatesAt(cal, config, precision, pool_threads,
+                                    std::min(kBlock, tokens), tokens));
+
+  ops::PlanRequest request;
+  request.config = config;
+  request.precision = precision;
+  request.tokens = tokens;
+  request.read_bytes_per_s = bandwidth.first;
+  request.rates = rates;
+  request.budget_bytes_per_token = budget;
+  request.overlap_read_and_compute = !args.On("no-overlap");
+  KVD_ASSIGN_OR_RETURN(ops::RebuildPlan plan, ops::PlanRebuild(request));
+
+  std::vector<double> measured;
+  if (args.On("measure")) {
+    KVD_ASSIGN_OR_RETURN(measured,
+                         MeasureRebuilds(*model, tokens, plan.estimates));
+  }
+
+  std::printf("model: %s (%s), %s, %d threads, ISA %s\n", config.name.c_str(),
+              path.c_str(), ops::PrecisionName(precision), pool_threads,
+              kernels::cpu::IsaName(kernels::cpu::ActiveIsa()));
+  std::printf("session: %lld tokens; read bandwidth %.3g B/s from %s\n",
+              static_cast<long long>(tokens), bandwidth.first,
+              bandwidth.second.c_str());
+  std::printf(
+      "rates (calibration%s%s): K/V projection GEMM %.1f GFLOP/s, layer GEMM "
+      "%.1f GFLOP/s at m = %lld; attention %.1f GFLOP/s\n",
+      cal_path.empty() ? "" : " ", cal_path.c_str(),
+      rates.kv_projection_flops_per_s / 1e9, rates.layer_gemm_flops_per_s / 1e9,
+      static_cast<long long>(std::min(kBlock, tokens)),
+      rates.attention_flops_per_s / 1e9);
+  std::printf("time = %s\n\n", request.overlap_read_and_compute
+                                   ? "max(read, compute): pipelined"
+                                   : "read + compute: not overlapped");
+  std::printf(
+      "| policy | bytes/token at rest | bytes read | rebuild GFLOP | est. read "
+      "s | est. compute s | est. rebuild s |%s chosen |\n",
+      measured.empty() ? "" : " measured compute s | measured + read s |");
+  std::printf("|---|---|---|---|---|---|---|%s---|\n",
+              measured.empty() ? "" : "---|---|");
+  for (size_t i = 0; i < plan.estimates.size(); ++i) {
+    const ops::PolicyEstimate& e = plan.estimates[i];
+    std::string extra;
+    if (!measured.empty()) {
+      const double total = request.overlap_read_and_compute
+                               ? std::max(e.read_s, measured[i])
+                               : e.read_s + measured[i];
+      extra = absl::StrFormat(" %.4f | %.4f |", measured[i], total);
+    }
+    const char* mark = static_cast<int>(i) == plan.chosen ? "**<- chosen**"
+                       : e.fits_budget                    ? ""
+                                                          : "over budget";
+    std::printf("| %s | %.1f | %lld | %.3f | %.4f | %.4f | %.4f |%s %s |\n",
+                e.policy.Name().c_str(), e.bytes_per_token,
+                static_cast<long long>(e.bytes_read), e.flops() / 1e9, e.read_s,
+                e.compute_s, e.estimate_s, extra.c_str(), mark);
+  }
+  std::printf("\nchosen: %s\n",
+              plan.estimates[plan.chosen].policy.Name().c_str());
+  if (!measured.empty()) {
+    std::printf(
+        "measured compute: RebuildKv of all %lld positions from an in-memory "
+        "checkpoint on this machine; \"measured + read\" adds the MODELLED "
+        "read time of the tier (nothing was read from storage).\n",
+        static_cast<long long>(tokens));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int PlanCommand(const std::vector<std::string>& argv) {
+  Args args("plan",
+            "Estimates, for a session of --tokens tokens on a storage tier, "
+            "how long rebuilding its K/V takes under each checkpoint policy "
+            "(kv, kv-direct, stride:k, tokens) from calibrated GEMM and "
+            "attention rates, and marks the fastest within --budget. See "
+            "docs/PLANNER.md.");
+  args.Flag("model", "smollm2",
+            "GGUF file, or a cached model name: smollm2, gemma3");
+  args.Flag("tokens", "1024", "session length T");
+  args.Flag("tier", "dram",
+            "storage tier: dram (20 GB/s), disk (2 GB/s), "
+            "net (1 GB/s)");
+  args.Flag("bandwidth", "", "read bandwidth in bytes/s (overrides --tier)");
+  args.Flag("bandwidth-dir", "",
+            "measure the read bandwidth of a 256 MiB file in this directory "
+            "(overrides --tier; cached in --calibration)");
+  args.Flag("budget", "0",
+            "bytes per token the tier may hold for the session (0: no limit)");
+  args.Flag("precision", "bf16", "fp32 or bf16");
+  args.Flag("threads", "0", "threads (0: all hardware threads)");
+  args.Flag("calibration", "",
+            "JSON file of measured rates: read if present, measured and "
+            "written if not (empty: measure, keep nothing)");
+  args.Switch("measure",
+              "also time RebuildKv per policy with the real model on this "
+              "machine");
+  args.Switch("no-overlap",
+              "model reading and recomputing as sequential, not pipelined");
+  if (absl::Status s = args.Parse(argv); !s.ok()) {
+    std::fprintf(stderr, "kvd plan: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (args.help_requested()) {
+    std::fputs(args.Help().c_str(), stdout);
+    return 0;
+  }
+  if (absl::Status s = Run(args); !s.ok()) {
+    std::fprintf(stderr, "kvd plan: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace kvd::cli
