@@ -107,13 +107,15 @@ TEST(Attention, Bf16StorageEqualsFloatStorageOfTheSameValues) {
 namespace kvd::kernels::cpu {
 namespace {
 
-// The block path (one score GEMM for many queries) gives the same bits as one query at a time,
-// with and without a sliding window, for fp32 and bf16 storage.
+// The block path (one score GEMM for many queries) gives the same bits as one
+// query at a time, with and without a sliding window, for fp32 and bf16
+// storage.
 TEST(Attention, CausalBlockEqualsPerQueryBitForBit) {
   const int64_t group = 3, head_dim = 64, n = 150, kv_stride = 2 * head_dim;
   const int64_t q_stride = group * head_dim + 5;
   const std::vector<float> q = Random(n * q_stride, 11);
-  std::vector<float> k = Random(n * kv_stride, 12), v = Random(n * kv_stride, 13);
+  std::vector<float> k = Random(n * kv_stride, 12),
+                     v = Random(n * kv_stride, 13);
   std::vector<uint16_t> kb(k.size()), vb(v.size());
   FloatToBf16(k.data(), kb.data(), k.size());
   FloatToBf16(v.data(), vb.data(), v.size());
@@ -125,14 +127,17 @@ TEST(Attention, CausalBlockEqualsPerQueryBitForBit) {
     for (const int64_t window : {int64_t{0}, int64_t{40}}) {
       for (const int64_t pos0 : {int64_t{0}, int64_t{37}}) {
         const int64_t nq = n - pos0;
-        std::vector<float> block(nq * group * head_dim), single(nq * group * head_dim);
-        AttendCausalBlock(q.data() + pos0 * q_stride, q_stride, nq, group, head_dim, 0.125f,
-                          kr, vr, pos0, window, block.data(), group * head_dim);
+        std::vector<float> block(nq * group * head_dim),
+            single(nq * group * head_dim);
+        AttendCausalBlock(q.data() + pos0 * q_stride, q_stride, nq, group,
+                          head_dim, 0.125f, kr, vr, pos0, window, block.data(),
+                          group * head_dim);
         for (int64_t i = 0; i < nq; ++i) {
           const int64_t pos = pos0 + i;
-          const int64_t first = window ? std::max<int64_t>(0, pos - window + 1) : 0;
-          AttendRange(q.data() + pos * q_stride, group, head_dim, 0.125f, kr, vr, first, pos,
-                      single.data() + i * group * head_dim);
+          const int64_t first =
+              window ? std::max<int64_t>(0, pos - window + 1) : 0;
+          AttendRange(q.data() + pos * q_stride, group, head_dim, 0.125f, kr,
+                      vr, first, pos, single.data() + i * group * head_dim);
         }
         EXPECT_EQ(std::memcmp(block.data(), single.data(), block.size() * 4), 0)
             << "bf16=" << bf16 << " window=" << window << " pos0=" << pos0;

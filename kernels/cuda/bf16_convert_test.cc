@@ -1,5 +1,8 @@
-// Device test (tag requires-gpu): the GPU's bf16 conversion equals the CPU's bit for bit on
-// fresh random inputs and edge cases. Runs only on a machine with a GPU.
+// Device test (tag requires-gpu): the GPU's bf16 conversion equals the CPU's
+// bit for bit on fresh random inputs and edge cases. Runs only on a machine
+// with a GPU.
+#include "kernels/cuda/bf16_convert.h"
+
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -10,7 +13,6 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/elementwise.h"
-#include "kernels/cuda/bf16_convert.h"
 
 namespace {
 

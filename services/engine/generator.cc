@@ -61,8 +61,10 @@ absl::StatusOr<GenerateResult> Generate(
   result.prefill_seconds = SecondsSince(prefill_start);
 
   const auto decode_start = std::chrono::steady_clock::now();
-  KVD_ASSIGN_OR_RETURN(ops::Sampler sampler, ops::Sampler::Create(request.sampling));
-  KVD_ASSIGN_OR_RETURN(ops::StopMatcher stop, ops::StopMatcher::Create(request.stop));
+  KVD_ASSIGN_OR_RETURN(ops::Sampler sampler,
+                       ops::Sampler::Create(request.sampling));
+  KVD_ASSIGN_OR_RETURN(ops::StopMatcher stop,
+                       ops::StopMatcher::Create(request.stop));
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
   auto emit = [&](const std::string& s) {
     if (s.empty()) return;

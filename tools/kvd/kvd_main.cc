@@ -15,7 +15,8 @@ constexpr char kUsage[] =
     "commands:\n"
     "  generate   generate text (a chat reply by default) with a local model\n"
     "  bench      measure prefill/decode speed and memory of the CPU engine\n"
-    "  plan       estimate (and measure) K/V rebuild time per checkpoint policy\n"
+    "  plan       estimate (and measure) K/V rebuild time per checkpoint "
+    "policy\n"
     "\n"
     "Run 'kvd <command> --help' for the flags of a command.\n";
 

@@ -1,5 +1,5 @@
-// Proves the protobuf/gRPC code generation macro works: messages round-trip through the wire
-// format and the generated service stub exists.
+// Proves the protobuf/gRPC code generation macro works: messages round-trip
+// through the wire format and the generated service stub exists.
 #include "gtest/gtest.h"
 #include "proto/kvd/v1/health.grpc.pb.h"
 #include "proto/kvd/v1/health.pb.h"
