@@ -16,26 +16,17 @@
 #include "ops/kvdirect/checkpoint_policy.h"
 #include "ops/kvdirect/residual_kv_source.h"
 #include "ops/kvdirect/residual_store.h"
+#include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
 
 namespace kvd::ops {
 namespace {
 
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = rng() % vocab;
-  return t;
-}
-
 int32_t Argmax(const float* logits, int64_t n) {
   return std::max_element(logits, logits + n) - logits;
 }
 
-struct Case {
-  std::string family;
-  Precision precision;
-};
+using Case = testing::FamilyCase;
 
 // Three turns: a user message prefilled in one step (straddling attention
 // chunk boundaries), then greedy decoding of 70 tokens; 210 generated.
@@ -51,7 +42,8 @@ std::vector<std::vector<float>> PlainRun(
   std::vector<std::vector<float>> logits;
   uint32_t seed = 10;
   for (int turn : kTurnTokens) {
-    std::vector<int32_t> next = Tokens(turn, seed++, c.vocab_size);
+    std::vector<int32_t> next =
+        testing::RandomTokens(turn, seed++, c.vocab_size);
     for (int g = 0; g <= kGenerated; ++g) {
       SequenceStep step{&cache, next, LogitsMode::kLast, 0};
       ForwardOutput out;
@@ -159,7 +151,7 @@ TEST_P(BoundedDecode, ThousandTokenSessionKeepsPeakCacheBytesFlat) {
   KvCache plain = model.NewCache(), bounded = model.NewCache();
   size_t plain_peak = 0, bounded_peak = 0;
   int64_t mismatches = 0;
-  std::vector<int32_t> next = Tokens(1, 5, c.vocab_size);
+  std::vector<int32_t> next = testing::RandomTokens(1, 5, c.vocab_size);
   for (int64_t i = 0; i < kTokens; ++i) {
     SequenceStep a{&plain, next, LogitsMode::kLast, 0};
     SequenceStep b{&bounded, next, LogitsMode::kLast, 0, &source};
@@ -194,7 +186,7 @@ TEST_P(BoundedDecode, StepsThatWouldReadDroppedRowsAreRejected) {
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(*path, opts);
   ASSERT_TRUE(model.ok());
   const ModelConfig& c = (*model)->config();
-  const std::vector<int32_t> t = Tokens(40, 1, c.vocab_size);
+  const std::vector<int32_t> t = testing::RandomTokens(40, 1, c.vocab_size);
   ResidualStore store(
       c, (*model)->precision(),
       CheckpointLayers(*ParseCheckpointPolicy("kv-direct"), c.n_layers));
@@ -233,7 +225,7 @@ TEST_P(BoundedDecode, CheckRejectsAStoreThatCannotServeTheColdRange) {
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(*path, opts);
   ASSERT_TRUE(model.ok());
   const ModelConfig& c = (*model)->config();
-  const std::vector<int32_t> t = Tokens(10, 1, c.vocab_size);
+  const std::vector<int32_t> t = testing::RandomTokens(10, 1, c.vocab_size);
   // A stride:2 store lacks layer 1; an unattached store lacks the rows.
   ResidualStore strided(c, (*model)->precision(), {0, 2});
   ResidualStore empty(
@@ -254,16 +246,8 @@ TEST_P(BoundedDecode, CheckRejectsAStoreThatCannotServeTheColdRange) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, BoundedDecode,
-                         ::testing::Values(Case{"llama", Precision::kF32},
-                                           Case{"llama", Precision::kBf16},
-                                           Case{"qwen2", Precision::kF32},
-                                           Case{"qwen2", Precision::kBf16},
-                                           Case{"gemma3", Precision::kF32},
-                                           Case{"gemma3", Precision::kBf16}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.family + "_" +
-                                  PrecisionName(info.param.precision);
-                         });
+                         ::testing::ValuesIn(testing::AllFamilyCases()),
+                         testing::FamilyCaseName);
 
 }  // namespace
 }  // namespace kvd::ops

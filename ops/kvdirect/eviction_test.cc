@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
 
 namespace kvd::ops {
@@ -26,13 +27,6 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
-
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = rng() % vocab;
-  return t;
-}
 
 std::unique_ptr<Model> LoadTiny(const std::string& family,
                                 Precision precision) {
@@ -50,10 +44,7 @@ std::unique_ptr<Model> LoadTiny(const std::string& family,
   return std::move(*model);
 }
 
-struct Case {
-  std::string family;
-  Precision precision;
-};
+using Case = testing::FamilyCase;
 
 class FullBudget : public ::testing::TestWithParam<Case> {};
 
@@ -63,8 +54,9 @@ TEST_P(FullBudget, EveryMethodEqualsTheFullCacheBitForBit) {
   const ModelConfig& c = model->config();
   // Prefill of 45 + 30 tokens (crossing chunk boundaries and, for gemma3,
   // the window of 8), then 40 greedy tokens: 115 positions.
-  std::vector<std::vector<int32_t>> steps = {Tokens(45, 1, c.vocab_size),
-                                             Tokens(30, 2, c.vocab_size)};
+  std::vector<std::vector<int32_t>> steps = {
+      testing::RandomTokens(45, 1, c.vocab_size),
+      testing::RandomTokens(30, 2, c.vocab_size)};
   constexpr int kDecode = 40;
   std::vector<std::vector<float>> reference;
   {
@@ -112,10 +104,7 @@ INSTANTIATE_TEST_SUITE_P(Families, FullBudget,
                                            Case{"qwen2", Precision::kF32},
                                            Case{"gemma3", Precision::kF32},
                                            Case{"gemma3", Precision::kBf16}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.family + "_" +
-                                  PrecisionName(info.param.precision);
-                         });
+                         testing::FamilyCaseName);
 
 // A config for driving a policy by hand: one layer, `kv_heads` K/V heads of
 // `group` query heads each.
@@ -304,7 +293,7 @@ TEST(KeySelectionHook, AttentionVisitsKeptAndOwnPositions) {
   std::unique_ptr<Model> model = LoadTiny("llama", Precision::kF32);
   const ModelConfig& c = model->config();
   KvCache cache = model->NewCache();
-  std::vector<int32_t> prompt = Tokens(40, 3, c.vocab_size);
+  std::vector<int32_t> prompt = testing::RandomTokens(40, 3, c.vocab_size);
   SequenceStep pre{&cache, prompt, LogitsMode::kNone, 0};
   ForwardOutput out, full;
   ASSERT_TRUE(model->Forward({&pre, 1}, &out).ok());
@@ -332,7 +321,8 @@ TEST(KeySelectionHook, AttentionVisitsKeptAndOwnPositions) {
 TEST(KeySelectionHook, BadSelectionsAreRefusedBeforeAnyWrite) {
   std::unique_ptr<Model> model = LoadTiny("llama", Precision::kF32);
   KvCache cache = model->NewCache();
-  std::vector<int32_t> prompt = Tokens(10, 4, model->config().vocab_size);
+  std::vector<int32_t> prompt =
+      testing::RandomTokens(10, 4, model->config().vocab_size);
   SequenceStep pre{&cache, prompt, LogitsMode::kNone, 0};
   ForwardOutput out;
   ASSERT_TRUE(model->Forward({&pre, 1}, &out).ok());

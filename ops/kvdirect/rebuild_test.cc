@@ -15,17 +15,11 @@
 #include "ops/kvdirect/checkpoint_policy.h"
 #include "ops/kvdirect/residual_kv_source.h"
 #include "ops/kvdirect/residual_store.h"
+#include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
 
 namespace kvd::ops {
 namespace {
-
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = rng() % vocab;
-  return t;
-}
 
 int32_t Argmax(const float* logits, int64_t n) {
   return std::max_element(logits, logits + n) - logits;
@@ -46,10 +40,7 @@ class Fanout : public ResidualObserver {
   std::vector<ResidualStore*> stores_;
 };
 
-struct Case {
-  std::string family;
-  Precision precision;
-};
+using Case = testing::FamilyCase;
 
 constexpr int64_t kSeq = 5;
 // Two turns before the interruption, one after: user prefill + greedy replies.
@@ -94,7 +85,7 @@ TEST_P(Rebuild, ContinuedDecodingIsBitIdenticalForEveryPolicyAndBudget) {
   std::vector<std::vector<float>> after_logits;
   for (int turn = 0; turn < 3; ++turn) {
     std::vector<int32_t> next =
-        Tokens(kTurnTokens[turn], 20 + turn, c.vocab_size);
+        testing::RandomTokens(kTurnTokens[turn], 20 + turn, c.vocab_size);
     for (int g = 0; g <= kReplies[turn]; ++g) {
       SequenceStep step{&plain, next, LogitsMode::kLast, kSeq};
       ForwardOutput out;
@@ -194,7 +185,7 @@ TEST_P(Rebuild, RejectsWhatCannotBeRebuilt) {
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(*path, opts);
   ASSERT_TRUE(model.ok());
   const ModelConfig& c = (*model)->config();
-  const std::vector<int32_t> t = Tokens(20, 3, c.vocab_size);
+  const std::vector<int32_t> t = testing::RandomTokens(20, 3, c.vocab_size);
   ResidualStore strided(c, (*model)->precision(), {0, 2});
   KvCache cache = (*model)->NewCache();
   SequenceStep step{&cache, t, LogitsMode::kNone, 0};
@@ -213,7 +204,8 @@ TEST_P(Rebuild, RejectsWhatCannotBeRebuilt) {
   EXPECT_EQ(RebuildKv(**model, rs, &fresh, nullptr).code(),
             absl::StatusCode::kFailedPrecondition);
   // More tokens than the checkpoint holds.
-  const std::vector<int32_t> longer = Tokens(21, 3, c.vocab_size);
+  const std::vector<int32_t> longer =
+      testing::RandomTokens(21, 3, c.vocab_size);
   rs.policy = *ParseCheckpointPolicy("stride:2");
   rs.tokens = longer;
   EXPECT_EQ(RebuildKv(**model, rs, &fresh, nullptr).code(),
@@ -229,16 +221,8 @@ TEST_P(Rebuild, RejectsWhatCannotBeRebuilt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Rebuild,
-                         ::testing::Values(Case{"llama", Precision::kF32},
-                                           Case{"llama", Precision::kBf16},
-                                           Case{"qwen2", Precision::kF32},
-                                           Case{"qwen2", Precision::kBf16},
-                                           Case{"gemma3", Precision::kF32},
-                                           Case{"gemma3", Precision::kBf16}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.family + "_" +
-                                  PrecisionName(info.param.precision);
-                         });
+                         ::testing::ValuesIn(testing::AllFamilyCases()),
+                         testing::FamilyCaseName);
 
 }  // namespace
 }  // namespace kvd::ops

@@ -10,17 +10,11 @@
 
 #include "gtest/gtest.h"
 #include "ops/kvdirect/checkpoint_policy.h"
+#include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
 
 namespace kvd::ops {
 namespace {
-
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = rng() % vocab;
-  return t;
-}
 
 // An independent copy of every residual, as fp32.
 class Recorder : public ResidualObserver {
@@ -51,10 +45,7 @@ class Tee : public ResidualObserver {
   ResidualObserver* b_;
 };
 
-struct Case {
-  std::string family;
-  Precision precision;
-};
+using Case = testing::FamilyCase;
 
 class ResidualStoreTest : public ::testing::TestWithParam<Case> {
  protected:
@@ -76,8 +67,8 @@ class ResidualStoreTest : public ::testing::TestWithParam<Case> {
   // Runs two sequences through prefill chunks and decodes.
   void Run(ResidualObserver* observer, KvCache* ca, KvCache* cb) {
     const int vocab = model_->config().vocab_size;
-    const std::vector<int32_t> a = Tokens(50, 1, vocab),
-                               b = Tokens(12, 2, vocab);
+    const std::vector<int32_t> a = testing::RandomTokens(50, 1, vocab),
+                               b = testing::RandomTokens(12, 2, vocab);
     size_t at_a = 0, at_b = 0;
     for (auto [na, nb] : {std::pair{33, 9}, {1, 1}, {15, 1}, {1, 1}}) {
       SequenceStep steps[] = {
@@ -175,7 +166,7 @@ TEST_P(ResidualStoreTest, TruncateThenRerunOverwrites) {
   const ModelConfig& c = model_->config();
   ResidualStore store(c, model_->precision(), {0, 1});
   KvCache cache = model_->NewCache();
-  const std::vector<int32_t> t = Tokens(20, 3, c.vocab_size);
+  const std::vector<int32_t> t = testing::RandomTokens(20, 3, c.vocab_size);
   SequenceStep step{&cache, t, LogitsMode::kLast, 1};
   ForwardOutput out;
   ASSERT_TRUE(model_->Forward({&step, 1}, &out, &store).ok());
@@ -184,7 +175,7 @@ TEST_P(ResidualStoreTest, TruncateThenRerunOverwrites) {
   cache.Truncate(10);
   store.Truncate(1, 10);
   EXPECT_EQ(store.length(1), 10);
-  std::vector<int32_t> other = Tokens(10, 4, c.vocab_size);
+  std::vector<int32_t> other = testing::RandomTokens(10, 4, c.vocab_size);
   SequenceStep again{&cache, other, LogitsMode::kLast, 1};
   ASSERT_TRUE(model_->Forward({&again, 1}, &out, &store).ok());
   ASSERT_TRUE(store.status().ok());
@@ -211,16 +202,8 @@ TEST_P(ResidualStoreTest, ReportsGapsAndInexactRows) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ResidualStoreTest,
-                         ::testing::Values(Case{"llama", Precision::kF32},
-                                           Case{"llama", Precision::kBf16},
-                                           Case{"qwen2", Precision::kF32},
-                                           Case{"qwen2", Precision::kBf16},
-                                           Case{"gemma3", Precision::kF32},
-                                           Case{"gemma3", Precision::kBf16}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.family + "_" +
-                                  PrecisionName(info.param.precision);
-                         });
+                         ::testing::ValuesIn(testing::AllFamilyCases()),
+                         testing::FamilyCaseName);
 
 }  // namespace
 }  // namespace kvd::ops

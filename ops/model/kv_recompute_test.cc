@@ -13,17 +13,11 @@
 #include "base/model_dir.h"
 #include "gtest/gtest.h"
 #include "ops/model/model.h"
+#include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
 
 namespace kvd::ops {
 namespace {
-
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = rng() % vocab;
-  return t;
-}
 
 // Residuals by (sequence, layer), rows in position order.
 class Recorder : public ResidualObserver {
@@ -76,10 +70,7 @@ Diff CompareLayer(const Model& model, const KvCache& cache, int64_t layer,
   return diff;
 }
 
-struct Case {
-  std::string family;
-  Precision precision;
-};
+using Case = testing::FamilyCase;
 
 class TinyRecompute : public ::testing::TestWithParam<Case> {
  protected:
@@ -105,8 +96,8 @@ TEST_P(TinyRecompute, RecomputedKvEqualsCachedKvBitForBit) {
   const ModelConfig& c = model->config();
   // Two sequences sharing steps: prefill chunks that straddle attention
   // chunk boundaries, then single-token decodes.
-  const std::vector<int32_t> a = Tokens(90, 3, c.vocab_size),
-                             b = Tokens(61, 4, c.vocab_size);
+  const std::vector<int32_t> a = testing::RandomTokens(90, 3, c.vocab_size),
+                             b = testing::RandomTokens(61, 4, c.vocab_size);
   const std::vector<std::pair<int, int>> pieces = {{37, 20}, {1, 30}, {1, 1},
                                                    {20, 1},  {1, 1},  {30, 8}};
   Recorder rec(c.d_model);
@@ -138,7 +129,7 @@ TEST_P(TinyRecompute, RecomputedKvEqualsCachedKvBitForBit) {
 TEST_P(TinyRecompute, ComparisonDetectsWrongPositionsAndResiduals) {
   auto model = Load();
   const ModelConfig& c = model->config();
-  const std::vector<int32_t> a = Tokens(40, 5, c.vocab_size);
+  const std::vector<int32_t> a = testing::RandomTokens(40, 5, c.vocab_size);
   Recorder rec(c.d_model);
   KvCache cache = model->NewCache();
   SequenceStep step{&cache, a, LogitsMode::kLast, 0};
@@ -179,16 +170,8 @@ TEST_P(TinyRecompute, RejectsBadArguments) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TinyRecompute,
-                         ::testing::Values(Case{"llama", Precision::kF32},
-                                           Case{"llama", Precision::kBf16},
-                                           Case{"qwen2", Precision::kF32},
-                                           Case{"qwen2", Precision::kBf16},
-                                           Case{"gemma3", Precision::kF32},
-                                           Case{"gemma3", Precision::kBf16}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.family + "_" +
-                                  PrecisionName(info.param.precision);
-                         });
+                         ::testing::ValuesIn(testing::AllFamilyCases()),
+                         testing::FamilyCaseName);
 
 // The real SmolLM2-135M file (Q4_1/Q8_0 weights dequantized by the loader).
 class SmolLm2Recompute : public ::testing::TestWithParam<Precision> {};
@@ -204,7 +187,8 @@ TEST_P(SmolLm2Recompute, RecomputedKvEqualsCachedKvBitForBit) {
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(path, opts);
   ASSERT_TRUE(model.ok()) << model.status();
   const ModelConfig& c = (*model)->config();
-  const std::vector<int32_t> tokens = Tokens(100, 8, c.vocab_size);
+  const std::vector<int32_t> tokens =
+      testing::RandomTokens(100, 8, c.vocab_size);
   Recorder rec(c.d_model);
   KvCache cache = (*model)->NewCache();
   size_t at = 0;

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/elementwise.h"
+#include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
 
 namespace kvd::ops {
@@ -19,21 +20,7 @@ namespace {
 
 using kernels::cpu::Isa;
 
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = rng() % vocab;
-  return t;
-}
-
-struct Case {
-  std::string family;
-  Precision precision;
-};
-
-std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  return info.param.family + "_" + PrecisionName(info.param.precision);
-}
+using Case = testing::FamilyCase;
 
 class ModelProperties : public ::testing::TestWithParam<Case> {
  protected:
@@ -82,7 +69,8 @@ bool Bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_P(ModelProperties, PrefillChunkingAndDecodeGiveIdenticalBits) {
   auto model = Load();
-  const std::vector<int32_t> tokens = Tokens(70, 7, model->config().vocab_size);
+  const std::vector<int32_t> tokens =
+      testing::RandomTokens(70, 7, model->config().vocab_size);
   const std::vector<float> prefill = RunInPieces(*model, tokens, {70});
   std::vector<int> ones(70, 1);
   EXPECT_TRUE(Bits(prefill, RunInPieces(*model, tokens, ones)))
@@ -94,8 +82,9 @@ TEST_P(ModelProperties, PrefillChunkingAndDecodeGiveIdenticalBits) {
 TEST_P(ModelProperties, BatchCompositionDoesNotChangeBits) {
   auto model = Load();
   const int vocab = model->config().vocab_size;
-  const std::vector<int32_t> a = Tokens(40, 1, vocab), b = Tokens(23, 2, vocab),
-                             c = Tokens(1, 3, vocab);
+  const std::vector<int32_t> a = testing::RandomTokens(40, 1, vocab),
+                             b = testing::RandomTokens(23, 2, vocab),
+                             c = testing::RandomTokens(1, 3, vocab);
   const std::vector<float> alone = RunInPieces(*model, a, {40});
   KvCache ca = model->NewCache(), cb = model->NewCache(),
           cc = model->NewCache();
@@ -111,7 +100,8 @@ TEST_P(ModelProperties, BatchCompositionDoesNotChangeBits) {
 TEST_P(ModelProperties, ThreadCountAndIsaDoNotChangeBits) {
   auto one = Load(/*threads=*/1);
   auto three = Load(/*threads=*/3);
-  const std::vector<int32_t> tokens = Tokens(45, 9, one->config().vocab_size);
+  const std::vector<int32_t> tokens =
+      testing::RandomTokens(45, 9, one->config().vocab_size);
   const std::vector<float> base = RunInPieces(*one, tokens, {45});
   EXPECT_TRUE(Bits(base, RunInPieces(*three, tokens, {45})));
   const Isa saved = kernels::cpu::ActiveIsa();
@@ -141,8 +131,8 @@ class RecordingObserver : public ResidualObserver {
 TEST_P(ModelProperties, ResidualHookSeesEveryLayerInputOfEveryToken) {
   auto model = Load();
   const ModelConfig& c = model->config();
-  const std::vector<int32_t> a = Tokens(20, 4, c.vocab_size),
-                             b = Tokens(7, 5, c.vocab_size);
+  const std::vector<int32_t> a = testing::RandomTokens(20, 4, c.vocab_size),
+                             b = testing::RandomTokens(7, 5, c.vocab_size);
   // Alone, a in two steps.
   RecordingObserver alone(c.d_model);
   {
@@ -198,13 +188,8 @@ TEST_P(ModelProperties, RejectsBadInputWithoutTouchingTheCache) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelProperties,
-                         ::testing::Values(Case{"llama", Precision::kF32},
-                                           Case{"llama", Precision::kBf16},
-                                           Case{"qwen2", Precision::kF32},
-                                           Case{"qwen2", Precision::kBf16},
-                                           Case{"gemma3", Precision::kF32},
-                                           Case{"gemma3", Precision::kBf16}),
-                         CaseName);
+                         ::testing::ValuesIn(testing::AllFamilyCases()),
+                         testing::FamilyCaseName);
 
 // ---------------------------------------------------------------------------------------------
 // Independent float64 reference: a direct transcription of each architecture,
@@ -361,7 +346,7 @@ std::vector<Vec> ReferenceLogits(const RefModel& m,
 TEST_P(ModelProperties, AgreesWithFloat64Reference) {
   auto model = Load();
   const std::vector<int32_t> tokens =
-      Tokens(40, 11, model->config().vocab_size);
+      testing::RandomTokens(40, 11, model->config().vocab_size);
   const std::vector<float> got = RunInPieces(*model, tokens, {40});
   const std::vector<Vec> ref =
       ReferenceLogits(RefModel{&model->file(), &model->config()}, tokens);

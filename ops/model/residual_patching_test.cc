@@ -13,6 +13,7 @@
 #include "base/model_dir.h"
 #include "gtest/gtest.h"
 #include "ops/model/model.h"
+#include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
 
 namespace kvd::ops {
@@ -96,13 +97,6 @@ void CheckEveryLayer(const Model& m, const std::vector<int32_t>& a,
   }
 }
 
-std::vector<int32_t> Random(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = rng() % vocab;
-  return t;
-}
-
 TEST(ResidualPatching, TinyModelsEveryLayerKlZero) {
   for (const std::string family : {"llama", "qwen2", "gemma3"}) {
     for (const Precision precision : {Precision::kF32, Precision::kBf16}) {
@@ -118,8 +112,8 @@ TEST(ResidualPatching, TinyModelsEveryLayerKlZero) {
       opts.num_threads = 2;
       auto model = Model::Load(*path, opts);
       ASSERT_TRUE(model.ok()) << model.status();
-      CheckEveryLayer(**model, Random(40, 1, spec.vocab_size),
-                      Random(40, 2, spec.vocab_size));
+      CheckEveryLayer(**model, testing::RandomTokens(40, 1, spec.vocab_size),
+                      testing::RandomTokens(40, 2, spec.vocab_size));
     }
   }
 }
@@ -136,8 +130,10 @@ TEST(ResidualPatching, SmolLm2EveryLayerKlZero) {
     auto model = Model::Load(path, opts);
     ASSERT_TRUE(model.ok()) << model.status();
     // Two different 16-token sequences of random ids.
-    const std::vector<int32_t> a = Random(16, 3, (*model)->config().vocab_size);
-    const std::vector<int32_t> b = Random(16, 4, (*model)->config().vocab_size);
+    const std::vector<int32_t> a =
+        testing::RandomTokens(16, 3, (*model)->config().vocab_size);
+    const std::vector<int32_t> b =
+        testing::RandomTokens(16, 4, (*model)->config().vocab_size);
     CheckEveryLayer(**model, a, b);
   }
 }
