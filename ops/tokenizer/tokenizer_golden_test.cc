@@ -22,8 +22,6 @@
 namespace kvd::ops {
 namespace {
 
-std::string ModelDir() { return ModelCacheDir(); }
-
 std::string Hex(const std::string& bytes) {
   return absl::BytesToHexString(absl::string_view(bytes.data(), bytes.size()));
 }
@@ -36,7 +34,7 @@ struct ModelCase {
 class TokenizerGoldenTest : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
-    const std::string path = ModelDir() + "/" + GetParam().file;
+    const std::string path = CachedModelPath(GetParam().file);
     if (!std::ifstream(path).good())
       FAIL() << "(run tools/setup.sh --test) "
              << "model file not found: " << path;
@@ -139,7 +137,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Facts stated by the files' metadata and llama.cpp's end-of-generation rules.
 TEST(RealModelTokenizerTest, SmolLm2SpecialTokens) {
-  const std::string path = ModelDir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  const std::string path = CachedModelPath("SmolLM2-135M-Instruct.Q4_1.gguf");
   if (!std::ifstream(path).good())
     FAIL() << "(run tools/setup.sh --test) "
            << "model file not found: " << path;
@@ -159,7 +157,7 @@ TEST(RealModelTokenizerTest, SmolLm2SpecialTokens) {
 }
 
 TEST(RealModelTokenizerTest, Gemma3SpecialTokens) {
-  const std::string path = ModelDir() + "/gemma-3-270m-q4_k_m.gguf";
+  const std::string path = CachedModelPath("gemma-3-270m-q4_k_m.gguf");
   if (!std::ifstream(path).good())
     FAIL() << "(run tools/setup.sh --test) "
            << "model file not found: " << path;

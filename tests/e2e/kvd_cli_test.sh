@@ -51,10 +51,15 @@ g2="$(gen --temperature 0 --seed 2)"
 g3="$(gen --temperature 0 --threads 1)"
 [[ "$g1" == "$g3" ]] || fail "greedy depends on the thread count: '$g1' vs '$g3'"
 
-# A stop string ends the reply before it.
-s="$("$KVD" generate --quiet --temperature 0 --max-tokens 40 --stop "," \
-     --prompt "Apples, pears, plums" 2>&1)"
+# A stop string ends the reply right before it. First check (without --stop) that the greedy
+# continuation does contain the stop string, so the second check can fail.
+free="$("$KVD" generate --quiet --temperature 0 --max-tokens 24 \
+        --prompt "Apples, pears, plums, cherries" 2>&1)"
+[[ "$free" == *","* ]] || fail "greedy continuation has no ',' to stop at: '$free'"
+s="$("$KVD" generate --quiet --temperature 0 --max-tokens 24 --stop "," \
+     --prompt "Apples, pears, plums, cherries" 2>&1)"
 [[ "$s" != *","* ]] || fail "stop string ',' was emitted: '$s'"
+[[ "$free" == "$s"* ]] || fail "stopped text '$s' is not a prefix of the free text '$free'"
 
 if ((failures)); then
   echo "$failures failure(s)"

@@ -32,8 +32,6 @@ struct GoldenPrompt {
   std::vector<float> top2_gap;
 };
 
-std::string ModelDir() { return ModelCacheDir(); }
-
 std::vector<GoldenPrompt> ReadGolden(const std::string& path) {
   std::vector<GoldenPrompt> out;
   std::ifstream f(path);
@@ -78,7 +76,7 @@ TEST_P(EngineGolden, MatchesLlamaCppFp32Reference) {
   const std::vector<GoldenPrompt> prompts =
       ReadGolden(golden_dir + "/greedy.jsonl");
   ASSERT_GE(prompts.size(), 20u) << "missing goldens in " << golden_dir;
-  const std::string path = ModelDir() + "/" + c.file;
+  const std::string path = CachedModelPath(c.file);
   if (std::ifstream(path).fail()) {
     FAIL() << path << " is missing: run tools/setup.sh --test";
   }

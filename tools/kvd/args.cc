@@ -112,8 +112,6 @@ bool Args::Has(const std::string& name) const {
   return values_.count(name) > 0;
 }
 
-bool Args::On(const std::string& name) const { return Has(name); }
-
 absl::StatusOr<int64_t> Args::GetInt(const std::string& name) const {
   int64_t v;
   if (!absl::SimpleAtoi(Get(name), &v)) {

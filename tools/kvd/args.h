@@ -34,8 +34,8 @@ class Args {
 
   std::string Get(const std::string& name) const;
   std::vector<std::string> GetAll(const std::string& name) const;
-  bool Has(const std::string& name) const;  // given on the command line
-  bool On(const std::string& name) const;   // a switch that was given
+  bool Has(const std::string& name)
+      const;  // given on the command line (switches too)
   absl::StatusOr<int64_t> GetInt(const std::string& name) const;
   absl::StatusOr<double> GetDouble(const std::string& name) const;
   const std::vector<std::string>& positional() const { return positional_; }

@@ -21,7 +21,7 @@ TEST(Args, ParsesValuesSwitchesAndPositionals) {
           .ok());
   EXPECT_EQ(*a.GetInt("count"), 7);
   EXPECT_EQ(a.GetAll("stop"), (std::vector<std::string>{"x", "y"}));
-  EXPECT_TRUE(a.On("quiet"));
+  EXPECT_TRUE(a.Has("quiet"));
   EXPECT_EQ(a.positional(), std::vector<std::string>{"hello"});
 }
 

@@ -61,7 +61,7 @@ absl::Status Run(const Args& args) {
   } else {
     return absl::InvalidArgumentError("--precision must be fp32 or bf16");
   }
-  const bool quiet = args.On("quiet");
+  const bool quiet = args.Has("quiet");
   KVD_ASSIGN_OR_RETURN(std::string path, ResolveModel(args.Get("model")));
   KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));
 
@@ -81,7 +81,7 @@ absl::Status Run(const Args& args) {
   req.sampling.seed = static_cast<uint64_t>(seed);
   KVD_RETURN_IF_ERROR(req.sampling.Validate());
   for (const std::string& s : args.GetAll("stop")) req.stop.push_back(s);
-  req.ignore_eos = args.On("ignore-eos");
+  req.ignore_eos = args.Has("ignore-eos");
 
   const bool raw = args.Has("prompt");
   if (!raw && args.positional().empty()) {

@@ -18,14 +18,12 @@ bool Exists(const std::string& path) {
 
 }  // namespace
 
-std::string ModelDir() { return ModelCacheDir(); }
-
 absl::StatusOr<std::string> ResolveModel(const std::string& name_or_path) {
   std::string file;
   if (name_or_path == "smollm2") file = "SmolLM2-135M-Instruct.Q4_1.gguf";
   if (name_or_path == "gemma3") file = "gemma-3-270m-q4_k_m.gguf";
   if (!file.empty()) {
-    const std::string path = absl::StrCat(ModelDir(), "/", file);
+    const std::string path = CachedModelPath(file);
     if (Exists(path)) return path;
     return absl::NotFoundError(
         absl::StrCat("model '", name_or_path, "' is not cached at ", path,

@@ -9,10 +9,6 @@
 
 namespace kvd::cli {
 
-// The model cache directory: $KVD_MODEL_DIR, else
-// ${XDG_CACHE_HOME:-$HOME/.cache}/kvd/models.
-std::string ModelDir();
-
 // Resolves "smollm2", "gemma3" or a file path to an existing GGUF file;
 // NOT_FOUND says how to fetch the model.
 absl::StatusOr<std::string> ResolveModel(const std::string& name_or_path);

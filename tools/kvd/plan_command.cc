@@ -172,11 +172,11 @@ absl::Status Run(const Args& args) {
   request.read_bytes_per_s = bandwidth.first;
   request.rates = rates;
   request.budget_bytes_per_token = budget;
-  request.overlap_read_and_compute = !args.On("no-overlap");
+  request.overlap_read_and_compute = !args.Has("no-overlap");
   KVD_ASSIGN_OR_RETURN(ops::RebuildPlan plan, ops::PlanRebuild(request));
 
   std::vector<double> measured;
-  if (args.On("measure")) {
+  if (args.Has("measure")) {
     KVD_ASSIGN_OR_RETURN(measured,
                          MeasureRebuilds(*model, tokens, plan.estimates));
   }
