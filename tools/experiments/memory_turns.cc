@@ -19,11 +19,12 @@
 // must equal the reference's: a difference is printed and the run fails (exit
 // 2). plot_memory_turns.py turns the two CSVs into a table and a plot.
 //
-// Flags (--name=value): --model (default the cached SmolLM2-135M-Instruct;
-// the turn framing is ChatML, which SmolLM2 uses), --precision (bf16|fp32,
-// default bf16), --policy (kv|kv-direct), --budget (256; kv-direct's hot
-// window), --turns (20), --gen (40), --prompts (text source, default
-// tools/experiments/prompts/conversations.json), --threads (2), --csv,
+// Flags (--name=value or --name value; --help lists them): --model (default the
+// cached SmolLM2-135M-Instruct; the turn framing is ChatML, which SmolLM2
+// uses), --precision (bf16|fp32, default bf16), --policy (kv|kv-direct),
+// --budget (256; kv-direct's hot window), --turns (20), --gen (40), --prompts
+// (text source, default tools/experiments/prompts/conversations.json),
+// --threads (2), --csv,
 // --tokens_out, --reference.
 #include <unistd.h>
 
@@ -53,6 +54,7 @@
 #include "ops/kvdirect/residual_store.h"
 #include "ops/model/model.h"
 #include "ops/tokenizer/gguf_tokenizer.h"
+#include "tools/kvd/args.h"
 
 namespace kvd {
 namespace {
@@ -69,54 +71,43 @@ struct Flags {
   std::string csv, tokens_out, reference;
 };
 
-absl::Status ParseInt(const std::string& name, const std::string& value,
-                      int64_t* out) {
-  if (!absl::SimpleAtoi(value, out) || *out < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", name, " needs a non-negative integer, got '", value, "'"));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unexpected argument '", arg,
-          "'; flags are --name=value (see the header of memory_turns.cc)"));
-    }
-    const std::string name = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
-    int64_t threads = 0;
-    if (name == "model") {
-      f.model = value;
-    } else if (name == "precision") {
-      f.precision = value;
-    } else if (name == "policy") {
-      f.policy = value;
-    } else if (name == "budget") {
-      KVD_RETURN_IF_ERROR(ParseInt(name, value, &f.budget));
-    } else if (name == "turns") {
-      KVD_RETURN_IF_ERROR(ParseInt(name, value, &f.turns));
-    } else if (name == "gen") {
-      KVD_RETURN_IF_ERROR(ParseInt(name, value, &f.gen));
-    } else if (name == "threads") {
-      KVD_RETURN_IF_ERROR(ParseInt(name, value, &threads));
-      f.threads = static_cast<int>(threads);
-    } else if (name == "prompts") {
-      f.prompts = value;
-    } else if (name == "csv") {
-      f.csv = value;
-    } else if (name == "tokens_out") {
-      f.tokens_out = value;
-    } else if (name == "reference") {
-      f.reference = value;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown flag --", name, " (see the header of memory_turns.cc)"));
-    }
+  cli::Args a(
+      "memory_turns",
+      "Cache bytes per turn of a 20-turn conversation (see the header).");
+  a.Flag("model", f.model, "GGUF file (the turn framing is ChatML)");
+  a.Flag("precision", f.precision, "bf16 or fp32");
+  a.Flag("policy", f.policy, "kv or kv-direct");
+  a.Flag("budget", std::to_string(f.budget),
+         "kv-direct's hot window (positions)");
+  a.Flag("turns", std::to_string(f.turns), "conversation turns");
+  a.Flag("gen", std::to_string(f.gen), "greedy tokens per turn");
+  a.Flag("prompts", f.prompts, "JSON file with the user messages' text");
+  a.Flag("threads", std::to_string(f.threads), "worker threads");
+  a.Flag("csv", "", "write one row per turn here");
+  a.Flag("tokens_out", "", "write the greedy tokens here");
+  a.Flag("reference", "", "fail unless the greedy tokens equal this file's");
+  KVD_RETURN_IF_ERROR(a.Parse(std::vector<std::string>(argv + 1, argv + argc)));
+  if (a.help_requested()) {
+    std::fputs(a.Help().c_str(), stdout);
+    std::exit(0);
+  }
+  f.model = a.Get("model");
+  f.precision = a.Get("precision");
+  f.policy = a.Get("policy");
+  f.prompts = a.Get("prompts");
+  f.csv = a.Get("csv");
+  f.tokens_out = a.Get("tokens_out");
+  f.reference = a.Get("reference");
+  KVD_ASSIGN_OR_RETURN(f.budget, a.GetInt("budget"));
+  KVD_ASSIGN_OR_RETURN(f.turns, a.GetInt("turns"));
+  KVD_ASSIGN_OR_RETURN(f.gen, a.GetInt("gen"));
+  KVD_ASSIGN_OR_RETURN(int64_t threads, a.GetInt("threads"));
+  f.threads = static_cast<int>(threads);
+  if (f.budget < 0 || f.turns < 0 || f.gen < 0) {
+    return absl::InvalidArgumentError(
+        "--budget, --turns and --gen must be >= 0");
   }
   if (f.precision != "bf16" && f.precision != "fp32") {
     return absl::InvalidArgumentError("--precision must be fp32 or bf16");

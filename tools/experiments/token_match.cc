@@ -41,6 +41,7 @@
 #include "ops/kvdirect/experiment.h"
 #include "ops/model/model.h"
 #include "ops/tokenizer/gguf_tokenizer.h"
+#include "tools/kvd/args.h"
 
 namespace kvd {
 namespace {
@@ -74,43 +75,39 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
   // 3 prompts x 32 steps on both models fits ~10 minutes on 2 cores.
   f.options.steps = 32;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unexpected argument '", arg,
-          "'; flags are --name=value (see the header of token_match.cc)"));
-    }
-    const std::string name = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
-    if (name == "models") {
-      f.models = absl::StrSplit(value, ',');
-    } else if (name == "precision") {
-      f.precision = value;
-    } else if (name == "prompts") {
-      f.prompts = value;
-    } else if (name == "max_prompts") {
-      if (!absl::SimpleAtoi(value, &f.max_prompts))
-        return absl::InvalidArgumentError("--max_prompts needs an integer");
-    } else if (name == "steps") {
-      if (!absl::SimpleAtoi(value, &f.options.steps))
-        return absl::InvalidArgumentError("--steps needs an integer");
-    } else if (name == "threads") {
-      if (!absl::SimpleAtoi(value, &f.threads))
-        return absl::InvalidArgumentError("--threads needs an integer");
-    } else if (name == "budgets") {
-      KVD_ASSIGN_OR_RETURN(f.options.budgets, ParseInts(value));
-    } else if (name == "policies") {
-      f.options.policies = absl::StrSplit(value, ',');
-    } else if (name == "csv") {
-      f.csv = value;
-    } else if (name == "markdown") {
-      f.markdown = value;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown flag --", name, " (see the header of token_match.cc)"));
-    }
+  cli::Args a(
+      "token_match",
+      "Greedy token match and KL per policy and budget (see the header).");
+  a.Flag("models", absl::StrJoin(f.models, ","), "GGUF files, comma-separated");
+  a.Flag("precision", f.precision, "bf16 or fp32");
+  a.Flag("prompts", f.prompts, "JSON file with the multi-turn conversations");
+  a.Flag("max_prompts", std::to_string(f.max_prompts),
+         "use at most this many conversations");
+  a.Flag("steps", std::to_string(f.options.steps),
+         "teacher-forced decode steps compared");
+  a.Flag("threads", std::to_string(f.threads), "worker threads");
+  a.Flag("budgets", "64,128,256,512,1024", "K/V budgets B, comma-separated");
+  a.Flag("policies", absl::StrJoin(f.options.policies, ","),
+         "policies, comma-separated");
+  a.Flag("csv", "", "write the results as CSV here");
+  a.Flag("markdown", "", "write the results as a Markdown table here");
+  KVD_RETURN_IF_ERROR(a.Parse(std::vector<std::string>(argv + 1, argv + argc)));
+  if (a.help_requested()) {
+    std::fputs(a.Help().c_str(), stdout);
+    std::exit(0);
   }
+  f.models = absl::StrSplit(a.Get("models"), ',', absl::SkipEmpty());
+  f.precision = a.Get("precision");
+  f.prompts = a.Get("prompts");
+  f.csv = a.Get("csv");
+  f.markdown = a.Get("markdown");
+  f.options.policies =
+      absl::StrSplit(a.Get("policies"), ',', absl::SkipEmpty());
+  KVD_ASSIGN_OR_RETURN(f.max_prompts, a.GetInt("max_prompts"));
+  KVD_ASSIGN_OR_RETURN(f.options.steps, a.GetInt("steps"));
+  KVD_ASSIGN_OR_RETURN(int64_t threads, a.GetInt("threads"));
+  f.threads = static_cast<int>(threads);
+  KVD_ASSIGN_OR_RETURN(f.options.budgets, ParseInts(a.Get("budgets")));
   if (f.precision != "bf16" && f.precision != "fp32") {
     return absl::InvalidArgumentError("--precision must be fp32 or bf16");
   }

@@ -43,8 +43,8 @@ absl::Status Args::Parse(const std::vector<std::string>& argv) {
     auto it = specs_.find(name);
     if (it == specs_.end()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown flag --", name, " for 'kvd ", command_,
-                       "'; see 'kvd ", command_, " --help'"));
+          absl::StrCat("unknown flag --", name, " for '", command_, "'; see '",
+                       command_, " --help'"));
     }
     if (it->second.is_switch) {
       if (has_value) {
@@ -66,13 +66,13 @@ absl::Status Args::Parse(const std::vector<std::string>& argv) {
   if (!help_ && positional_.size() > positional_specs_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unexpected argument '", positional_[positional_specs_.size()],
-        "'; see 'kvd ", command_, " --help'"));
+        "'; see '", command_, " --help'"));
   }
   return absl::OkStatus();
 }
 
 std::string Args::Help() const {
-  std::string s = absl::StrCat("usage: kvd ", command_, " [flags]");
+  std::string s = absl::StrCat("usage: ", command_, " [flags]");
   for (const auto& [name, help] : positional_specs_)
     absl::StrAppend(&s, " [", name, "]");
   absl::StrAppend(&s, "\n\n", summary_, "\n");

@@ -16,6 +16,7 @@ namespace kvd::cli {
 
 class Args {
  public:
+  // `command` is how the user invokes it, e.g. "kvd generate".
   Args(std::string command, std::string summary)
       : command_(command), summary_(summary) {}
 

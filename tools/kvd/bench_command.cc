@@ -179,7 +179,7 @@ absl::Status Run(const Args& args) {
 }  // namespace
 
 int BenchCommand(const std::vector<std::string>& argv) {
-  Args args("bench",
+  Args args("kvd bench",
             "Measures prefill and decode throughput (tokens/s) and memory of "
             "the CPU engine on "
             "random token ids, in llama-bench's shapes (pp = prompt "

@@ -166,7 +166,7 @@ absl::Status Run(const Args& args) {
 }  // namespace
 
 int GenerateCommand(const std::vector<std::string>& argv) {
-  Args args("generate",
+  Args args("kvd generate",
             "Generates a reply to a chat message with a local GGUF model on "
             "the CPU, streaming "
             "it to stdout.\nExample: kvd generate \"What is the capital of "

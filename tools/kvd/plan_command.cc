@@ -235,7 +235,7 @@ absl::Status Run(const Args& args) {
 }  // namespace
 
 int PlanCommand(const std::vector<std::string>& argv) {
-  Args args("plan",
+  Args args("kvd plan",
             "Estimates, for a session of --tokens tokens on a storage tier, "
             "how long rebuilding its K/V takes under each checkpoint policy "
             "(kv, kv-direct, stride:k, tokens) from calibrated GEMM and "
