@@ -314,26 +314,6 @@ absl::StatusOr<ModelConfig> ModelConfigFromHf(const HfConfig& hf,
   c.d_ff = hf.intermediate_size;
   c.vocab_size = hf.vocab_size;
   c.context_length = hf.max_position_embeddings;
-  // The bounds the GGUF families apply (architecture.cc), so both paths
-  // accept the same shapes.
-  const struct {
-    const char* key;
-    int64_t value, max;
-  } bounds[] = {{"num_hidden_layers", c.n_layers, 1024},
-                {"hidden_size", c.d_model, 1 << 16},
-                {"intermediate_size", c.d_ff, 1 << 18},
-                {"num_attention_heads", c.n_heads, 1024},
-                {"num_key_value_heads", c.n_kv_heads, 1024},
-                {"head_dim", c.head_dim, 1024}};
-  for (const auto& b : bounds) {
-    if (b.value <= 0 || b.value > b.max) {
-      return invalid(absl::StrCat("implausible ", b.key, " ", b.value,
-                                  " (expected 1..", b.max, ")"));
-    }
-  }
-  if (c.head_dim % 2 != 0) {
-    return invalid(absl::StrCat("head_dim ", c.head_dim, " is odd"));
-  }
   c.rope_dim = c.head_dim;
   c.rms_eps = static_cast<float>(hf.rms_norm_eps);
   // HF rotates half-split pairs (rotate_half) for every family; only GGUF
@@ -392,6 +372,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromHf(const HfConfig& hf,
     }
     c.layers.push_back(lc);
   }
+  if (absl::Status v = c.Validate(); !v.ok()) return invalid(v.message());
   return c;
 }
 

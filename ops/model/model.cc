@@ -73,6 +73,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
   const std::string arch(m->file_->architecture());
   KVD_ASSIGN_OR_RETURN(const ArchitectureEntry* entry, FindArchitecture(arch));
   KVD_ASSIGN_OR_RETURN(m->config_, entry->read_config(*m->file_));
+  if (absl::Status s = m->config_.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", s.message(),
+                     "; the file's metadata is corrupt or unsupported"));
+  }
   m->precision_ = options.precision;
   m->pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
   KVD_ASSIGN_OR_RETURN(m->weights_,

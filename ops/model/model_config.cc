@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
+
 namespace kvd::ops {
 
 const char* PrecisionName(Precision p) {
@@ -12,6 +14,42 @@ float ModelConfig::attn_scale() const {
   return attention_scale != 0.0f
              ? attention_scale
              : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+absl::Status ModelConfig::Validate() const {
+  const struct {
+    const char* what;
+    int64_t value, max;
+  } bounds[] = {{"layer count", n_layers, 1024},
+                {"model width", d_model, 1 << 16},
+                {"MLP width", d_ff, 1 << 18},
+                {"head count", n_heads, 1024},
+                {"K/V head count", n_kv_heads, 1024},
+                {"head size", head_dim, 1024},
+                {"vocabulary size", vocab_size, 1 << 22},
+                {"context length", context_length, int64_t{1} << 30}};
+  for (const auto& b : bounds) {
+    if (b.value <= 0 || b.value > b.max) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "implausible ", b.what, " ", b.value, " (expected 1..", b.max, ")"));
+    }
+  }
+  if (n_heads % n_kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head count ", n_heads,
+                     " is not a multiple of the K/V head count ", n_kv_heads));
+  }
+  if (head_dim % 2 != 0 || rope_dim <= 0 || rope_dim > head_dim ||
+      rope_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported head size ", head_dim, " / RoPE size ",
+                     rope_dim, " (both even, RoPE <= head)"));
+  }
+  if (static_cast<int64_t>(layers.size()) != n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        layers.size(), " layer settings for ", n_layers, " layers"));
+  }
+  return absl::OkStatus();
 }
 
 int64_t ModelConfig::ParameterCount(bool tied_output) const {
