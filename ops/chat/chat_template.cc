@@ -180,6 +180,37 @@ absl::StatusOr<std::string> ChatTemplate::Render(
   return absl::InternalError("unhandled chat template kind");
 }
 
+absl::StatusOr<std::string> ChatTemplate::RenderFollowUp(
+    const ChatMessage& message, bool reply_closed) const {
+  // Index 1: CheckRole's rules for a message that is not the first.
+  if (absl::Status s = CheckRole(message, 1); !s.ok()) return s;
+  std::string out = reply_closed ? "" : stop_strings_.front();
+  switch (kind_) {
+    case Kind::kChatML:
+      absl::StrAppend(&out, "\n<|im_start|>", message.role, "\n",
+                      message.content, "<|im_end|>\n<|im_start|>assistant\n");
+      return out;
+    case Kind::kGemma:
+      if (message.role != "user") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gemma chat template: the turn after a model reply must be a user "
+            "message, not '",
+            message.role, "'"));
+      }
+      absl::StrAppend(&out, "\n<start_of_turn>user\n",
+                      JinjaTrim(message.content),
+                      "<end_of_turn>\n<start_of_turn>model\n");
+      return out;
+    case Kind::kLlama3:
+      absl::StrAppend(&out, "<|start_header_id|>", message.role,
+                      "<|end_header_id|>\n\n", JinjaTrim(message.content),
+                      "<|eot_id|><|start_header_id|>assistant<|end_header_id|>"
+                      "\n\n");
+      return out;
+  }
+  return absl::InternalError("unhandled chat template kind");
+}
+
 // SmolLM2's template (the default system prompt abbreviated):
 //   {% for message in messages %}
 //   {% if loop.first and messages[0]['role'] != 'system' %}

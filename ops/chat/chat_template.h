@@ -81,6 +81,17 @@ class ChatTemplate {
   absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages,
                                      bool add_generation_prompt) const;
 
+  // Continues a stored conversation whose text so far ends inside an
+  // assistant reply (Render(..., true) + the reply's tokens): closes the reply
+  // -- its end marker, unless the model already emitted it
+  // (`reply_closed`), and what the template writes after it -- then renders
+  // `message` as a later turn (no default system prompt) with the generation
+  // prompt. So Render(history + [reply, message], true) ==
+  // Render(history, true) + reply + RenderFollowUp(message, false).
+  // INVALID_ARGUMENT for a bad role (gemma: `message` must be a user turn).
+  absl::StatusOr<std::string> RenderFollowUp(const ChatMessage& message,
+                                             bool reply_closed) const;
+
  private:
   ChatTemplate(Kind kind, std::optional<std::string> default_system,
                std::vector<std::string> stop_strings)

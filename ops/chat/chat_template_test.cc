@@ -243,5 +243,33 @@ TEST(ChatTemplateRealModelTest, Gemma3FileHasNoTemplateAndGetsGemma) {
   EXPECT_EQ(t->name(), "gemma");
 }
 
+// A session continues by appending only the follow-up text to the stored
+// tokens; that must render the very conversation Render renders in one go.
+TEST(ChatTemplateTest, FollowUpContinuesTheFullRendering) {
+  const std::vector<ChatTemplate> templates = {
+      ChatTemplate::ChatML("You are helpful."), ChatTemplate::Gemma(),
+      ChatTemplate::Llama3()};
+  for (const ChatTemplate& t : templates) {
+    SCOPED_TRACE(std::string(t.name()));
+    const ChatMessage user1{"user", "Hi there"};
+    const std::string reply = "Hello! How can I help?";
+    const ChatMessage user2{"user", " What is 2+2? "};
+    const std::string full =
+        *t.Render({user1, {"assistant", reply}, user2}, true);
+    const std::string first = *t.Render({user1}, true);
+    // The model stopped before emitting its end marker (max_tokens)...
+    EXPECT_EQ(first + reply + *t.RenderFollowUp(user2, false), full);
+    // ...or emitted it (generation ended on the end-of-turn token).
+    EXPECT_EQ(first + reply + t.stop_strings().front() +
+                  *t.RenderFollowUp(user2, true),
+              full);
+  }
+}
+
+TEST(ChatTemplateTest, GemmaFollowUpMustBeAUserTurn) {
+  EXPECT_FALSE(
+      ChatTemplate::Gemma().RenderFollowUp({"assistant", "x"}, true).ok());
+}
+
 }  // namespace
 }  // namespace kvd::ops

@@ -18,7 +18,15 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 const char* FinishReasonName(FinishReason r) {
-  return r == FinishReason::kStop ? "stop" : "length";
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+  }
+  return "unknown";
 }
 
 absl::StatusOr<GenerateResult> Generate(
@@ -53,10 +61,16 @@ absl::StatusOr<GenerateResult> Generate(
   for (size_t at = 0; at < request.prompt.size(); at += chunk) {
     const size_t n = std::min<size_t>(chunk, request.prompt.size() - at);
     const bool last = at + n == request.prompt.size();
+    if (request.cancelled && request.cancelled()) {
+      result.finish_reason = FinishReason::kCancelled;
+      result.prefill_seconds = SecondsSince(prefill_start);
+      return result;
+    }
     ops::SequenceStep step{
         cache, absl::MakeConstSpan(request.prompt).subspan(at, n),
-        last ? ops::LogitsMode::kLast : ops::LogitsMode::kNone};
-    KVD_RETURN_IF_ERROR(model.Forward({&step, 1}, &out));
+        last ? ops::LogitsMode::kLast : ops::LogitsMode::kNone,
+        request.sequence_id, request.kv_source};
+    KVD_RETURN_IF_ERROR(model.Forward({&step, 1}, &out, request.observer));
   }
   result.prefill_seconds = SecondsSince(prefill_start);
 
@@ -72,6 +86,7 @@ absl::StatusOr<GenerateResult> Generate(
     if (on_text) on_text(s);
   };
   for (int64_t i = 0; i < request.max_tokens; ++i) {
+    if (request.on_logits) request.on_logits(out.Logits(0), vocab);
     const int32_t token = sampler.Sample(out.Logits(0), vocab, history);
     result.tokens.push_back(token);
     history.push_back(token);
@@ -86,11 +101,16 @@ absl::StatusOr<GenerateResult> Generate(
       break;
     }
     if (i + 1 == request.max_tokens || cache->length() + 1 >= context) break;
+    if (request.cancelled && request.cancelled()) {
+      result.finish_reason = FinishReason::kCancelled;
+      break;
+    }
     ops::SequenceStep step{cache, absl::MakeConstSpan(&result.tokens.back(), 1),
-                           ops::LogitsMode::kLast};
-    KVD_RETURN_IF_ERROR(model.Forward({&step, 1}, &out));
+                           ops::LogitsMode::kLast, request.sequence_id,
+                           request.kv_source};
+    KVD_RETURN_IF_ERROR(model.Forward({&step, 1}, &out, request.observer));
   }
-  if (result.finish_reason != FinishReason::kStop) emit(stop.Flush());
+  if (result.finish_reason == FinishReason::kLength) emit(stop.Flush());
   result.decode_seconds = SecondsSince(decode_start);
   return result;
 }

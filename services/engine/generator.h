@@ -39,9 +39,22 @@ struct GenerateRequest {
   bool ignore_eos = false;        // keep going past end-of-generation tokens
   int64_t prefill_chunk =
       256;  // prompt tokens per forward step (bounds scratch memory)
+
+  // KV-Direct (optional): where K/V older than the hot window come from, and
+  // who records each token's residuals; `sequence_id` names the sequence to
+  // both. Null: a plain cache.
+  const ops::KvSource* kv_source = nullptr;
+  ops::ResidualObserver* observer = nullptr;
+  int64_t sequence_id = 0;
+  // Called with every step's logits (vocab_size floats) before sampling, for
+  // callers that compare runs bit for bit or report logprobs.
+  std::function<void(const float* logits, int64_t vocab_size)> on_logits;
+  // Polled between forward steps; true stops generation with kCancelled
+  // (client disconnect, deadline).
+  std::function<bool()> cancelled;
 };
 
-enum class FinishReason { kStop, kLength };
+enum class FinishReason { kStop, kLength, kCancelled };
 const char* FinishReasonName(FinishReason r);
 
 struct GenerateResult {

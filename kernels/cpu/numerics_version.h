@@ -1,0 +1,22 @@
+// The version of kvd's numerics contract (DESIGN.md section 3): the exact
+// order of every floating-point reduction in the CPU kernels. Two builds with
+// the same version produce bit-identical K/V, residuals and logits from the
+// same weights; a stored checkpoint records it, and a build with another
+// version refuses to resume from it rather than continue with different bits.
+//
+// Bump it whenever a kernel change can alter any output bit (GEMM lane order,
+// attention chunking, exp/SiLU/GELU polynomials, RMSNorm or RoPE formulas).
+// The golden tests against llama.cpp and the engine's bit-identity tests are
+// the tripwire that tells you a change needs it.
+#ifndef KVD_KERNELS_CPU_NUMERICS_VERSION_H_
+#define KVD_KERNELS_CPU_NUMERICS_VERSION_H_
+
+#include <cstdint>
+
+namespace kvd::kernels::cpu {
+
+inline constexpr uint32_t kNumericsVersion = 1;
+
+}  // namespace kvd::kernels::cpu
+
+#endif  // KVD_KERNELS_CPU_NUMERICS_VERSION_H_
