@@ -39,15 +39,34 @@ absl::Status CheckStore(const ResidualStore& store, const Model& model,
   return absl::OkStatus();
 }
 
-// kv-direct: one projection per layer for the hot positions only.
+// First position of layer l a rebuilt cache keeps: the hot window's start,
+// or a local layer's window start if later (older rows are never read again;
+// a cache that keeps rows past windows gets them all).
+int64_t KeepBegin(const Model& model, const KvCache& cache, int64_t l,
+                  int64_t hot, int64_t length) {
+  if (!cache.trims_past_windows()) return hot;
+  return std::max(hot,
+                  WindowStart(model.config().layers[l].sliding_window, length));
+}
+
+// kv-direct: one projection per layer for the kept positions only.
 absl::Status RecomputeHot(const Model& model, const RebuildSpec& spec,
                           int64_t hot, int64_t length, KvCache* cache) {
   const ModelConfig& c = model.config();
   std::vector<float> h;
   std::vector<int64_t> positions;
   for (int64_t l = 0; l < c.n_layers; ++l) {
+    const int64_t first = KeepBegin(model, *cache, l, hot, length);
+    if (first < length &&
+        spec.checkpoint->first_kept(spec.sequence_id, l) > first) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rebuild: the checkpoint dropped layer ", l, "'s residuals below ",
+          spec.checkpoint->first_kept(spec.sequence_id, l),
+          " but the hot window starts at ", first));
+    }
+    cache->DropBelow(l, first);
     cache->ReserveLayer(l, length, KvCache::Growth::kWindow);
-    for (int64_t p = hot; p < length; p += spec.block) {
+    for (int64_t p = first; p < length; p += spec.block) {
       const int64_t n = std::min(spec.block, length - p);
       h.resize(n * c.d_model);
       positions.resize(n);
@@ -63,9 +82,14 @@ absl::Status RecomputeHot(const Model& model, const RebuildSpec& spec,
   return absl::OkStatus();
 }
 
-// stride:k: a partial prefill per segment from its checkpointed residuals.
-// Each segment needs all its layers' rows while it runs; they shrink to the
-// hot window before the next segment starts.
+// stride:k: a partial prefill per segment from its checkpointed residuals,
+// starting where the segment's windows reach back to (ResidualKeepBegin: 0
+// for a segment with a global layer). The first positions of an all-local
+// segment attend to rows below that start that were never written; those
+// outputs only feed rows below each later layer's own start, which are
+// dropped (and trimmed from `cold`) before anyone reads them. Each segment
+// needs all its layers' rows while it runs; they shrink to what is kept
+// before the next segment starts.
 absl::Status PrefillSegments(const Model& model, const RebuildSpec& spec,
                              int64_t hot, int64_t length, KvCache* cache,
                              ResidualStore* cold) {
@@ -73,7 +97,22 @@ absl::Status PrefillSegments(const Model& model, const RebuildSpec& spec,
   std::vector<float> h;
   for (int64_t s = 0; s < c.n_layers; s += spec.policy.stride) {
     const int64_t e = std::min(s + spec.policy.stride, c.n_layers);
-    for (int64_t p = 0; p < length; p += spec.block) {
+    const int64_t start = cache->trims_past_windows()
+                              ? ResidualKeepBegin(c, spec.policy, s, length)
+                              : 0;
+    if (spec.checkpoint->first_kept(spec.sequence_id, s) > start) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rebuild: the checkpoint dropped layer ", s, "'s residuals below ",
+          spec.checkpoint->first_kept(spec.sequence_id, s),
+          " but the rebuild needs them from ", start,
+          " (trimmed for another policy, or the cache keeps rows past "
+          "windows)"));
+    }
+    if (cold != nullptr) {
+      for (int64_t l = s; l < e; ++l)
+        cold->DropBelow(spec.sequence_id, l, start);
+    }
+    for (int64_t p = start; p < length; p += spec.block) {
       const int64_t n = std::min(spec.block, length - p);
       h.resize(n * c.d_model);
       KVD_RETURN_IF_ERROR(
@@ -81,12 +120,14 @@ absl::Status PrefillSegments(const Model& model, const RebuildSpec& spec,
       KVD_RETURN_IF_ERROR(model.ForwardLayers(cache, p, n, s, e, h.data(), cold,
                                               spec.sequence_id));
     }
-    for (int64_t l = s; l < e; ++l) cache->DropBelow(l, hot);
+    for (int64_t l = s; l < e; ++l)
+      cache->DropBelow(l, KeepBegin(model, *cache, l, hot, length));
   }
   return absl::OkStatus();
 }
 
-// tokens: a re-prefill.
+// tokens: a re-prefill (Forward drops local layers' rows past their windows
+// as it goes).
 absl::Status Prefill(const Model& model, const RebuildSpec& spec, int64_t hot,
                      int64_t length, KvCache* cache, ResidualStore* cold) {
   ForwardOutput out;
@@ -96,7 +137,8 @@ absl::Status Prefill(const Model& model, const RebuildSpec& spec, int64_t hot,
                             spec.sequence_id};
     KVD_RETURN_IF_ERROR(model.Forward({&step, 1}, &out, cold));
   }
-  cache->DropBelow(hot);
+  for (int64_t l = 0; l < model.config().n_layers; ++l)
+    cache->DropBelow(l, KeepBegin(model, *cache, l, hot, length));
   return absl::OkStatus();
 }
 
@@ -166,9 +208,10 @@ absl::Status RebuildKv(const Model& model, const RebuildSpec& spec,
 
   switch (spec.policy.kind) {
     case Kind::kKvDirect:
+      // Length first, so each layer can drop up to its window start.
       cache->Reset(hot);
-      KVD_RETURN_IF_ERROR(RecomputeHot(model, spec, hot, length, cache));
       cache->SetLength(length);
+      KVD_RETURN_IF_ERROR(RecomputeHot(model, spec, hot, length, cache));
       break;
     case Kind::kStride:
       cache->Reset(0);
@@ -183,7 +226,13 @@ absl::Status RebuildKv(const Model& model, const RebuildSpec& spec,
     case Kind::kKv:
       break;
   }
-  if (cold != nullptr) KVD_RETURN_IF_ERROR(cold->status());
+  if (cold != nullptr) {
+    KVD_RETURN_IF_ERROR(cold->status());
+    if (cache->trims_past_windows()) {
+      TrimToWindows(c, CheckpointPolicy{CheckpointPolicy::Kind::kKvDirect},
+                    spec.sequence_id, length, cold);
+    }
+  }
   return absl::OkStatus();
 }
 

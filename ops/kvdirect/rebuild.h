@@ -58,12 +58,15 @@ struct RebuildSpec {
 };
 
 // Empties `cache` and rebuilds it to length tokens.size(), each layer holding
-// the rows of the positions from max(0, length - budget) on. `cold_residuals`
-// (a store checkpointing every layer) receives every layer's residuals when
-// the policy is stride:k or tokens and some position is cold; otherwise it
-// may be null and is not touched. INVALID_ARGUMENT for policy kv, a bad
-// budget or block, or a missing/unsuitable store; FAILED_PRECONDITION if the
-// checkpoint lacks a layer or positions, or does not belong to this model.
+// the rows of the positions from max(0, length - budget) on, and a local
+// layer only from its WindowStart (unless the cache keeps rows past windows);
+// stride:k prefills an all-local segment only from ResidualKeepBegin, so a
+// checkpoint trimmed by TrimToWindows for the same policy suffices.
+// `cold_residuals` (a store checkpointing every layer) receives every layer's
+// residuals when the policy is stride:k or tokens and some position is cold;
+// otherwise it may be null and is not touched. INVALID_ARGUMENT for policy kv,
+// a bad budget or block, or a missing/unsuitable store; FAILED_PRECONDITION if
+// the checkpoint lacks a layer or positions, or does not belong to this model.
 absl::Status RebuildKv(const Model& model, const RebuildSpec& spec,
                        KvCache* cache, ResidualStore* cold_residuals);
 

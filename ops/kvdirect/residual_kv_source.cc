@@ -24,6 +24,17 @@ absl::Status ResidualKvSource::Check(int64_t n_layers,
           ") but the residual store does not checkpoint it (policy must be "
           "kv-direct)"));
     }
+    // Attention rebuilds cold rows only from the layer's window start on; a
+    // window that starts above the hot boundary needs none.
+    const int64_t from = WindowStart(store_->sliding_window(l), cache_length);
+    if (from < cold && store_->first_kept(sequence_id_, l) > from) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("kv-direct: sequence ", sequence_id_, " layer ", l,
+                       " needs residuals from position ", from,
+                       " but the store dropped them below ",
+                       store_->first_kept(sequence_id_, l),
+                       "; trim with TrimToWindows for the same policy only"));
+    }
   }
   if (HotBegin(0, cache_length) > store_->length(sequence_id_)) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -10,8 +10,10 @@
 //
 // Forward frees the cache rows below HotBegin before each step, so the cache
 // holds about B + one attention chunk rows per layer however long the session
-// runs. The budget must not grow later for the same cache (those rows are
-// gone; RebuildKv in rebuild.h brings them back).
+// runs. A local (sliding-window) layer reads residuals only from its window
+// start, so the store may be trimmed with TrimToWindows after each step. The
+// budget must not grow later for the same cache (those rows are gone; RebuildKv
+// in rebuild.h brings them back).
 //
 // Thread-safety: const methods may run concurrently (Model::Forward's
 // attention tasks) while nobody writes the store.
@@ -36,7 +38,8 @@ class ResidualKvSource : public KvSource {
 
   int64_t HotBegin(int64_t layer, int64_t cache_length) const override;
   // FAILED_PRECONDITION if the store has failed, lacks a layer, or holds
-  // fewer positions than the cold range needs.
+  // fewer positions than the cold range needs (from the layer's window start
+  // for a local layer).
   absl::Status Check(int64_t n_layers, int64_t cache_length) const override;
   void ReadResiduals(int64_t layer, int64_t first, int64_t n,
                      float* out) const override;

@@ -123,6 +123,7 @@ TEST_P(ResidualStoreTest, KvRebuiltFromStoredRowsEqualsTheCache) {
       c, model_->precision(),
       CheckpointLayers(*ParseCheckpointPolicy("kv-direct"), c.n_layers));
   KvCache ca = model_->NewCache(), cb = model_->NewCache();
+  ca.KeepRowsPastWindows();  // compared at every position below
   Run(&store, &ca, &cb);
   const size_t rb = ca.row_bytes();
   std::vector<float> h(50 * c.d_model);
@@ -201,9 +202,110 @@ TEST_P(ResidualStoreTest, ReportsGapsAndInexactRows) {
   }
 }
 
+TEST_P(ResidualStoreTest, DropBelowKeepsLaterRowsAtTheirPositions) {
+  const ModelConfig& c = model_->config();
+  ResidualStore store(c, model_->precision(), {0, 1});
+  Recorder rec(c.d_model);
+  Tee tee(&store, &rec);
+  KvCache ca = model_->NewCache(), cb = model_->NewCache();
+  Run(&tee, &ca, &cb);  // sequence 7: 50 positions
+  ASSERT_TRUE(store.status().ok());
+  const int64_t all = store.size_bytes();
+  store.DropBelow(7, 1, 20);
+  store.DropBelow(7, 3, 20);  // not checkpointed: nothing happens
+  EXPECT_EQ(store.first_kept(7, 0), 0);
+  EXPECT_EQ(store.first_kept(7, 1), 20);
+  EXPECT_EQ(store.length(7), 50);
+  EXPECT_EQ(store.size_bytes(), all - 20 * store.row_bytes());
+  EXPECT_EQ(store.RowBytes(7, 1, 19), nullptr);
+  std::vector<float> row(c.d_model);
+  EXPECT_EQ(store.ReadRows(7, 1, 19, 2, row.data()).code(),
+            absl::StatusCode::kNotFound);
+  // Rows past the cut still widen to what the forward pass saw, and dropping
+  // further (past the halfway mark, which compacts) keeps them.
+  for (int64_t cut : {int64_t{20}, int64_t{40}}) {
+    store.DropBelow(7, 1, cut);
+    for (int64_t p = cut; p < 50; ++p) {
+      ASSERT_TRUE(store.ReadRows(7, 1, p, 1, row.data()).ok());
+      EXPECT_EQ(
+          std::memcmp(row.data(), rec.seen.at({7, 1, p}).data(), c.d_model * 4),
+          0)
+          << "pos " << p;
+    }
+  }
+  // Appending goes on; re-running a dropped position is refused.
+  std::vector<float> next(c.d_model, 0.5f);
+  store.OnResidual(7, 1, 50, next.data());
+  EXPECT_TRUE(store.status().ok());
+  EXPECT_NE(store.RowBytes(7, 1, 50), nullptr);
+  store.OnResidual(7, 1, 39, next.data());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  // On an unknown sequence DropBelow sets where its rows start.
+  ResidualStore fresh(c, model_->precision(), {0});
+  fresh.DropBelow(3, 0, 64);
+  EXPECT_EQ(fresh.first_kept(3, 0), 64);
+  fresh.OnResidual(3, 0, 64, next.data());
+  EXPECT_TRUE(fresh.status().ok());
+  EXPECT_EQ(fresh.length(3), 65);
+  EXPECT_EQ(fresh.size_bytes(), fresh.row_bytes());
+  // Truncating below the kept range empties the layer at that position.
+  fresh.Truncate(3, 10);
+  EXPECT_EQ(fresh.length(3), 10);
+  EXPECT_EQ(fresh.size_bytes(), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, ResidualStoreTest,
                          ::testing::ValuesIn(testing::AllFamilyCases()),
                          testing::FamilyCaseName);
+
+// Gemma 3's pattern shrunk: layers 0-4 see 8 positions, layer 5 is global.
+// The expected positions are worked out by hand from the rule "a query at
+// position >= t reads keys from the chunk holding t - 7" (chunks of 32).
+ModelConfig WindowedConfig() {
+  ModelConfig c;
+  c.n_layers = 6;
+  c.layers.assign(6, LayerConfig{});
+  for (int l = 0; l < 5; ++l) c.layers[l].sliding_window = 8;
+  return c;
+}
+
+TEST(ResidualKeepBegin, FollowsEachPolicysReach) {
+  const ModelConfig c = WindowedConfig();
+  auto keep = [&](const char* policy, int64_t layer, int64_t length) {
+    return ResidualKeepBegin(c, *ParseCheckpointPolicy(policy), layer, length);
+  };
+  // kv-direct: 200 - 7 = 193 lies in chunk [192, 224).
+  EXPECT_EQ(keep("kv-direct", 0, 200), 192);
+  EXPECT_EQ(keep("kv-direct", 4, 200), 192);
+  EXPECT_EQ(keep("kv-direct", 5, 200), 0);
+  EXPECT_EQ(keep("kv-direct", 0, 199), 192);  // 199 - 7 = 192
+  EXPECT_EQ(keep("kv-direct", 0, 198), 160);  // 191 is in chunk [160, 192)
+  EXPECT_EQ(keep("kv-direct", 0, 30), 0);
+  // stride:2, segment [0, 2): layer 1 needs 192 on, so layer 0's outputs
+  // from 192 need its keys from 185 -> chunk 160. Segment [4, 6) is global.
+  EXPECT_EQ(keep("stride:2", 0, 200), 160);
+  EXPECT_EQ(keep("stride:2", 2, 200), 160);
+  EXPECT_EQ(keep("stride:2", 4, 200), 0);
+  EXPECT_EQ(keep("stride:2", 1, 200), 0);  // not a checkpoint
+  // stride:3, segment [0, 3): 192 -> 160 -> 153 -> 128.
+  EXPECT_EQ(keep("stride:3", 0, 200), 128);
+  EXPECT_EQ(keep("stride:3", 3, 200), 0);
+  EXPECT_EQ(keep("tokens", 0, 200), 0);
+  EXPECT_EQ(keep("kv", 0, 200), 0);
+}
+
+TEST(ResidualKeepBegin, TrimToWindowsDropsExactlyThat) {
+  ModelConfig c = WindowedConfig();
+  c.d_model = 4;
+  ResidualStore store(c, Precision::kF32, {0, 1, 2, 3, 4, 5});
+  std::vector<float> row(4, 1.0f);
+  for (int64_t p = 0; p < 200; ++p)
+    for (int64_t l = 0; l < 6; ++l) store.OnResidual(1, l, p, row.data());
+  TrimToWindows(c, *ParseCheckpointPolicy("kv-direct"), 1, 200, &store);
+  for (int64_t l = 0; l < 5; ++l) EXPECT_EQ(store.first_kept(1, l), 192);
+  EXPECT_EQ(store.first_kept(1, 5), 0);
+  EXPECT_EQ(store.size_bytes(), (5 * 8 + 200) * 16);
+}
 
 }  // namespace
 }  // namespace kvd::ops

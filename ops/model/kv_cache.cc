@@ -1,6 +1,7 @@
 #include "ops/model/kv_cache.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/cpu/elementwise.h"
@@ -9,6 +10,24 @@ namespace kvd::ops {
 
 using kernels::cpu::kAttentionChunk;
 using kernels::cpu::WeightType;
+
+namespace {
+
+// Position 0's row address, computed as an integer: when rows were dropped it
+// lies before the allocation, and only kept rows are ever read through it.
+const void* RowZero(const std::vector<uint8_t>& store, int64_t begin,
+                    size_t row_bytes) {
+  return reinterpret_cast<const void*>(
+      reinterpret_cast<uintptr_t>(store.data()) - begin * row_bytes);
+}
+
+}  // namespace
+
+int64_t WindowStart(int64_t sliding_window, int64_t length) {
+  if (sliding_window <= 0) return 0;
+  const int64_t first = std::max<int64_t>(0, length - sliding_window + 1);
+  return first / kAttentionChunk * kAttentionChunk;
+}
 
 KvCache::KvCache(const ModelConfig& config, Precision precision)
     : precision_(precision),
@@ -113,11 +132,13 @@ void KvCache::ReserveLayer(int64_t layer, int64_t length, Growth growth) {
 }
 
 kernels::cpu::KvRows KvCache::Keys(int64_t layer) const {
-  return {type(), KeyBytes(layer, layers_[layer].first_kept), row_size_};
+  const LayerRows& l = layers_[layer];
+  return {type(), RowZero(l.keys, l.begin, row_bytes()), row_size_};
 }
 
 kernels::cpu::KvRows KvCache::Values(int64_t layer) const {
-  return {type(), ValueBytes(layer, layers_[layer].first_kept), row_size_};
+  const LayerRows& l = layers_[layer];
+  return {type(), RowZero(l.values, l.begin, row_bytes()), row_size_};
 }
 
 void KvCache::Write(std::vector<uint8_t>& store, int64_t index,

@@ -9,6 +9,12 @@
 // attention chunk is always one block of rows; dropped prefixes are reclaimed
 // by moving the kept rows to the front when room runs out.
 //
+// Sliding-window (local) layers never read keys older than their window, so
+// by default Model::Forward also drops a local layer's rows below
+// WindowStart(window, length) before each step, plain cache or not: Gemma 3's
+// local layers then hold about window + one chunk rows. KeepRowsPastWindows()
+// turns that off for tests that compare rows at every position.
+//
 // Rows are appended by Model::Forward; Truncate() rolls back (e.g. to drop an
 // unfinished turn). Thread-safety: a cache belongs to one sequence and is used
 // by one forward pass at a time.
@@ -26,6 +32,12 @@
 #include "ops/model/model_config.h"
 
 namespace kvd::ops {
+
+// First position whose K/V a query at position `length` or later can read on
+// a layer with `sliding_window` (0: global, every position), rounded down to
+// an attention chunk: canonical attention scores whole chunks, so the rows of
+// the chunk holding the window's first key must stay addressable.
+int64_t WindowStart(int64_t sliding_window, int64_t length);
 
 class KvCache {
  public:
@@ -49,6 +61,12 @@ class KvCache {
   void DropBelow(int64_t layer, int64_t position);
   void DropBelow(int64_t position);
 
+  // Whether Model::Forward drops local layers' rows below their window
+  // (default true). Off keeps every row a KvSource does not drop: for tests
+  // and experiments that read old rows back.
+  bool trims_past_windows() const { return trims_past_windows_; }
+  void KeepRowsPastWindows() { trims_past_windows_ = false; }
+
   void Truncate(int64_t length);
   // Empties the cache and sets its length to `length` with every position
   // below it dropped: where a rebuild starts writing its hot window.
@@ -64,7 +82,10 @@ class KvCache {
   void Reserve(int64_t length);
   void ReserveLayer(int64_t layer, int64_t length, Growth growth);
 
-  // Kept rows of `layer`: row r is position first_kept(layer) + r.
+  // Rows of `layer` indexed by absolute position (row p is position p), the
+  // layout AttendCausalBlock reads; only rows in [first_kept(layer), length())
+  // may be read. With dropped rows, `data` points before the allocation and is
+  // valid only offset into the kept range.
   kernels::cpu::KvRows Keys(int64_t layer) const;
   kernels::cpu::KvRows Values(int64_t layer) const;
   // Writes fp32 `row` (row_size values) at `position` (>= first_kept, room
@@ -99,6 +120,7 @@ class KvCache {
   int64_t row_size_;
   size_t elem_bytes_;
   int64_t length_ = 0;
+  bool trims_past_windows_ = true;
   std::vector<LayerRows> layers_;
 };
 

@@ -191,13 +191,14 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
 absl::Status Model::CheckKeptRows(const SequenceStep& step) const {
   const KvCache& cache = *step.cache;
   for (int64_t l = 0; l < config_.n_layers; ++l) {
-    // Without a KvSource attention reads every row; with one, rows from
-    // HotBegin on.
-    const int64_t needed =
-        step.kv_source == nullptr
-            ? 0
-            : std::min(step.kv_source->HotBegin(l, cache.length()),
-                       cache.length());
+    // Without a KvSource attention reads every row its window reaches; with
+    // one, rows from HotBegin on. A local layer never reads below its window.
+    int64_t needed = step.kv_source == nullptr
+                         ? 0
+                         : std::min(step.kv_source->HotBegin(l, cache.length()),
+                                    cache.length());
+    needed = std::max(
+        needed, WindowStart(config_.layers[l].sliding_window, cache.length()));
     if (cache.first_kept(l) > needed) {
       return absl::FailedPreconditionError(absl::StrCat(
           "sequence ", step.sequence_id, ": layer ", l,
@@ -214,20 +215,26 @@ absl::Status Model::CheckKeptRows(const SequenceStep& step) const {
 
 void Model::PrepareCache(const SequenceStep& step) const {
   KvCache& cache = *step.cache;
-  const int64_t end = cache.length() + step.tokens.size();
-  if (step.kv_source == nullptr) {
-    cache.Reserve(end);
-    return;
-  }
-  // The hot window becomes real: rows below HotBegin are never read, so they
-  // are freed, and a layer whose next step will drop rows again grows only to
-  // its window instead of doubling.
+  const int64_t length = cache.length();
+  const int64_t end = length + step.tokens.size();
+  // Rows below the KvSource's hot window, and a local layer's rows below its
+  // window, are never read again, so they are freed; a layer whose next step
+  // will drop rows again grows only to what it keeps instead of doubling.
   for (int64_t l = 0; l < config_.n_layers; ++l) {
-    cache.DropBelow(l, step.kv_source->HotBegin(l, cache.length()));
-    cache.ReserveLayer(l, end,
-                       step.kv_source->HotBegin(l, end) > 0
-                           ? KvCache::Growth::kWindow
-                           : KvCache::Growth::kGeometric);
+    int64_t keep = 0, keep_next = 0;
+    if (step.kv_source != nullptr) {
+      keep = step.kv_source->HotBegin(l, length);
+      keep_next = step.kv_source->HotBegin(l, end);
+    }
+    if (cache.trims_past_windows()) {
+      const int64_t window = config_.layers[l].sliding_window;
+      keep = std::max(keep, WindowStart(window, length));
+      keep_next = std::max(keep_next, WindowStart(window, end));
+    }
+    if (keep > 0 || step.kv_source != nullptr) cache.DropBelow(l, keep);
+    cache.ReserveLayer(
+        l, end,
+        keep_next > 0 ? KvCache::Growth::kWindow : KvCache::Growth::kGeometric);
   }
 }
 
@@ -395,10 +402,15 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
     int64_t row, n, g;
   };
   std::vector<Task> tasks;
+  bool any_source = false;
   for (int64_t r = 0; r < m;) {
     int64_t e = r + 1;
     while (e < m && row_seq[e] == row_seq[r]) ++e;
-    for (int64_t g = 0; g < c.n_kv_heads; ++g)
+    // Sequences with a KvSource attend together below: their cold rows are
+    // recomputed once for all heads and sequences.
+    const bool source = batch[row_seq[r]].kv_source != nullptr;
+    any_source |= source;
+    for (int64_t g = 0; g < c.n_kv_heads && !source; ++g)
       for (int64_t b = r; b < e; b += kQueryBlock)
         tasks.push_back({b, std::min(kQueryBlock, e - b), g});
     r = e;
@@ -410,12 +422,6 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
     for (int64_t t = begin; t < end; ++t) {
       const Task& task = tasks[t];
       const SequenceStep& step = batch[row_seq[task.row]];
-      if (step.kv_source != nullptr) {
-        const int64_t offset = task.row * qd + task.g * group * hd;
-        AttendWithSource(l, step, task.g, q.data() + offset, qd, task.n,
-                         row_pos[task.row], attn.data() + offset, qd);
-        continue;
-      }
       if (step.key_selection != nullptr) {
         const int64_t offset = task.row * qd + task.g * group * hd;
         AttendSelected(l, step, task.g, q.data() + offset, qd, task.n,
@@ -432,7 +438,10 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
                              attn.data() + offset, qd);
     }
   };
-  pool->ParallelFor(tasks.size(), attend);
+  if (!tasks.empty()) pool->ParallelFor(tasks.size(), attend);
+  if (any_source) {
+    AttendFromSources(l, batch, row_seq, row_pos, q.data(), attn.data(), ws);
+  }
 
   cpu::Gemm(attn.data(), m, qd, w.wo.view(), o.data(), d, pool);
   ForRows(pool, m, [&](int64_t r) {

@@ -43,8 +43,10 @@ enum class LogitsMode { kNone, kLast, kAll };
 // KV-Direct bounded-memory attention: where a sequence's K/V older than its
 // hot window come from. Attention reads cache rows only at positions >=
 // HotBegin; a canonical chunk that reaches below it is rebuilt whole into a
-// one-chunk scratch buffer, older rows from these residuals (RecomputeKv), so
-// the chunk folds into the online softmax exactly as the cached one would.
+// bounded scratch buffer (each layer's cold rows are recomputed once per step
+// for all heads, in rounds of at most kRecomputeRows rows shared by the
+// batch's sequences), older rows from these residuals, so the chunk folds
+// into the online softmax exactly as the cached one would.
 // Forward frees the cache rows below HotBegin before the step (the hot window
 // is real memory), so HotBegin must not move backwards for a cache.
 // Called concurrently from attention tasks: the const methods must be safe to
@@ -209,7 +211,18 @@ class Model {
     const std::vector<int64_t>* row_pos = nullptr;
     kernels::cpu::ThreadPool* pool = nullptr;
     const std::vector<float>& RopeTable(float base);
+    // KV-Direct recompute rounds (kv_recompute.cc): residual rows, their
+    // positions, the projection's buffers and the rows in the cache's dtype.
+    // At most kRecomputeRows rows each, whatever the context length.
+    struct Recompute {
+      std::vector<float> h, angles, x, k, v;
+      std::vector<int64_t> positions;
+      std::vector<uint8_t> k_rows, v_rows;
+    } recompute;
   };
+  // Rows recomputed per KV-Direct round, across the batch's sequences: large
+  // enough for efficient GEMMs, small enough to bound the scratch.
+  static constexpr int64_t kRecomputeRows = 1024;
   // The K/V half of layer l's attention input, shared by Forward and
   // RecomputeKv so the two cannot drift apart: x = RMSNorm_l(h),
   // k = RoPE(k_norm(x W_k + b_k)), v = x W_v + b_v, all fp32, m rows.
@@ -217,12 +230,21 @@ class Model {
   void KvProjection(int64_t l, const float* h, int64_t m, const float* angles,
                     float* x, float* k, float* v,
                     kernels::cpu::ThreadPool* pool) const;
-  // Attention of one (sequence, K/V head g, query block) task whose sequence
-  // has a KvSource; same bits as AttendCausalBlock over a full cache
-  // (kv_recompute.cc).
-  void AttendWithSource(int64_t l, const SequenceStep& step, int64_t g,
-                        const float* q, int64_t q_stride, int64_t nq,
-                        int64_t pos0, float* out, int64_t out_stride) const;
+  // RecomputeKv's body on caller-owned scratch: K/V rows of `n` residual rows
+  // in the cache's dtype, at *k_rows / *v_rows (pointing into `s`).
+  void RecomputeRows(int64_t layer, const float* residuals,
+                     const int64_t* positions, int64_t n,
+                     Workspace::Recompute& s, const uint8_t** k_rows,
+                     const uint8_t** v_rows,
+                     kernels::cpu::ThreadPool* pool) const;
+  // Attention of every query row whose sequence has a KvSource; same bits as
+  // AttendCausalBlock over a full cache (kv_recompute.cc). Each cold row of
+  // layer l is recomputed once per step for all K/V heads, in rounds of up
+  // to kRecomputeRows rows across those sequences; uses pool() itself.
+  void AttendFromSources(int64_t l, absl::Span<const SequenceStep> batch,
+                         const std::vector<int64_t>& row_seq,
+                         const std::vector<int64_t>& row_pos, const float* q,
+                         float* attn, Workspace& ws) const;
   // Attention of one task whose sequence has a KeySelection: only the kept
   // positions (kv_recompute.cc).
   void AttendSelected(int64_t l, const SequenceStep& step, int64_t g,

@@ -1,10 +1,10 @@
 // Single-sequence generation: chunked prefill, then sample/decode until a stop
 // condition.
 //
-// This is the loop `kvd generate` runs and the unit the scheduler (next issues)
-// will batch. Text is streamed through `on_text` as soon as it is safe to show:
-// never half a UTF-8 character, never a prefix of a stop string that may still
-// complete.
+// This is the loop `kvd generate` runs: a batch of one Sequence
+// (sequence.h), the state machine the Scheduler batches. Text is streamed
+// through `on_text` as soon as it is safe to show: never half a UTF-8
+// character, never a prefix of a stop string that may still complete.
 //
 //   GenerateRequest req;
 //   req.prompt = tokenizer.Encode(text, /*add_special=*/true,

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -63,7 +64,10 @@ absl::Status Args::Parse(const std::vector<std::string>& argv) {
     }
     values_[name].push_back(value);
   }
-  if (!help_ && positional_.size() > positional_specs_.size()) {
+  // A last positional named "NAME..." takes any number of arguments.
+  const bool variadic = !positional_specs_.empty() &&
+                        absl::EndsWith(positional_specs_.back().first, "...");
+  if (!help_ && !variadic && positional_.size() > positional_specs_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unexpected argument '", positional_[positional_specs_.size()],
         "'; see '", command_, " --help'"));

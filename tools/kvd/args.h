@@ -25,6 +25,7 @@ class Args {
   void Flag(const std::string& name, const std::string& default_value,
             const std::string& help);
   void Switch(const std::string& name, const std::string& help);
+  // A last positional whose name ends in "..." takes any number of values.
   void Positional(const std::string& name, const std::string& help);
 
   // Parses argv (without the program and subcommand names).

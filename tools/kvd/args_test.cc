@@ -50,5 +50,12 @@ TEST(Args, ClearErrors) {
   EXPECT_FALSE(e.Parse({"--quiet=1"}).ok());
 }
 
+TEST(Args, VariadicLastPositional) {
+  Args a("kvd test", "test");
+  a.Positional("MESSAGE...", "messages");
+  ASSERT_TRUE(a.Parse({"one", "two", "three"}).ok());
+  EXPECT_EQ(a.positional().size(), 3u);
+}
+
 }  // namespace
 }  // namespace kvd::cli

@@ -11,6 +11,8 @@ namespace kvd::cli {
 int GenerateCommand(const std::vector<std::string>& args);
 int BenchCommand(const std::vector<std::string>& args);
 int PlanCommand(const std::vector<std::string>& args);
+int ChatCommand(const std::vector<std::string>& args);
+int SessionsCommand(const std::vector<std::string>& args);
 
 }  // namespace kvd::cli
 

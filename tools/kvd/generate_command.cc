@@ -15,6 +15,7 @@
 #include "tools/kvd/commands.h"
 #include "tools/kvd/model_source.h"
 #include "tools/kvd/progress.h"
+#include "tools/kvd/sampling_flags.h"
 
 namespace kvd::cli {
 namespace {
@@ -28,21 +29,12 @@ void DeclareFlags(Args& a) {
   a.Flag("prompt", "",
          "raw prompt text instead of a chat message (no chat template)");
   a.Flag("system", "", "system message for the chat template");
-  a.Flag("max-tokens", "256", "maximum number of new tokens");
-  a.Flag("temperature", "0.7", "sampling temperature; 0 = greedy");
-  a.Flag("top-k", "40", "keep the k most likely tokens; 0 = off");
-  a.Flag("top-p", "0.95", "nucleus sampling mass; 1 = off");
-  a.Flag("min-p", "0.05",
-         "drop tokens below min-p x the top probability; 0 = off");
-  a.Flag("repeat-penalty", "1.0", "penalty for recently seen tokens; 1 = off");
-  a.Flag("seed", "42", "random seed: the same seed gives the same text");
-  a.Flag("stop", "", "stop string (repeat the flag for several)");
   a.Flag("precision", "bf16",
          "fp32 (reference) or bf16 (half the memory traffic)");
   a.Flag("threads", "0", "worker threads; 0 = all cores");
   a.Flag("isa", "",
          "force a kernel ISA: scalar, avx2, avx512 (default: best available)");
-  a.Switch("ignore-eos", "keep generating past end-of-turn tokens");
+  DeclareSamplingFlags(a);
   a.Switch("quiet",
            "print only the generated text (no progress bar or speed summary)");
 }
@@ -65,23 +57,7 @@ absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(std::string path, ResolveModel(args.Get("model")));
   KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));
 
-  engine::GenerateRequest req;
-  KVD_ASSIGN_OR_RETURN(req.max_tokens, args.GetInt("max-tokens"));
-  KVD_ASSIGN_OR_RETURN(double temperature, args.GetDouble("temperature"));
-  KVD_ASSIGN_OR_RETURN(int64_t top_k, args.GetInt("top-k"));
-  KVD_ASSIGN_OR_RETURN(double top_p, args.GetDouble("top-p"));
-  KVD_ASSIGN_OR_RETURN(double min_p, args.GetDouble("min-p"));
-  KVD_ASSIGN_OR_RETURN(double repeat, args.GetDouble("repeat-penalty"));
-  KVD_ASSIGN_OR_RETURN(int64_t seed, args.GetInt("seed"));
-  req.sampling.temperature = static_cast<float>(temperature);
-  req.sampling.top_k = static_cast<int32_t>(top_k);
-  req.sampling.top_p = static_cast<float>(top_p);
-  req.sampling.min_p = static_cast<float>(min_p);
-  req.sampling.repetition_penalty = static_cast<float>(repeat);
-  req.sampling.seed = static_cast<uint64_t>(seed);
-  KVD_RETURN_IF_ERROR(req.sampling.Validate());
-  for (const std::string& s : args.GetAll("stop")) req.stop.push_back(s);
-  req.ignore_eos = args.Has("ignore-eos");
+  KVD_ASSIGN_OR_RETURN(engine::GenerateRequest req, SamplingFromFlags(args));
 
   const bool raw = args.Has("prompt");
   if (!raw && args.positional().empty()) {

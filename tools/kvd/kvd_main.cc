@@ -13,6 +13,9 @@ constexpr char kUsage[] =
     "usage: kvd <command> [flags]\n"
     "\n"
     "commands:\n"
+    "  chat       chat in a durable session: every turn is committed to disk\n"
+    "             and the conversation resumes bit-identically later\n"
+    "  sessions   list, show, delete, export and import stored sessions\n"
     "  generate   generate text (a chat reply by default) with a local model\n"
     "  bench      measure prefill/decode speed and memory of the CPU engine\n"
     "  plan       estimate (and measure) K/V rebuild time per checkpoint "
@@ -33,6 +36,8 @@ int main(int argc, char** argv) {
   if (command == "generate") return kvd::cli::GenerateCommand(args);
   if (command == "bench") return kvd::cli::BenchCommand(args);
   if (command == "plan") return kvd::cli::PlanCommand(args);
+  if (command == "chat") return kvd::cli::ChatCommand(args);
+  if (command == "sessions") return kvd::cli::SessionsCommand(args);
   std::fprintf(stderr, "kvd: unknown command '%s'\n\n%s", command.c_str(),
                kUsage);
   return 2;

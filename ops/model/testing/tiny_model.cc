@@ -53,12 +53,30 @@ absl::StatusOr<std::string> WriteTinyModel(const TinyModelSpec& s,
   }
   if (a == "gemma3")
     w.AddUint32(a + ".attention.sliding_window", s.sliding_window);
+  // A byte-level BPE vocabulary without merges: ids 0-255 are GPT-2's
+  // byte-to-unicode characters (so any text encodes, one token per byte),
+  // the rest are placeholders.
   std::vector<std::string> tokens;
-  for (int64_t i = 0; i < s.vocab_size; ++i)
+  int next_extra = 0;
+  for (int b = 0; b < 256 && b < s.vocab_size; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) ||
+                           (b >= 0xAE && b <= 0xFF);
+    const uint32_t cp = printable ? b : 256 + next_extra++;
+    std::string utf8;
+    if (cp < 0x80) {
+      utf8.push_back(static_cast<char>(cp));
+    } else {
+      utf8.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      utf8.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    tokens.push_back(utf8);
+  }
+  for (int64_t i = tokens.size(); i < s.vocab_size; ++i)
     tokens.push_back(absl::StrCat("<t", i, ">"));
   w.AddString("tokenizer.ggml.model", "gpt2");
   w.AddStringArray("tokenizer.ggml.tokens",
                    absl::Span<const std::string>(tokens));
+  w.AddStringArray("tokenizer.ggml.merges", absl::Span<const std::string>());
 
   Filler f(s.seed);
   const int64_t d = s.d_model, qd = s.n_heads * s.head_dim,

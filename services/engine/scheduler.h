@@ -1,0 +1,125 @@
+// Continuous batching: one thread owns the model's forward loop and runs every
+// in-flight sequence in the same Forward batch.
+//
+// Each iteration builds one batch from the running sequences: every decoding
+// sequence contributes its one new token, and prefilling sequences contribute
+// prompt chunks under a per-iteration token budget (oldest first), so long
+// prompts are interleaved with other sequences' decode steps instead of
+// stalling them. Sequences leave the batch when they finish or are cancelled,
+// and waiting ones (FIFO) take their places. Because the kernels are
+// batch-invariant (DESIGN.md section 3), a sequence's tokens and logits are
+// bit-identical to running it alone with Generate.
+//
+// Admission control: at most `max_running` sequences are in the batch and
+// at most `max_waiting` wait for a place; Run returns RESOURCE_EXHAUSTED at
+// once beyond that (the front ends map it to HTTP 429 / gRPC
+// RESOURCE_EXHAUSTED). `Saturated()` lets a caller refuse before doing any
+// work of its own (e.g. restoring a session).
+//
+//   Scheduler scheduler(model, {.max_running = 16});
+//   KvCache cache = model.NewCache();
+//   KVD_ASSIGN_OR_RETURN(GenerateResult r,
+//                        scheduler.Run(tokenizer, request, &cache, on_text));
+//
+// Threads: Run blocks its caller until the sequence finishes; `on_text` is
+// called on the caller's thread (a slow client never stalls the batch), while
+// the request's `on_logits` and `cancelled` are called on the scheduler thread
+// and must be quick. Any other use of the model's thread pool (restoring a
+// session) must hold model_mutex(), which the scheduler holds while Forward
+// runs. All methods are thread-safe.
+#ifndef KVD_SERVICES_ENGINE_SCHEDULER_H_
+#define KVD_SERVICES_ENGINE_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "ops/model/model.h"
+#include "ops/tokenizer/tokenizer.h"
+#include "services/engine/generator.h"
+
+namespace kvd::engine {
+
+struct SchedulerOptions {
+  // Sequences in the Forward batch at once (>= 1). More raise aggregate
+  // throughput and every sequence's latency.
+  int64_t max_running = 16;
+  // Sequences waiting for a place in the batch (>= 0); Run refuses more with
+  // RESOURCE_EXHAUSTED.
+  int64_t max_waiting = 256;
+  // Prompt tokens all prefilling sequences together may run per iteration
+  // (>= 1): bounds how long decoding sequences wait for each new token.
+  int64_t prefill_tokens_per_step = 256;
+};
+
+struct SchedulerStats {
+  int64_t running = 0;              // sequences in the batch now
+  int64_t waiting = 0;              // sequences queued for a place now
+  int64_t steps = 0;                // Forward batches run so far
+  int64_t decode_tokens = 0;        // single-token decode rows run so far
+  int64_t prefill_tokens = 0;       // prompt tokens run so far
+  int64_t rejected = 0;             // Run calls refused with RESOURCE_EXHAUSTED
+  int64_t max_batch_sequences = 0;  // largest batch so far
+};
+
+class Scheduler {
+ public:
+  // The model must outlive the scheduler. Starts the scheduler thread.
+  Scheduler(const ops::Model& model, SchedulerOptions options);
+  // Stops the thread; sequences still queued or running end with
+  // UNAVAILABLE (callers of Run must not outlive the scheduler).
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Runs `request` (its prompt follows what `cache` holds; its observer and
+  // kv_source, if any, are used with its sequence_id) in the shared batch and
+  // returns when it finishes. INVALID_ARGUMENT for a bad request (before
+  // anything runs), RESOURCE_EXHAUSTED if the queue is full (nothing ran),
+  // UNAVAILABLE if the scheduler is shutting down, or Forward's error. A
+  // cancelled sequence returns OK with finish_reason kCancelled, like
+  // Generate. `cache` and the tokenizer must stay alive until Run returns.
+  absl::StatusOr<GenerateResult> Run(
+      const ops::Tokenizer& tokenizer, const GenerateRequest& request,
+      ops::KvCache* cache,
+      const std::function<void(std::string_view)>& on_text);
+
+  // True when Run would refuse a new sequence right now.
+  bool Saturated() const;
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const { return options_; }
+
+  // Held by the scheduler thread while Forward runs; hold it for any other
+  // use of the model's thread pool (ThreadPool::ParallelFor is single-caller).
+  absl::Mutex* model_mutex() const { return &model_mu_; }
+
+ private:
+  struct Job;
+  void Loop();
+  // One Forward batch over `running`; finishes the jobs that are done.
+  void Step(std::vector<std::shared_ptr<Job>>& running);
+  void FinishJob(Job& job, absl::Status status);
+
+  const ops::Model& model_;
+  const SchedulerOptions options_;
+
+  mutable absl::Mutex model_mu_;
+  mutable absl::Mutex mu_;
+  absl::CondVar work_cv_;  // signalled when a job arrives or stop_ is set
+  std::deque<std::shared_ptr<Job>> waiting_ ABSL_GUARDED_BY(mu_);
+  int64_t running_count_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  SchedulerStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // last: starts after everything above exists
+};
+
+}  // namespace kvd::engine
+
+#endif  // KVD_SERVICES_ENGINE_SCHEDULER_H_

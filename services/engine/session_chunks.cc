@@ -1,0 +1,200 @@
+#include "services/engine/session_chunks.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/elementwise.h"
+#include "storage/checkpoint/codec.h"
+
+namespace kvd::engine {
+namespace {
+
+using storage::ChunkId;
+
+v1::ChunkHeader Header(int64_t layer, int64_t index, int64_t c, int64_t rows,
+                       v1::DType dtype, int64_t row_bytes) {
+  v1::ChunkHeader h;
+  h.set_layer(layer);
+  h.set_chunk_index(index);
+  h.set_first_position(index * c);
+  h.set_rows(rows);
+  h.set_dtype(dtype);
+  h.set_row_bytes(row_bytes);
+  return h;
+}
+
+// Chunks of a stream grown from `from` to `to` positions: the one holding
+// position `from` (rewritten: it may be partly filled) up to the last.
+std::pair<int64_t, int64_t> TouchedChunks(int64_t from, int64_t to, int64_t c) {
+  if (to <= from) return {0, 0};
+  return {from / c, (to + c - 1) / c};
+}
+
+absl::StatusOr<storage::DecodedChunk> FindChunk(
+    const storage::SessionCheckpoint& cp, ChunkId id, int64_t expected_rows,
+    v1::DType dtype, int64_t row_bytes) {
+  const v1::SessionManifest& m = cp.manifest();
+  const std::string where = absl::StrCat(
+      "session ", m.tenant(), "/", m.session_id(), " ",
+      id.layer == storage::kTokenLayer ? std::string("token ids")
+                                       : absl::StrCat("layer ", id.layer),
+      " chunk ", id.index);
+  auto it = cp.chunks().find(id);
+  if (it == cp.chunks().end()) {
+    return absl::DataLossError(
+        absl::StrCat(where, " is missing from the checkpoint"));
+  }
+  absl::StatusOr<storage::DecodedChunk> chunk =
+      storage::DecodeChunk(it->second, where);
+  if (!chunk.ok()) return chunk.status();
+  const v1::ChunkHeader& h = chunk->header;
+  if (h.layer() != id.layer || h.chunk_index() != id.index ||
+      h.dtype() != dtype || h.row_bytes() != row_bytes ||
+      h.rows() < expected_rows) {
+    return absl::DataLossError(absl::StrCat(
+        where, " does not match its manifest: header says layer ", h.layer(),
+        " chunk ", h.chunk_index(), ", ", h.rows(), " rows of ", h.row_bytes(),
+        " bytes, dtype ", v1::DType_Name(h.dtype()), "; expected ",
+        expected_rows, " rows of ", row_bytes, " bytes, dtype ",
+        v1::DType_Name(dtype)));
+  }
+  return chunk;
+}
+
+}  // namespace
+
+absl::StatusOr<storage::TurnUpdate> BuildTurnUpdate(
+    const v1::SessionManifest& committed, v1::SessionManifest next,
+    absl::Span<const int32_t> tokens, const ops::ResidualStore& store,
+    int64_t sequence_id) {
+  storage::TurnUpdate update;
+  const int64_t c = next.chunk_tokens();
+  // Token ids.
+  {
+    const auto [first, end] =
+        TouchedChunks(committed.token_count(), next.token_count(), c);
+    for (int64_t i = first; i < end; ++i) {
+      const int64_t rows = std::min(c, next.token_count() - i * c);
+      std::string payload(rows * 4, '\0');
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint32_t t = static_cast<uint32_t>(tokens[i * c + r]);
+        for (int b = 0; b < 4; ++b) payload[r * 4 + b] = char(t >> (8 * b));
+      }
+      update.put.emplace_back(
+          ChunkId{storage::kTokenLayer, i},
+          storage::EncodeChunk(
+              Header(storage::kTokenLayer, i, c, rows, v1::DTYPE_I32, 4),
+              payload));
+    }
+  }
+  // Residual rows, per checkpointed layer, from the first one it keeps (the
+  // engine trims sliding-window layers at chunk boundaries).
+  const int64_t rb = store.row_bytes();
+  const auto [first, end] = TouchedChunks(committed.length(), next.length(), c);
+  next.clear_first_position();
+  int64_t residual_rows = 0;
+  for (size_t i = 0; i < store.layers().size(); ++i) {
+    const int64_t layer = store.layers()[i];
+    const int64_t kept = store.first_kept(sequence_id, layer);
+    if (kept % c != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", layer, " keeps residuals from position ", kept,
+                       ", not a multiple of the chunk size ", c,
+                       "; trim at chunk boundaries"));
+    }
+    next.add_first_position(kept);
+    residual_rows += next.length() - kept;
+    // Chunks that fell out of reach since the last commit.
+    const int64_t was = static_cast<int>(i) < committed.first_position_size()
+                            ? committed.first_position(i)
+                            : 0;
+    for (int64_t j = was / c; j < kept / c; ++j)
+      update.erase.push_back(ChunkId{layer, j});
+    for (int64_t j = std::max(first, kept / c); j < end; ++j) {
+      const int64_t rows = std::min(c, next.length() - j * c);
+      std::string payload(rows * rb, '\0');
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(payload.data() + r * rb,
+                    store.RowBytes(sequence_id, layer, j * c + r), rb);
+      }
+      update.put.emplace_back(
+          ChunkId{layer, j},
+          storage::EncodeChunk(Header(layer, j, c, rows, next.dtype(), rb),
+                               payload));
+    }
+  }
+  // Payload bytes of everything stored after this turn.
+  next.set_stored_bytes(next.token_count() * 4 + residual_rows * rb);
+  update.manifest = std::move(next);
+  return update;
+}
+
+absl::Status RestoreTokens(const storage::SessionCheckpoint& checkpoint,
+                           std::vector<int32_t>* tokens) {
+  const v1::SessionManifest& m = checkpoint.manifest();
+  const int64_t c = m.chunk_tokens();
+  tokens->assign(m.token_count(), 0);
+  for (int64_t i = 0; i * c < m.token_count(); ++i) {
+    const int64_t rows = std::min(c, m.token_count() - i * c);
+    absl::StatusOr<storage::DecodedChunk> chunk = FindChunk(
+        checkpoint, {storage::kTokenLayer, i}, rows, v1::DTYPE_I32, 4);
+    if (!chunk.ok()) return chunk.status();
+    const auto* p = reinterpret_cast<const uint8_t*>(chunk->payload.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      uint32_t t = 0;
+      for (int b = 0; b < 4; ++b) t |= uint32_t{p[r * 4 + b]} << (8 * b);
+      (*tokens)[i * c + r] = static_cast<int32_t>(t);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RestoreResiduals(const storage::SessionCheckpoint& checkpoint,
+                              ops::ResidualStore* store, int64_t sequence_id) {
+  const v1::SessionManifest& m = checkpoint.manifest();
+  const int64_t c = m.chunk_tokens(), rb = store->row_bytes();
+  const bool bf16 = m.dtype() == v1::DTYPE_BF16;
+  const int64_t d_model = rb / (bf16 ? 2 : 4);
+  std::vector<float> row(d_model);
+  std::vector<uint16_t> narrow(d_model);  // payloads need not be aligned
+  for (size_t li = 0; li < store->layers().size(); ++li) {
+    const int64_t layer = store->layers()[li];
+    const int64_t kept = static_cast<int>(li) < m.first_position_size()
+                             ? m.first_position(li)
+                             : 0;
+    if (kept % c != 0 || kept > m.length()) {
+      return absl::DataLossError(
+          absl::StrCat("session ", m.tenant(), "/", m.session_id(), " layer ",
+                       layer, ": first stored position ", kept,
+                       " is not a chunk boundary within the session's ",
+                       m.length(), " positions"));
+    }
+    store->DropBelow(sequence_id, layer, kept);
+    for (int64_t i = kept / c; i * c < m.length(); ++i) {
+      const int64_t rows = std::min(c, m.length() - i * c);
+      absl::StatusOr<storage::DecodedChunk> chunk =
+          FindChunk(checkpoint, {layer, i}, rows, m.dtype(), rb);
+      if (!chunk.ok()) return chunk.status();
+      const char* p = chunk->payload.data();
+      for (int64_t r = 0; r < rows; ++r) {
+        if (bf16) {
+          std::memcpy(narrow.data(), p + r * rb, rb);
+          kernels::cpu::Bf16ToFloat(narrow.data(), row.data(), d_model);
+        } else {
+          std::memcpy(row.data(), p + r * rb, rb);
+        }
+        store->OnResidual(sequence_id, layer, i * c + r, row.data());
+      }
+      if (!store->status().ok()) {
+        return absl::DataLossError(
+            absl::StrCat("session ", m.tenant(), "/", m.session_id(), " layer ",
+                         layer, " chunk ", i, ": ", store->status().message()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvd::engine

@@ -1,0 +1,481 @@
+#include "services/engine/session_engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/status_macros.h"
+#include "kernels/cpu/numerics_version.h"
+#include "ops/kvdirect/rebuild.h"
+#include "ops/kvdirect/residual_store.h"
+#include "services/engine/session_chunks.h"
+#include "storage/checkpoint/codec.h"
+
+namespace kvd::engine {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t)
+      .count();
+}
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+// Tokens per forward step of a re-prefill: bounds its activations.
+constexpr int64_t kReprefillBlock = 256;
+
+std::string SessionName(const std::string& tenant, const std::string& id) {
+  return absl::StrCat("session '", id, "' of tenant '", tenant, "'");
+}
+
+}  // namespace
+
+const char* StatePathName(StatePath path) {
+  switch (path) {
+    case StatePath::kNew:
+      return "new";
+    case StatePath::kHot:
+      return "hot";
+    case StatePath::kDram:
+      return "dram";
+    case StatePath::kRocksDb:
+      return "rocksdb";
+    case StatePath::kReprefill:
+      return "reprefill";
+  }
+  return "unknown";
+}
+
+v1::ModelIdentity ModelIdentityOf(const ops::Model& model,
+                                  const std::string& fingerprint) {
+  v1::ModelIdentity id;
+  id.set_model_name(model.config().name);
+  id.set_fingerprint(fingerprint);
+  id.set_precision(ops::PrecisionName(model.precision()));
+  id.set_numerics_version(kernels::cpu::kNumericsVersion);
+  return id;
+}
+
+// One session's state while it is hot: every committed token, its K/V and
+// the residual rows its policy keeps (sequence 0 of its own store).
+struct SessionEngine::Active {
+  Active(const ops::Model& model, const ops::CheckpointPolicy& p,
+         int64_t hot_budget)
+      : policy(p),
+        hot_budget_value(hot_budget),
+        cache(model.NewCache()),
+        store(model.config(), model.precision(),
+              ops::CheckpointLayers(p, model.config().n_layers)) {
+    if (p.kind == ops::CheckpointPolicy::Kind::kKvDirect &&
+        hot_budget != ops::ResidualKvSource::kAll) {
+      source = std::make_unique<ops::ResidualKvSource>(&store, 0, hot_budget);
+    }
+  }
+
+  int64_t budget() const {
+    return source != nullptr ? hot_budget_value : ops::ResidualKvSource::kAll;
+  }
+
+  ops::CheckpointPolicy policy;
+  int64_t hot_budget_value = ops::ResidualKvSource::kAll;
+  v1::SessionManifest committed;  // as of the last commit
+  std::vector<int32_t> tokens;    // committed token ids
+  ops::KvCache cache;
+  ops::ResidualStore store;
+  std::unique_ptr<ops::ResidualKvSource> source;  // bounded kv-direct only
+  // After a re-prefill from token ids the stored chunks cannot be trusted:
+  // the next commit rewrites every chunk.
+  bool rewrite_all = false;
+  std::atomic<int64_t> kv_bytes{0}, residual_bytes{0};
+  int in_turn = 0;  // turns holding it now (engine mu_); > 0: never demoted
+};
+
+SessionEngine::SessionEngine(const ops::Model& model,
+                             v1::ModelIdentity identity,
+                             storage::TieredStore* store,
+                             SessionEngineOptions options)
+    : model_(model),
+      identity_(std::move(identity)),
+      store_(store),
+      options_(std::move(options)),
+      scheduler_(std::make_unique<Scheduler>(model, options_.scheduler)) {}
+
+SessionEngine::~SessionEngine() = default;
+
+absl::Status SessionEngine::CreateSession(
+    const std::string& tenant, const std::string& session,
+    const std::map<std::string, std::string>& labels) {
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  if (options_.policy.kind == ops::CheckpointPolicy::Kind::kKv) {
+    return absl::InvalidArgumentError(
+        "policy 'kv' keeps no checkpoint a session could resume from; use "
+        "kv-direct, stride:k or tokens");
+  }
+  // Ask the database first: loading into DRAM just to see that the session
+  // exists would make its next restore look like a DRAM hit. Only a kMemory
+  // session not yet spilled is in DRAM alone.
+  absl::Status exists = store_->db().GetManifest(tenant, session).status();
+  if (exists.code() == absl::StatusCode::kNotFound)
+    exists = store_->Load(tenant, session).status();
+  if (exists.ok() || exists.code() == absl::StatusCode::kDataLoss) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(SessionName(tenant, session), " already exists"));
+  }
+  if (exists.code() != absl::StatusCode::kNotFound) return exists;
+
+  const ops::ModelConfig& c = model_.config();
+  v1::SessionManifest m;
+  m.set_format_version(storage::kCheckpointFormatVersion);
+  m.set_tenant(tenant);
+  m.set_session_id(session);
+  *m.mutable_model() = identity_;
+  m.set_policy(options_.policy.Name());
+  for (int64_t l : ops::CheckpointLayers(options_.policy, c.n_layers))
+    m.add_layers(l);
+  for (int i = 0; i < m.layers_size(); ++i) m.add_first_position(0);
+  m.set_chunk_tokens(options_.chunk_tokens);
+  const bool bf16 = model_.precision() == ops::Precision::kBf16;
+  m.set_dtype(bf16 ? v1::DTYPE_BF16 : v1::DTYPE_F32);
+  m.set_row_bytes(c.d_model * (bf16 ? 2 : 4));
+  m.set_created_unix_ms(NowMs());
+  m.set_updated_unix_ms(m.created_unix_ms());
+  for (const auto& [k, v] : labels) (*m.mutable_labels())[k] = v;
+  storage::TurnUpdate update;
+  update.manifest = std::move(m);
+  return store_->CommitTurn(update);
+}
+
+absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
+    const Key& key, TurnResult* result) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = hot_.find(key);
+    if (it != hot_.end()) {
+      result->path = StatePath::kHot;
+      std::shared_ptr<Active> active = it->second;
+      stats_.restores_by_path[StatePathName(StatePath::kHot)]++;
+      return active;
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::shared_ptr<Active>> active = Restore(key, result);
+  result->restore_seconds = SecondsSince(start);
+  if (active.ok()) CountRestore(result->path);
+  return active;
+}
+
+absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
+    const Key& key, TurnResult* result) {
+  const auto& [tenant, session] = key;
+  absl::StatusOr<storage::TieredStore::Loaded> loaded =
+      store_->Load(tenant, session);
+  std::shared_ptr<const storage::SessionCheckpoint> checkpoint;
+  storage::Tier tier = storage::Tier::kRocksDb;
+  std::string fallback;  // why the residuals cannot be used, if they cannot
+  if (loaded.ok()) {
+    checkpoint = loaded->checkpoint;
+    tier = loaded->tier;
+  } else {
+    if (loaded.status().code() == absl::StatusCode::kNotFound) {
+      return absl::NotFoundError(absl::StrCat(
+          SessionName(tenant, session),
+          " not found; create it first (CreateSession / POST /v1/sessions)"));
+    }
+    if (loaded.status().code() != absl::StatusCode::kDataLoss)
+      return loaded.status();
+    fallback = std::string(loaded.status().message());
+    absl::StatusOr<storage::SessionCheckpoint> tokens_only = store_->db().Load(
+        tenant, session, storage::SessionDb::Parts::kManifestAndTokens);
+    if (!tokens_only.ok()) {
+      return absl::DataLossError(absl::StrCat(
+          SessionName(tenant, session),
+          " cannot be restored: its residual checkpoint is damaged (", fallback,
+          ") and so are its token ids (", tokens_only.status().message(), ")"));
+    }
+    checkpoint = std::make_shared<const storage::SessionCheckpoint>(
+        std::move(*tokens_only));
+  }
+  const v1::SessionManifest& m = checkpoint->manifest();
+  KVD_RETURN_IF_ERROR(storage::CheckCompatible(m.model(), identity_, session));
+  KVD_ASSIGN_OR_RETURN(ops::CheckpointPolicy policy,
+                       ops::ParseCheckpointPolicy(m.policy()));
+  auto active = std::make_shared<Active>(model_, policy, options_.hot_budget);
+  active->committed = m;
+  KVD_RETURN_IF_ERROR(RestoreTokens(*checkpoint, &active->tokens));
+  result->path = m.token_count() == 0           ? StatePath::kNew
+                 : tier == storage::Tier::kDram ? StatePath::kDram
+                                                : StatePath::kRocksDb;
+  if (fallback.empty() && policy.kind != ops::CheckpointPolicy::Kind::kTokens) {
+    const absl::Status restored =
+        RestoreResiduals(*checkpoint, &active->store, 0);
+    if (restored.ok()) {
+      ops::RebuildSpec spec;
+      spec.policy = policy;
+      spec.tokens = absl::MakeConstSpan(active->tokens).first(m.length());
+      spec.checkpoint = &active->store;
+      spec.budget = active->budget();
+      absl::MutexLock model_lock(scheduler_->model_mutex());
+      KVD_RETURN_IF_ERROR(
+          ops::RebuildKv(model_, spec, &active->cache, /*cold=*/nullptr));
+      return active;
+    }
+    if (restored.code() != absl::StatusCode::kDataLoss) return restored;
+    fallback = std::string(restored.message());
+  }
+  // Token ids only: the policy keeps nothing else, or the rest is damaged.
+  result->path = StatePath::kReprefill;
+  result->path_detail =
+      fallback.empty()
+          ? absl::StrCat("policy ", m.policy(), " stores token ids only")
+          : absl::StrCat("residual checkpoint rejected: ", fallback);
+  if (!fallback.empty()) {
+    active->rewrite_all = true;
+    active->store.Erase(0);
+  }
+  KVD_RETURN_IF_ERROR(Reprefill(*active));
+  return active;
+}
+
+absl::Status SessionEngine::Reprefill(Active& active) {
+  const int64_t length = active.committed.length();
+  ops::ForwardOutput out;
+  absl::MutexLock model_lock(scheduler_->model_mutex());
+  for (int64_t at = 0; at < length; at += kReprefillBlock) {
+    const int64_t n = std::min(kReprefillBlock, length - at);
+    ops::SequenceStep step{&active.cache,
+                           absl::MakeConstSpan(active.tokens).subspan(at, n),
+                           ops::LogitsMode::kNone, 0, active.source.get()};
+    KVD_RETURN_IF_ERROR(model_.Forward({&step, 1}, &out, &active.store));
+  }
+  return active.store.status();
+}
+
+absl::StatusOr<TurnResult> SessionEngine::RunTurn(
+    const TurnRequest& request, const ops::Tokenizer& tokenizer,
+    const std::function<void(std::string_view)>& on_text) {
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", request.tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", request.session));
+  const Key key(request.tenant, request.session);
+  // Refuse before restoring anything: a full queue would refuse the turn's
+  // sequence anyway.
+  if (scheduler_->Saturated()) {
+    absl::MutexLock lock(&mu_);
+    stats_.turns_rejected++;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the engine is busy (", scheduler_->options().max_running,
+                     " sequences running, ", scheduler_->options().max_waiting,
+                     " waiting); retry ",
+                     SessionName(request.tenant, request.session), " later"));
+  }
+  std::shared_ptr<absl::Mutex> session_mu;
+  {
+    absl::MutexLock lock(&mu_);
+    std::shared_ptr<absl::Mutex>& m = session_mu_[key];
+    if (m == nullptr) m = std::make_shared<absl::Mutex>();
+    session_mu = m;
+  }
+  absl::MutexLock session_lock(session_mu.get());
+
+  TurnResult result;
+  KVD_ASSIGN_OR_RETURN(std::shared_ptr<Active> active, Acquire(key, &result));
+  Active& a = *active;
+  SetInTurn(a, true);
+  std::vector<int32_t> turn_tokens = request.tokens;
+  if (request.make_tokens) {
+    absl::StatusOr<std::vector<int32_t>> made = request.make_tokens(a.tokens);
+    if (!made.ok()) {
+      SetInTurn(a, false);
+      return made.status();
+    }
+    turn_tokens = std::move(*made);
+  }
+  // The turn runs the session's pending tokens (the last sampled one, not
+  // yet seen by the model) and then the new ones.
+  GenerateRequest g = request.generate;
+  g.prompt.assign(a.tokens.begin() + a.cache.length(), a.tokens.end());
+  g.prompt.insert(g.prompt.end(), turn_tokens.begin(), turn_tokens.end());
+  g.kv_source = a.source.get();
+  g.observer = &a.store;
+  g.sequence_id = 0;
+  absl::StatusOr<GenerateResult> gen =
+      scheduler_->Run(tokenizer, g, &a.cache, on_text);
+  if (gen.status().code() == absl::StatusCode::kResourceExhausted) {
+    // Refused before anything ran: the hot state is intact.
+    SetInTurn(a, false);
+    absl::MutexLock lock(&mu_);
+    stats_.turns_rejected++;
+    return gen.status();
+  }
+  absl::Status status = gen.ok() ? a.store.status() : gen.status();
+  if (status.ok() && gen->finish_reason == FinishReason::kCancelled) {
+    status = absl::CancelledError("turn cancelled; nothing was committed");
+  }
+  if (!status.ok()) {
+    SetInTurn(a, false);
+    Drop(key);  // the next turn resumes from the last commit
+    absl::MutexLock lock(&mu_);
+    stats_.turns_failed++;
+    return status;
+  }
+
+  // Residual rows no later step or rebuild can read (past a sliding window)
+  // are dropped, at chunk boundaries so stored chunks stay whole.
+  const int64_t c = a.committed.chunk_tokens();
+  for (int64_t layer : a.store.layers()) {
+    const int64_t keep = ops::ResidualKeepBegin(model_.config(), a.policy,
+                                                layer, a.cache.length());
+    if (keep / c * c > a.store.first_kept(0, layer))
+      a.store.DropBelow(0, layer, keep / c * c);
+  }
+
+  // Commit: tokens, residual rows and manifest in one atomic update.
+  const auto commit_start = std::chrono::steady_clock::now();
+  std::vector<int32_t> tokens = a.tokens;
+  tokens.insert(tokens.end(), turn_tokens.begin(), turn_tokens.end());
+  tokens.insert(tokens.end(), gen->tokens.begin(), gen->tokens.end());
+  v1::SessionManifest next = a.committed;
+  next.set_token_count(tokens.size());
+  next.set_length(a.cache.length());
+  next.add_turn_ends(tokens.size());
+  next.set_updated_unix_ms(NowMs());
+  const v1::SessionManifest from =
+      a.rewrite_all ? v1::SessionManifest() : a.committed;
+  absl::StatusOr<storage::TurnUpdate> built =
+      BuildTurnUpdate(from, std::move(next), tokens, a.store, 0);
+  absl::Status committed = built.status();
+  if (committed.ok()) committed = store_->CommitTurn(*built);
+  if (!committed.ok()) {
+    SetInTurn(a, false);
+    Drop(key);
+    absl::MutexLock lock(&mu_);
+    stats_.turns_failed++;
+    return committed;
+  }
+  storage::TurnUpdate& update = *built;
+  result.commit_seconds = SecondsSince(commit_start);
+  a.committed = std::move(update.manifest);
+  a.tokens = std::move(tokens);
+  a.rewrite_all = false;
+  a.kv_bytes = a.cache.allocated_bytes();
+  a.residual_bytes = a.store.size_bytes();
+  result.generation = std::move(*gen);
+  result.session_tokens = a.committed.token_count();
+  result.turn = a.committed.turn_ends_size();
+  MakeHot(key, std::move(active));
+  absl::MutexLock lock(&mu_);
+  stats_.turns_committed++;
+  return result;
+}
+
+absl::StatusOr<GenerateResult> SessionEngine::Complete(
+    const GenerateRequest& request, const ops::Tokenizer& tokenizer,
+    const std::function<void(std::string_view)>& on_text) {
+  GenerateRequest g = request;
+  g.kv_source = nullptr;
+  g.observer = nullptr;
+  ops::KvCache cache = model_.NewCache();
+  return scheduler_->Run(tokenizer, g, &cache, on_text);
+}
+
+absl::StatusOr<v1::SessionManifest> SessionEngine::GetSession(
+    const std::string& tenant, const std::string& session) {
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  absl::StatusOr<v1::SessionManifest> m =
+      store_->db().GetManifest(tenant, session);
+  if (m.status().code() == absl::StatusCode::kNotFound) {
+    // A kMemory session may not have reached the database yet.
+    absl::StatusOr<storage::TieredStore::Loaded> loaded =
+        store_->Load(tenant, session);
+    if (loaded.ok()) return loaded->checkpoint->manifest();
+    return absl::NotFoundError(
+        absl::StrCat(SessionName(tenant, session), " not found"));
+  }
+  return m;
+}
+
+void SessionEngine::MakeHot(const Key& key, std::shared_ptr<Active> active) {
+  absl::MutexLock lock(&mu_);
+  active->in_turn--;
+  if (hot_.contains(key)) lru_.remove(key);
+  hot_[key] = std::move(active);
+  lru_.push_front(key);
+  int64_t kv_bytes = 0;
+  for (const auto& [k, a] : hot_) kv_bytes += a->kv_bytes;
+  auto over = [&] {
+    return static_cast<int64_t>(lru_.size()) >
+               std::max<int64_t>(0, options_.max_hot_sessions) ||
+           (options_.max_hot_kv_bytes > 0 &&
+            kv_bytes > options_.max_hot_kv_bytes);
+  };
+  // Least recently used first; sessions in a turn stay (their turn still
+  // needs the state and MakeHot re-inserts them when it ends).
+  for (auto it = lru_.end(); over() && it != lru_.begin();) {
+    --it;
+    auto found = hot_.find(*it);
+    if (found->second->in_turn > 0) continue;
+    kv_bytes -= found->second->kv_bytes;
+    hot_.erase(found);
+    it = lru_.erase(it);
+    stats_.sessions_demoted++;
+  }
+}
+
+void SessionEngine::SetInTurn(Active& active, bool in_turn) {
+  absl::MutexLock lock(&mu_);
+  active.in_turn += in_turn ? 1 : -1;
+}
+
+void SessionEngine::Drop(const Key& key) {
+  absl::MutexLock lock(&mu_);
+  if (hot_.erase(key) > 0) lru_.remove(key);
+}
+
+void SessionEngine::CountRestore(StatePath path) {
+  absl::MutexLock lock(&mu_);
+  stats_.restores_by_path[StatePathName(path)]++;
+}
+
+void SessionEngine::Suspend(const std::string& tenant,
+                            const std::string& session) {
+  Drop({tenant, session});
+}
+
+absl::Status SessionEngine::DeleteSession(const std::string& tenant,
+                                          const std::string& session) {
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  const Key key(tenant, session);
+  std::shared_ptr<absl::Mutex> session_mu;
+  {
+    absl::MutexLock lock(&mu_);
+    std::shared_ptr<absl::Mutex>& m = session_mu_[key];
+    if (m == nullptr) m = std::make_shared<absl::Mutex>();
+    session_mu = m;
+  }
+  absl::MutexLock session_lock(session_mu.get());
+  Drop(key);
+  const absl::Status s = store_->Delete(tenant, session);
+  absl::MutexLock lock(&mu_);
+  session_mu_.erase(key);
+  return s;
+}
+
+EngineStats SessionEngine::stats() const {
+  absl::MutexLock lock(&mu_);
+  EngineStats s = stats_;
+  s.scheduler = scheduler_->stats();
+  s.hot_sessions = hot_.size();
+  for (const auto& [key, active] : hot_) {
+    s.hot_kv_bytes += active->kv_bytes;
+    s.hot_residual_bytes += active->residual_bytes;
+  }
+  return s;
+}
+
+}  // namespace kvd::engine

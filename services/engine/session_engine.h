@@ -1,0 +1,217 @@
+// Durable sessions: a conversation's model state lives in the storage tiers
+// as residual checkpoints and comes back bit-identically after an idle
+// period, an eviction, a restart or a crash (DESIGN.md sections 4-5).
+//
+// Each turn appends the new tokens (a templated user message) to the
+// session, generates, and commits the turn atomically: token ids, the
+// residual rows of the policy's layers, and the manifest, in one
+// TurnUpdate. A session's K/V stay hot in memory between turns for the most
+// recently used sessions; any other session is restored on its next turn
+// from the fastest tier that has it:
+//   hot        K/V still in memory: nothing to do;
+//   dram       checkpoint in the host-DRAM tier: rebuild K/V (RebuildKv);
+//   rocksdb    checkpoint read from disk, then rebuild;
+//   reprefill  token ids only (policy "tokens", or a corrupt residual chunk
+//              detected by its checksum): run the model over the tokens.
+// Every turn reports the path it took, so nothing re-prefills silently.
+//
+//   SessionEngine engine(model, identity, &store, options);
+//   KVD_RETURN_IF_ERROR(engine.CreateSession("acme", "chat-1", {}));
+//   TurnRequest turn{.tenant = "acme", .session = "chat-1", .tokens = ids};
+//   KVD_ASSIGN_OR_RETURN(TurnResult r, engine.RunTurn(turn, tokenizer, cb));
+//
+// A failed or cancelled turn commits nothing: the session's hot state is
+// dropped and its next turn resumes from the last committed one.
+//
+// Thread-safety: all methods may be called concurrently; turns of one
+// session are serialized. Turns of different sessions and Complete calls run
+// together: each one becomes a sequence of the engine's Scheduler
+// (scheduler.h), which batches every running sequence into one Forward step
+// (continuous batching). Their outputs are bit-identical to running them one
+// at a time. Beyond options.scheduler's queue bound RunTurn and Complete
+// return RESOURCE_EXHAUSTED at once, before restoring anything; front ends
+// may also ask Saturated() (or stats().scheduler) to shed load earlier.
+#ifndef KVD_SERVICES_ENGINE_SESSION_ENGINE_H_
+#define KVD_SERVICES_ENGINE_SESSION_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "ops/kvdirect/checkpoint_policy.h"
+#include "ops/kvdirect/residual_kv_source.h"
+#include "ops/model/model.h"
+#include "ops/tokenizer/tokenizer.h"
+#include "proto/kvd/v1/checkpoint.pb.h"
+#include "services/engine/generator.h"
+#include "services/engine/scheduler.h"
+#include "storage/tiered/tiered_store.h"
+
+namespace kvd::engine {
+
+enum class StatePath { kNew, kHot, kDram, kRocksDb, kReprefill };
+const char* StatePathName(StatePath path);
+
+struct SessionEngineOptions {
+  // What new sessions checkpoint (a stored session keeps its own policy).
+  ops::CheckpointPolicy policy;  // kv-direct
+  // K/V rows kept in memory per active kv-direct session; older ones are
+  // recomputed from residuals inside attention. kAll = keep everything.
+  int64_t hot_budget = ops::ResidualKvSource::kAll;
+  int64_t chunk_tokens = 64;  // positions per stored chunk
+  // Sessions whose K/V stay in memory between turns (least recently used
+  // ones are demoted to their checkpoints).
+  int64_t max_hot_sessions = 8;
+  // Bytes of K/V rows (KvCache::allocated_bytes) the hot sessions may hold
+  // together between turns; 0 = no limit. When a turn ends above it, least
+  // recently used idle sessions are demoted (their checkpoint is committed,
+  // so only memory is lost), the session that just ran included if it alone
+  // is over the budget. Sessions in the middle of a turn are never demoted,
+  // and their K/V grow until the turn ends: the budget bounds memory between
+  // turns, and max_running x the context bounds what turns add.
+  int64_t max_hot_kv_bytes = 0;
+  // Continuous batching: batch size, queue bound, prefill budget per step.
+  SchedulerOptions scheduler;
+};
+
+struct TurnRequest {
+  std::string tenant;
+  std::string session;
+  // The turn's new tokens (e.g. a chat-templated user message); they follow
+  // everything the session holds.
+  std::vector<int32_t> tokens;
+  // If set, used instead of `tokens`: computes the turn's tokens from the
+  // session's committed ones (under the session's lock), e.g. a chat
+  // follow-up whose text depends on whether the last reply was closed.
+  std::function<absl::StatusOr<std::vector<int32_t>>(
+      absl::Span<const int32_t> session_tokens)>
+      make_tokens;
+  // Sampling, limits, stop strings, callbacks. Its prompt, kv_source,
+  // observer and sequence_id are set by the engine.
+  GenerateRequest generate;
+};
+
+struct TurnResult {
+  GenerateResult generation;
+  StatePath path = StatePath::kNew;  // how the session's state was obtained
+  std::string path_detail;           // why, when it re-prefilled
+  double restore_seconds = 0;        // loading + rebuilding K/V
+  double commit_seconds = 0;
+  int64_t session_tokens = 0;  // committed tokens after the turn
+  uint64_t turn = 0;           // committed turns after this one
+};
+
+struct EngineStats {
+  std::map<std::string, int64_t> restores_by_path;  // StatePathName -> count
+  int64_t hot_sessions = 0;
+  int64_t hot_kv_bytes = 0;        // K/V rows held by hot sessions
+  int64_t hot_residual_bytes = 0;  // their residual stores
+  int64_t turns_committed = 0;
+  int64_t turns_failed = 0;      // errors and cancellations (nothing committed)
+  int64_t turns_rejected = 0;    // RESOURCE_EXHAUSTED: the queue was full
+  int64_t sessions_demoted = 0;  // hot state dropped by the LRU (count/bytes)
+  SchedulerStats scheduler;      // running / waiting sequences, steps, tokens
+};
+
+class SessionEngine {
+ public:
+  // `identity`: the loaded model's fingerprint, precision and numerics
+  // version (ModelIdentityOf); checkpoints of any other identity are refused.
+  // The model and store must outlive the engine.
+  SessionEngine(const ops::Model& model, v1::ModelIdentity identity,
+                storage::TieredStore* store, SessionEngineOptions options);
+  ~SessionEngine();
+
+  // INVALID_ARGUMENT for a bad name; ALREADY_EXISTS if the tenant has it.
+  absl::Status CreateSession(const std::string& tenant,
+                             const std::string& session,
+                             const std::map<std::string, std::string>& labels);
+
+  // Restores the session if needed, runs the turn, commits it. NOT_FOUND for
+  // an unknown session (or another tenant's); FAILED_PRECONDITION if its
+  // checkpoint belongs to another model/precision/numerics version;
+  // INVALID_ARGUMENT if the turn does not fit the context; the store's code
+  // if the commit fails (nothing of the turn is kept then).
+  absl::StatusOr<TurnResult> RunTurn(
+      const TurnRequest& request, const ops::Tokenizer& tokenizer,
+      const std::function<void(std::string_view)>& on_text);
+
+  // A stateless request (the plain OpenAI API): generates from `request`'s
+  // prompt with a fresh cache and stores nothing.
+  absl::StatusOr<GenerateResult> Complete(
+      const GenerateRequest& request, const ops::Tokenizer& tokenizer,
+      const std::function<void(std::string_view)>& on_text);
+
+  // Committed state of a session without restoring it: its manifest.
+  // NOT_FOUND if unknown.
+  absl::StatusOr<v1::SessionManifest> GetSession(const std::string& tenant,
+                                                 const std::string& session);
+
+  // Drops the session's hot state (its checkpoint stays in the tiers).
+  void Suspend(const std::string& tenant, const std::string& session);
+  // Removes the session everywhere. NOT_FOUND if unknown.
+  absl::Status DeleteSession(const std::string& tenant,
+                             const std::string& session);
+
+  EngineStats stats() const;
+  // True when a new turn or completion would be refused with
+  // RESOURCE_EXHAUSTED right now (for a cheap 429 before parsing a body).
+  bool Saturated() const { return scheduler_->Saturated(); }
+  const v1::ModelIdentity& identity() const { return identity_; }
+
+ private:
+  struct Active;
+  using Key = std::pair<std::string, std::string>;  // tenant, session
+
+  // The session's hot state, restoring it from the tiers if needed.
+  absl::StatusOr<std::shared_ptr<Active>> Acquire(const Key& key,
+                                                  TurnResult* result);
+  absl::StatusOr<std::shared_ptr<Active>> Restore(const Key& key,
+                                                  TurnResult* result);
+  // Runs the model over every committed token, refilling residuals.
+  absl::Status Reprefill(Active& active);
+  // Marks the session idle and most recently used, then demotes LRU idle
+  // sessions beyond max_hot_sessions / max_hot_kv_bytes.
+  void MakeHot(const Key& key, std::shared_ptr<Active> active);
+  // Marks a session busy (never demoted) or idle again.
+  void SetInTurn(Active& active, bool in_turn);
+  void Drop(const Key& key);
+  void CountRestore(StatePath path);
+
+  const ops::Model& model_;
+  const v1::ModelIdentity identity_;
+  storage::TieredStore* const store_;
+  const SessionEngineOptions options_;
+
+  mutable absl::Mutex mu_;
+  // Most recently used first.
+  std::list<Key> lru_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Key, std::shared_ptr<Active>> hot_ ABSL_GUARDED_BY(mu_);
+  // One mutex per session that has a turn in flight or hot state, so turns
+  // of one session never interleave.
+  absl::flat_hash_map<Key, std::shared_ptr<absl::Mutex>> session_mu_
+      ABSL_GUARDED_BY(mu_);
+  EngineStats stats_ ABSL_GUARDED_BY(mu_);
+  // Last: its thread runs callbacks into the members above, so it stops
+  // first.
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+// The identity stored sessions are checked against: `fingerprint` from
+// ops::FingerprintModelFiles (or any stable id for in-memory test models).
+v1::ModelIdentity ModelIdentityOf(const ops::Model& model,
+                                  const std::string& fingerprint);
+
+}  // namespace kvd::engine
+
+#endif  // KVD_SERVICES_ENGINE_SESSION_ENGINE_H_

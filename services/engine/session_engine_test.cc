@@ -1,0 +1,315 @@
+// A durable session continues bit-identically however its state comes back:
+// hot, from the DRAM tier, from RocksDB after the store is closed and opened
+// again (a restart), or by re-prefilling when a stored chunk is corrupt. The
+// reference is the same conversation run in one engine that never lets the
+// session go cold; every step's logits are compared bit for bit.
+#include "services/engine/session_engine.h"
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "ops/model/testing/model_cases.h"
+#include "ops/model/testing/tiny_model.h"
+#include "ops/tokenizer/gguf_tokenizer.h"
+#include "rocksdb/db.h"
+#include "storage/rocksdb/keys.h"
+
+namespace kvd::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using ops::testing::FamilyCase;
+
+constexpr int kTurns = 4;
+
+struct Transcript {
+  std::vector<std::vector<float>> logits;  // one entry per generated step
+  std::vector<int32_t> tokens;             // every generated token
+  std::vector<StatePath> paths;            // per turn
+  std::vector<std::string> details;
+};
+
+struct Variant {
+  std::string policy;
+  int64_t hot_budget;
+};
+
+class SessionEngineTest : public ::testing::TestWithParam<FamilyCase> {
+ protected:
+  void SetUp() override {
+    ops::testing::TinyModelSpec spec;
+    spec.family = GetParam().family;
+    spec.n_layers = 4;
+    spec.sliding_window = 24;  // gemma3: windows slide within the test
+    absl::StatusOr<std::string> path =
+        ops::testing::WriteTinyModel(spec, ::testing::TempDir());
+    ASSERT_TRUE(path.ok()) << path.status();
+    ops::LoadOptions opts;
+    opts.precision = GetParam().precision;
+    opts.num_threads = 2;
+    auto m = ops::Model::Load(*path, opts);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    auto t = ops::TokenizerFromGguf(model_->file());
+    ASSERT_TRUE(t.ok()) << t.status();
+    tokenizer_ = std::move(*t);
+    identity_ = ModelIdentityOf(*model_, "sha256:tiny-" + spec.family);
+    FreshDir();
+  }
+
+  // A new, empty database directory for the next conversation.
+  void FreshDir() {
+    engine_.reset();
+    store_.reset();
+    dir_ = fs::path(::testing::TempDir()) /
+           ("sessions-" + std::to_string(counter_++));
+    fs::remove_all(dir_);
+  }
+
+  void OpenStore() {
+    engine_.reset();
+    store_.reset();
+    storage::SessionDbOptions o;
+    o.path = dir_.string();
+    auto db = storage::SessionDb::Open(o);
+    ASSERT_TRUE(db.ok()) << db.status();
+    storage::TieredStoreOptions to;
+    to.dram.budget_bytes = 64 << 20;
+    auto store = storage::TieredStore::Create(std::move(*db), to);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+  }
+
+  void NewEngine(const Variant& v, const v1::ModelIdentity& identity) {
+    SessionEngineOptions o;
+    o.policy = *ops::ParseCheckpointPolicy(v.policy);
+    o.hot_budget = v.hot_budget;
+    o.chunk_tokens = 16;
+    engine_ =
+        std::make_unique<SessionEngine>(*model_, identity, store_.get(), o);
+  }
+
+  // The turn's new tokens: a fixed function of the turn number.
+  std::vector<int32_t> TurnTokens(int turn) const {
+    return ops::testing::RandomTokens(9 + 7 * turn, 100 + turn,
+                                      model_->config().vocab_size);
+  }
+
+  absl::StatusOr<TurnResult> Turn(int turn, Transcript* t,
+                                  int cancel_after = -1) {
+    TurnRequest r;
+    r.tenant = "acme";
+    r.session = "chat-1";
+    r.tokens = TurnTokens(turn);
+    r.generate.max_tokens = 11;
+    r.generate.ignore_eos = true;
+    r.generate.sampling.temperature = 0;
+    int steps = 0;
+    r.generate.on_logits = [t, &steps](const float* l, int64_t n) {
+      t->logits.emplace_back(l, l + n);
+      ++steps;
+    };
+    if (cancel_after >= 0)
+      r.generate.cancelled = [&steps, cancel_after] {
+        return steps >= cancel_after;
+      };
+    absl::StatusOr<TurnResult> res = engine_->RunTurn(r, *tokenizer_, nullptr);
+    if (res.ok()) {
+      t->tokens.insert(t->tokens.end(), res->generation.tokens.begin(),
+                       res->generation.tokens.end());
+      t->paths.push_back(res->path);
+      t->details.push_back(res->path_detail);
+    }
+    return res;
+  }
+
+  // Runs the conversation; between turns, `between` may make the session
+  // cold.
+  Transcript Converse(const Variant& v, const std::function<void()>& between) {
+    FreshDir();
+    OpenStore();
+    NewEngine(v, identity_);
+    EXPECT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
+    Transcript t;
+    for (int turn = 0; turn < kTurns; ++turn) {
+      if (turn > 0 && between) between();
+      absl::StatusOr<TurnResult> r = Turn(turn, &t);
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (!r.ok()) break;
+    }
+    return t;
+  }
+
+  static void ExpectSameBits(const Transcript& a, const Transcript& b) {
+    ASSERT_EQ(a.logits.size(), b.logits.size());
+    for (size_t i = 0; i < a.logits.size(); ++i) {
+      ASSERT_EQ(a.logits[i].size(), b.logits[i].size());
+      ASSERT_EQ(std::memcmp(a.logits[i].data(), b.logits[i].data(),
+                            a.logits[i].size() * sizeof(float)),
+                0)
+          << "logits differ at step " << i;
+    }
+    EXPECT_EQ(a.tokens, b.tokens);
+  }
+
+  // Flips one byte of the stored value of residual chunk (layer, index).
+  void CorruptStoredChunk(int64_t layer, int64_t index) {
+    engine_.reset();
+    store_.reset();
+    rocksdb::Options o;
+    std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
+    for (const char* name : {"default", "manifests", "tokens", "residuals"})
+      cfs.emplace_back(name, rocksdb::ColumnFamilyOptions());
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(o, dir_.string(), cfs, &handles, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    const std::string key =
+        storage::ChunkKey("acme", "chat-1", storage::ChunkId{layer, index});
+    std::string value;
+    ASSERT_TRUE(db->Get({}, handles[3], key, &value).ok());
+    value[value.size() / 2] ^= 0x40;
+    ASSERT_TRUE(db->Put({}, handles[3], key, value).ok());
+    for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
+  }
+
+  std::unique_ptr<ops::Model> model_;
+  std::unique_ptr<ops::Tokenizer> tokenizer_;
+  v1::ModelIdentity identity_;
+  fs::path dir_;
+  std::unique_ptr<storage::TieredStore> store_;
+  std::unique_ptr<SessionEngine> engine_;
+  static inline int counter_ = 0;
+};
+
+const Variant kVariants[] = {
+    {"kv-direct", ops::ResidualKvSource::kAll},
+    {"kv-direct", 16},
+    {"stride:2", ops::ResidualKvSource::kAll},
+    {"tokens", ops::ResidualKvSource::kAll},
+};
+
+TEST_P(SessionEngineTest, EveryResumePathContinuesBitIdentically) {
+  for (const Variant& v : kVariants) {
+    SCOPED_TRACE(v.policy + " hot budget " + std::to_string(v.hot_budget));
+    const Transcript hot = Converse(v, nullptr);
+    ASSERT_EQ(hot.paths.size(), kTurns);
+    for (int i = 1; i < kTurns; ++i) EXPECT_EQ(hot.paths[i], StatePath::kHot);
+
+    // Demoted between turns: the checkpoint comes back from DRAM.
+    const Transcript dram =
+        Converse(v, [&] { engine_->Suspend("acme", "chat-1"); });
+    ExpectSameBits(hot, dram);
+    const StatePath cold_path =
+        v.policy == "tokens" ? StatePath::kReprefill : StatePath::kDram;
+    for (int i = 1; i < kTurns; ++i) EXPECT_EQ(dram.paths[i], cold_path);
+
+    // A restart between turns: new store, new engine, state from RocksDB.
+    const Transcript restart = Converse(v, [&] {
+      OpenStore();
+      NewEngine(v, identity_);
+    });
+    ExpectSameBits(hot, restart);
+    const StatePath disk_path =
+        v.policy == "tokens" ? StatePath::kReprefill : StatePath::kRocksDb;
+    for (int i = 1; i < kTurns; ++i) EXPECT_EQ(restart.paths[i], disk_path);
+    if (v.policy == "tokens") {
+      EXPECT_NE(restart.details[1].find("token ids only"), std::string::npos);
+    }
+  }
+}
+
+TEST_P(SessionEngineTest, CorruptChunkIsReportedAndReprefilledExactly) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
+  const Transcript reference = Converse(v, nullptr);
+  bool corrupted = false;
+  const Transcript got = Converse(v, [&] {
+    if (!corrupted) {
+      CorruptStoredChunk(/*layer=*/1, /*index=*/0);
+      corrupted = true;
+    }
+    OpenStore();
+    NewEngine(v, identity_);
+  });
+  ExpectSameBits(reference, got);
+  ASSERT_EQ(got.paths.size(), kTurns);
+  EXPECT_EQ(got.paths[1], StatePath::kReprefill);
+  EXPECT_NE(got.details[1].find("layer 1"), std::string::npos)
+      << got.details[1];
+  // The re-prefill rewrote every chunk: later restarts read them again.
+  EXPECT_EQ(got.paths[2], StatePath::kRocksDb);
+  EXPECT_EQ(got.paths[3], StatePath::kRocksDb);
+}
+
+TEST_P(SessionEngineTest, CheckpointOfAnotherModelIsRefused) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
+  OpenStore();
+  NewEngine(v, identity_);
+  ASSERT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
+  Transcript t;
+  ASSERT_TRUE(Turn(0, &t).ok());
+  v1::ModelIdentity other = identity_;
+  other.set_fingerprint("sha256:some-other-weights");
+  OpenStore();
+  NewEngine(v, other);
+  absl::StatusOr<TurnResult> r = Turn(1, &t);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("fingerprint"), std::string::npos)
+      << r.status();
+  other = identity_;
+  other.set_numerics_version(identity_.numerics_version() + 1);
+  NewEngine(v, other);
+  r = Turn(1, &t);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_P(SessionEngineTest, UnknownOrForeignSessionIsNotFound) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
+  OpenStore();
+  NewEngine(v, identity_);
+  ASSERT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
+  EXPECT_EQ(engine_->CreateSession("acme", "chat-1", {}).code(),
+            absl::StatusCode::kAlreadyExists);
+  TurnRequest r;
+  r.tenant = "globex";  // another tenant, same session id
+  r.session = "chat-1";
+  r.tokens = TurnTokens(0);
+  EXPECT_EQ(engine_->RunTurn(r, *tokenizer_, nullptr).status().code(),
+            absl::StatusCode::kNotFound);
+  r.tenant = "acme";
+  r.session = "nope";
+  EXPECT_EQ(engine_->RunTurn(r, *tokenizer_, nullptr).status().code(),
+            absl::StatusCode::kNotFound);
+  r.session = "../etc";
+  EXPECT_EQ(engine_->RunTurn(r, *tokenizer_, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(SessionEngineTest, CancelledTurnCommitsNothing) {
+  const Variant v{"kv-direct", 16};
+  const Transcript reference = Converse(v, nullptr);
+  FreshDir();
+  OpenStore();
+  NewEngine(v, identity_);
+  ASSERT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
+  Transcript t;
+  ASSERT_TRUE(Turn(0, &t).ok());
+  Transcript scratch;
+  EXPECT_EQ(Turn(1, &scratch, /*cancel_after=*/3).status().code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(engine_->stats().turns_failed, 1);
+  for (int turn = 1; turn < kTurns; ++turn) ASSERT_TRUE(Turn(turn, &t).ok());
+  ExpectSameBits(reference, t);
+  EXPECT_EQ(t.paths[1], StatePath::kDram);  // the hot state was dropped
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, SessionEngineTest,
+                         ::testing::ValuesIn(ops::testing::AllFamilyCases()),
+                         ops::testing::FamilyCaseName);
+
+}  // namespace
+}  // namespace kvd::engine

@@ -1,0 +1,78 @@
+#include "services/node/runtime.h"
+
+#include <chrono>
+#include <filesystem>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "ops/model/fingerprint.h"
+#include "ops/tokenizer/gguf_tokenizer.h"
+
+namespace kvd::node {
+
+absl::StatusOr<std::unique_ptr<storage::TieredStore>> NodeRuntime::OpenStore(
+    const NodeOptions& options) {
+  if (options.data_dir.empty())
+    return absl::InvalidArgumentError("no data directory given");
+  std::error_code ec;
+  std::filesystem::create_directories(options.data_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the data directory ", options.data_dir,
+                     ": ", ec.message(), "; choose a writable one"));
+  }
+  storage::SessionDbOptions db_options;
+  db_options.path = absl::StrCat(options.data_dir, "/sessions");
+  db_options.durability = options.durability;
+  storage::TieredStoreOptions store_options;
+  store_options.commit_mode = options.memory_commits
+                                  ? storage::CommitMode::kMemory
+                                  : storage::CommitMode::kWriteThrough;
+  store_options.dram.budget_bytes = options.dram_budget_bytes;
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<storage::SessionDb> db,
+                       storage::SessionDb::Open(db_options));
+  return storage::TieredStore::Create(std::move(db), store_options);
+}
+
+absl::StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Open(
+    const NodeOptions& options, const std::function<void(int, int)>& progress) {
+  std::unique_ptr<NodeRuntime> rt(new NodeRuntime());
+  rt->model_path_ = options.model_path;
+  KVD_ASSIGN_OR_RETURN(rt->store_, OpenStore(options));
+  ops::LoadOptions load;
+  load.precision = options.precision;
+  load.num_threads = options.num_threads;
+  if (progress) load.progress = progress;
+  const auto start = std::chrono::steady_clock::now();
+  KVD_ASSIGN_OR_RETURN(rt->model_, ops::Model::Load(options.model_path, load));
+  if (!rt->model_->has_gguf()) {
+    return absl::UnimplementedError(absl::StrCat(
+        options.model_path,
+        " is a Hugging Face checkpoint; serving needs its tokenizer, which is "
+        "only read from GGUF files so far"));
+  }
+  KVD_ASSIGN_OR_RETURN(rt->tokenizer_,
+                       ops::TokenizerFromGguf(rt->model_->file()));
+  std::optional<std::string_view> jinja;
+  if (const ops::GgufValue* v =
+          rt->model_->file().Find("tokenizer.chat_template")) {
+    jinja = v->AsString();
+  }
+  absl::StatusOr<ops::ChatTemplate> tmpl =
+      ops::ChatTemplate::Detect(rt->model_->file().architecture(), jinja);
+  if (tmpl.ok()) rt->chat_template_ = std::move(*tmpl);
+  KVD_ASSIGN_OR_RETURN(std::string fingerprint,
+                       ops::FingerprintModelFiles(options.model_path));
+  rt->load_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  rt->model_id_ =
+      options.model_id.empty() ? rt->model_->config().name : options.model_id;
+  rt->engine_ = std::make_unique<engine::SessionEngine>(
+      *rt->model_, engine::ModelIdentityOf(*rt->model_, fingerprint),
+      rt->store_.get(), options.engine);
+  return rt;
+}
+
+}  // namespace kvd::node

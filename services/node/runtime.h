@@ -1,0 +1,86 @@
+// One node's serving state: the model, its tokenizer and chat template, the
+// tiered session store under a data directory, and the SessionEngine over
+// them. `kvd chat` builds one in-process; `kvd serve` builds one and puts the
+// gRPC and HTTP front ends on it.
+//
+//   NodeOptions options;                      // defaults run on a laptop
+//   options.model_path = "/models/smollm2.gguf";
+//   KVD_ASSIGN_OR_RETURN(std::unique_ptr<NodeRuntime> node,
+//                        NodeRuntime::Open(options, /*progress=*/nullptr));
+//   node->engine().RunTurn(...);
+//
+// Thread-safety: members are as thread-safe as their types (the model,
+// tokenizer and template are immutable; store and engine are thread-safe).
+#ifndef KVD_SERVICES_NODE_RUNTIME_H_
+#define KVD_SERVICES_NODE_RUNTIME_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "ops/chat/chat_template.h"
+#include "ops/kvdirect/checkpoint_policy.h"
+#include "ops/model/model.h"
+#include "ops/tokenizer/tokenizer.h"
+#include "services/engine/session_engine.h"
+#include "storage/rocksdb/session_db.h"
+#include "storage/tiered/tiered_store.h"
+
+namespace kvd::node {
+
+struct NodeOptions {
+  std::string model_path;  // a GGUF file
+  // The name clients use for the model (/v1/models); empty: the file's
+  // general.name.
+  std::string model_id;
+  ops::Precision precision = ops::Precision::kBf16;
+  int num_threads = 0;   // 0 = all cores
+  std::string data_dir;  // sessions live in data_dir/sessions
+  storage::Durability durability = storage::Durability::kSync;
+  bool memory_commits = false;  // storage::CommitMode::kMemory
+  int64_t dram_budget_bytes = int64_t{1} << 30;
+  engine::SessionEngineOptions engine;
+};
+
+class NodeRuntime {
+ public:
+  // Opens the store (creating data_dir), loads the model, fingerprints it.
+  // `progress` (may be null) sees model-load progress.
+  static absl::StatusOr<std::unique_ptr<NodeRuntime>> Open(
+      const NodeOptions& options,
+      const std::function<void(int done, int total)>& progress);
+
+  // Opens only the session store (for offline tools: no model).
+  static absl::StatusOr<std::unique_ptr<storage::TieredStore>> OpenStore(
+      const NodeOptions& options);
+
+  const ops::Model& model() const { return *model_; }
+  const ops::Tokenizer& tokenizer() const { return *tokenizer_; }
+  // None for models without a recognised chat template: raw prompts only.
+  const std::optional<ops::ChatTemplate>& chat_template() const {
+    return chat_template_;
+  }
+  storage::TieredStore& store() { return *store_; }
+  engine::SessionEngine& engine() { return *engine_; }
+  const std::string& model_id() const { return model_id_; }
+  const std::string& model_path() const { return model_path_; }
+  double load_seconds() const { return load_seconds_; }
+
+ private:
+  NodeRuntime() = default;
+
+  std::unique_ptr<ops::Model> model_;
+  std::unique_ptr<ops::Tokenizer> tokenizer_;
+  std::optional<ops::ChatTemplate> chat_template_;
+  std::unique_ptr<storage::TieredStore> store_;
+  std::unique_ptr<engine::SessionEngine> engine_;  // last: uses the others
+  std::string model_id_, model_path_;
+  double load_seconds_ = 0;
+};
+
+}  // namespace kvd::node
+
+#endif  // KVD_SERVICES_NODE_RUNTIME_H_

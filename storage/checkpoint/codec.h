@@ -1,0 +1,93 @@
+// The checkpoint codec: how one chunk of a session checkpoint is laid out as
+// bytes, checked, and named (proto/kvd/v1/checkpoint.proto has the format).
+//
+// A chunk value is
+//   varint32 header size | ChunkHeader (serialized proto) | payload
+// where the payload is `rows` rows of `row_bytes` bytes in `dtype` and the
+// header's crc32c covers the payload. DecodeChunk refuses anything that does
+// not add up (DATA_LOSS, naming the chunk), so callers never see a torn or
+// flipped chunk as data.
+//
+//   v1::ChunkHeader h;
+//   h.set_layer(3); h.set_chunk_index(2); h.set_first_position(2 * 64);
+//   h.set_rows(64); h.set_dtype(v1::DTYPE_BF16); h.set_row_bytes(1152);
+//   std::string value = EncodeChunk(h, payload);        // fills crc32c
+//   KVD_ASSIGN_OR_RETURN(DecodedChunk c, DecodeChunk(value, "t/s layer 3"));
+//
+// Thread-safety: pure functions.
+#ifndef KVD_STORAGE_CHECKPOINT_CODEC_H_
+#define KVD_STORAGE_CHECKPOINT_CODEC_H_
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/kvd/v1/checkpoint.pb.h"
+
+namespace kvd::storage {
+
+// Bumped whenever the byte layout of anything in checkpoint.proto or of a
+// chunk value changes meaning; a manifest with another version is refused.
+inline constexpr uint32_t kCheckpointFormatVersion = 1;
+// ChunkHeader.layer of token-id chunks.
+inline constexpr int64_t kTokenLayer = -1;
+// Longest tenant or session id (bytes); see ValidateName.
+inline constexpr size_t kMaxNameBytes = 128;
+
+// Identifies a chunk within one session.
+struct ChunkId {
+  int64_t layer = kTokenLayer;
+  int64_t index = 0;
+
+  friend bool operator<(const ChunkId& a, const ChunkId& b) {
+    return std::tie(a.layer, a.index) < std::tie(b.layer, b.index);
+  }
+  friend bool operator==(const ChunkId& a, const ChunkId& b) {
+    return a.layer == b.layer && a.index == b.index;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const ChunkId& c) {
+    return H::combine(std::move(h), c.layer, c.index);
+  }
+};
+
+// Bytes of one element of `dtype` (0 for DTYPE_UNSPECIFIED).
+int64_t DTypeBytes(v1::DType dtype);
+
+// Serializes the header (with crc32c computed over `payload`) and payload.
+std::string EncodeChunk(v1::ChunkHeader header, absl::string_view payload);
+
+struct DecodedChunk {
+  v1::ChunkHeader header;
+  absl::string_view payload;  // points into the value passed to DecodeChunk
+};
+// DATA_LOSS (message names `where`, the chunk, and what is wrong) if the value
+// is truncated, the header does not parse or is inconsistent (rows,
+// row_bytes, dtype vs payload size), or the payload's CRC32C differs.
+absl::StatusOr<DecodedChunk> DecodeChunk(absl::string_view value,
+                                         absl::string_view where);
+
+// Tenant and session ids: 1..kMaxNameBytes of [A-Za-z0-9._-], not "." or
+// "..". They appear inside storage keys and file names, so nothing else is
+// allowed. INVALID_ARGUMENT naming `what` ("tenant", "session id") otherwise.
+absl::Status ValidateName(absl::string_view what, absl::string_view name);
+
+// FAILED_PRECONDITION unless `stored` (from a checkpoint of `session`) and
+// `loaded` (the running model) agree on fingerprint, precision and numerics
+// version; the message says which field differs, both values, and what to do.
+absl::Status CheckCompatible(const v1::ModelIdentity& stored,
+                             const v1::ModelIdentity& loaded,
+                             absl::string_view session);
+
+// A manifest's internal consistency: format version, names, policy and layer
+// list, chunk_tokens > 0, dtype/row_bytes, 0 <= length <= token_count,
+// turn_ends ascending and ending at token_count, first_position per layer.
+// FAILED_PRECONDITION for another format version, DATA_LOSS otherwise.
+absl::Status ValidateManifest(const v1::SessionManifest& manifest);
+
+}  // namespace kvd::storage
+
+#endif  // KVD_STORAGE_CHECKPOINT_CODEC_H_

@@ -1,0 +1,60 @@
+#include "storage/checkpoint/session_checkpoint.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvd::storage {
+
+absl::Status ValidateManifestForWrite(const v1::SessionManifest& manifest) {
+  absl::Status s = ValidateManifest(manifest);
+  // ValidateManifest speaks about stored data (DATA_LOSS); a manifest handed
+  // in by a caller is a bad argument instead.
+  if (s.code() == absl::StatusCode::kDataLoss) {
+    return absl::InvalidArgumentError(s.message());
+  }
+  return s;
+}
+
+absl::Status SessionCheckpoint::Apply(const TurnUpdate& update) {
+  const v1::SessionManifest& m = update.manifest;
+  absl::Status valid = ValidateManifestForWrite(m);
+  if (!valid.ok()) return valid;
+  if (!empty() && (m.tenant() != manifest_.tenant() ||
+                   m.session_id() != manifest_.session_id())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("turn update for session ", m.tenant(), "/",
+                     m.session_id(), " applied to the checkpoint of ",
+                     manifest_.tenant(), "/", manifest_.session_id()));
+  }
+  for (const ChunkId& id : update.erase) {
+    auto it = chunks_.find(id);
+    if (it == chunks_.end()) continue;
+    chunk_bytes_ -= static_cast<int64_t>(it->second.size());
+    chunks_.erase(it);
+  }
+  for (const auto& [id, value] : update.put) {
+    std::string& slot = chunks_[id];
+    chunk_bytes_ +=
+        static_cast<int64_t>(value.size()) - static_cast<int64_t>(slot.size());
+    slot = value;
+  }
+  manifest_ = m;
+  return absl::OkStatus();
+}
+
+void SessionCheckpoint::Reset(v1::SessionManifest manifest,
+                              std::map<ChunkId, std::string> chunks) {
+  manifest_ = std::move(manifest);
+  chunks_ = std::move(chunks);
+  chunk_bytes_ = 0;
+  for (const auto& [id, value] : chunks_) {
+    chunk_bytes_ += static_cast<int64_t>(value.size());
+  }
+}
+
+int64_t SessionCheckpoint::bytes() const {
+  return chunk_bytes_ + static_cast<int64_t>(manifest_.ByteSizeLong());
+}
+
+}  // namespace kvd::storage

@@ -1,0 +1,75 @@
+// One session's checkpoint as bytes in memory, and the update one committed
+// turn makes to it. This is the unit every tier holds (the DRAM tier keeps
+// SessionCheckpoints; the RocksDB tier writes a TurnUpdate as one atomic
+// batch and loads a SessionCheckpoint back), and what export/import write.
+//
+// Storage knows nothing about models: the engine (services/engine) turns a
+// session's token ids and residual rows into chunk values with codec.h, and
+// back.
+//
+//   SessionCheckpoint cp;                      // empty
+//   KVD_RETURN_IF_ERROR(cp.Apply(turn));       // turn: a TurnUpdate
+//   for (const auto& [id, value] : cp.chunks()) ...
+//
+// Thread-safety: a value type; no internal locking.
+#ifndef KVD_STORAGE_CHECKPOINT_SESSION_CHECKPOINT_H_
+#define KVD_STORAGE_CHECKPOINT_SESSION_CHECKPOINT_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "proto/kvd/v1/checkpoint.pb.h"
+#include "storage/checkpoint/codec.h"
+
+namespace kvd::storage {
+
+// What one committed turn changes: the new manifest, every chunk whose bytes
+// are new or changed (a partly filled last chunk is rewritten whole as it
+// grows), and chunks that are no longer kept (trimmed below a sliding
+// window). Values are encoded chunks (EncodeChunk).
+struct TurnUpdate {
+  v1::SessionManifest manifest;
+  std::vector<std::pair<ChunkId, std::string>> put;
+  std::vector<ChunkId> erase;
+};
+
+// ValidateManifest for a manifest a caller hands in (a turn to apply or
+// commit): the same checks, but INVALID_ARGUMENT instead of DATA_LOSS, since
+// the bytes are not stored ones.
+absl::Status ValidateManifestForWrite(const v1::SessionManifest& manifest);
+
+class SessionCheckpoint {
+ public:
+  SessionCheckpoint() = default;
+
+  const v1::SessionManifest& manifest() const { return manifest_; }
+  // Encoded chunk values by id, ordered by (layer, index): token chunks
+  // first, then each layer's chunks by position.
+  const std::map<ChunkId, std::string>& chunks() const { return chunks_; }
+
+  // Applies a turn: replaces the manifest, writes `put`, removes `erase`.
+  // INVALID_ARGUMENT if the update's manifest fails ValidateManifest or names
+  // another tenant/session than a non-empty checkpoint's; nothing changes
+  // then.
+  absl::Status Apply(const TurnUpdate& update);
+  // Replaces everything (a load from a lower tier or an import).
+  void Reset(v1::SessionManifest manifest,
+             std::map<ChunkId, std::string> chunks);
+
+  bool empty() const { return manifest_.session_id().empty(); }
+  // Bytes held: chunk values plus the manifest's serialized size.
+  int64_t bytes() const;
+
+ private:
+  v1::SessionManifest manifest_;
+  std::map<ChunkId, std::string> chunks_;
+  int64_t chunk_bytes_ = 0;
+};
+
+}  // namespace kvd::storage
+
+#endif  // KVD_STORAGE_CHECKPOINT_SESSION_CHECKPOINT_H_

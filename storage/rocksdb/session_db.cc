@@ -1,0 +1,687 @@
+#include "storage/rocksdb/session_db.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/status_macros.h"
+#include "rocksdb/cache.h"
+#include "rocksdb/convenience.h"
+#include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
+#include "rocksdb/filter_policy.h"
+#include "rocksdb/rate_limiter.h"
+#include "rocksdb/table.h"
+#include "rocksdb/write_batch.h"
+#include "storage/checkpoint/codec.h"
+#include "storage/rocksdb/keys.h"
+
+namespace kvd::storage {
+namespace {
+
+// Column families, by index into Impl::cfs.
+enum Cf { kDefault = 0, kManifests, kTokens, kResiduals, kNumCfs };
+const char* const kCfNames[kNumCfs] = {"default", "manifests", "tokens",
+                                       "residuals"};
+
+// Format marker in the default family: refuses a directory written by an
+// incompatible kvd (or by something else entirely).
+const char kFormatKey[] = "kvd.session_db.format";
+const char kFormatValue[] = "kvd-session-db/1";
+
+// A residual chunk (C x row bytes, e.g. 64 x 1152 B for SmolLM2 in bf16) is
+// far above this, so every one lands in a blob file; token chunks (4 B/row)
+// and manifests stay in the LSM.
+constexpr uint64_t kMinBlobBytes = 4096;
+
+bool Supported(rocksdb::CompressionType type) {
+  for (rocksdb::CompressionType t : rocksdb::GetSupportedCompressions()) {
+    if (t == type) return true;
+  }
+  return false;
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::string Name(absl::string_view tenant, absl::string_view session) {
+  return absl::StrCat(tenant, "/", session);
+}
+
+std::string ChunkName(const ChunkId& id) {
+  return id.layer == kTokenLayer
+             ? absl::StrCat("token chunk ", id.index)
+             : absl::StrCat("layer ", id.layer, " chunk ", id.index);
+}
+
+}  // namespace
+
+struct SessionDb::Impl {
+  SessionDbOptions options;
+  std::unique_ptr<rocksdb::Env> env;  // owns the composite env over `fs`
+  std::shared_ptr<rocksdb::Cache> block_cache;
+  std::unique_ptr<rocksdb::DB> db;
+  std::vector<rocksdb::ColumnFamilyHandle*> cfs;
+
+  // Commits take it shared; SweepOrphans takes it exclusively so it never
+  // deletes a chunk that a concurrent commit has just made live.
+  absl::Mutex commit_mu;
+  mutable absl::Mutex mu;
+  // Per tenant: the sum of its manifests' stored_bytes plus bytes reserved
+  // by commits in flight.
+  absl::flat_hash_map<std::string, int64_t> tenant_bytes ABSL_GUARDED_BY(mu);
+  // Set when a write failed for lack of space: RocksDB then refuses writes
+  // until DB::Resume() succeeds.
+  bool needs_resume ABSL_GUARDED_BY(mu) = false;
+
+  ~Impl() {
+    for (rocksdb::ColumnFamilyHandle* cf : cfs) {
+      if (cf != nullptr) db->DestroyColumnFamilyHandle(cf);
+    }
+    if (db != nullptr) db->Close();
+  }
+
+  // One adapter from rocksdb::Status, so codes mean the same everywhere.
+  absl::Status FromRocks(const rocksdb::Status& s,
+                         absl::string_view what) const {
+    if (s.ok()) return absl::OkStatus();
+    const std::string msg =
+        absl::StrCat(what, " in ", options.path, ": ", s.ToString());
+    if (s.IsNoSpace() || s.subcode() == rocksdb::Status::kSpaceLimit) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          msg, "; the disk holding ", options.path,
+          " is full: free space or delete sessions, then retry (nothing of "
+          "this write was committed)"));
+    }
+    if (s.IsNotFound()) return absl::NotFoundError(msg);
+    if (s.IsCorruption()) return absl::DataLossError(msg);
+    if (s.IsInvalidArgument() || s.IsNotSupported()) {
+      return absl::InvalidArgumentError(msg);
+    }
+    return absl::UnavailableError(
+        absl::StrCat(msg, "; check the disk and retry"));
+  }
+
+  rocksdb::WriteOptions WriteOpts() const {
+    rocksdb::WriteOptions w;
+    w.sync = options.durability == Durability::kSync;
+    return w;
+  }
+
+  int64_t QuotaOf(const std::string& tenant) const {
+    auto it = options.tenant_quota_bytes.find(tenant);
+    return it != options.tenant_quota_bytes.end() ? it->second
+                                                  : options.default_quota_bytes;
+  }
+
+  absl::StatusOr<std::optional<v1::SessionManifest>> ReadManifest(
+      absl::string_view tenant, absl::string_view session,
+      const rocksdb::Snapshot* snapshot = nullptr) {
+    rocksdb::ReadOptions r;
+    r.snapshot = snapshot;
+    std::string value;
+    const std::string key = SessionKey(tenant, session);
+    rocksdb::Status s = db->Get(r, cfs[kManifests], key, &value);
+    if (s.IsNotFound()) return std::optional<v1::SessionManifest>();
+    KVD_RETURN_IF_ERROR(
+        FromRocks(s, absl::StrCat("reading the manifest of ", key)));
+    v1::SessionManifest m;
+    if (!m.ParseFromString(value)) {
+      return absl::DataLossError(absl::StrCat(
+          "manifest of session ", key, " in ", options.path,
+          " does not parse; delete the session (DeleteSession) and re-import "
+          "it"));
+    }
+    KVD_RETURN_IF_ERROR(ValidateManifest(m));
+    if (m.tenant() != tenant || m.session_id() != session) {
+      return absl::DataLossError(absl::StrCat(
+          "manifest stored under ", key, " names session ", m.tenant(), "/",
+          m.session_id(), "; delete the session and re-import it"));
+    }
+    return std::optional<v1::SessionManifest>(std::move(m));
+  }
+
+  // Checks an encoded chunk a caller wants to store: it decodes, matches its
+  // id, and has the manifest's row layout.
+  absl::Status CheckChunkForWrite(const v1::SessionManifest& m,
+                                  const ChunkId& id, absl::string_view value) {
+    const std::string where =
+        absl::StrCat("chunk to store for ", Name(m.tenant(), m.session_id()));
+    auto c = DecodeChunk(value, where);
+    if (!c.ok()) return absl::InvalidArgumentError(c.status().message());
+    absl::Status layout = CheckLayout(m, id, c->header, where);
+    if (!layout.ok()) return absl::InvalidArgumentError(layout.message());
+    if (id.layer != kTokenLayer &&
+        std::find(m.layers().begin(), m.layers().end(), id.layer) ==
+            m.layers().end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", ChunkName(id),
+                       " is for a layer the manifest does not "
+                       "checkpoint"));
+    }
+    return absl::OkStatus();
+  }
+
+  // DATA_LOSS unless a decoded header agrees with its key and the manifest.
+  static absl::Status CheckLayout(const v1::SessionManifest& m,
+                                  const ChunkId& id, const v1::ChunkHeader& h,
+                                  absl::string_view where) {
+    auto bad = [&](absl::string_view what) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": ", ChunkName(id), ": ", what));
+    };
+    if (h.layer() != id.layer || h.chunk_index() != id.index) {
+      return bad(absl::StrCat("header says layer ", h.layer(), " chunk ",
+                              h.chunk_index()));
+    }
+    if (h.first_position() != id.index * m.chunk_tokens() ||
+        h.rows() > m.chunk_tokens()) {
+      return bad(absl::StrCat("first position ", h.first_position(), " and ",
+                              h.rows(), " rows do not fit chunks of ",
+                              m.chunk_tokens(), " tokens"));
+    }
+    if (id.layer != kTokenLayer &&
+        (h.dtype() != m.dtype() || h.row_bytes() != m.row_bytes())) {
+      return bad(absl::StrCat("rows are ", v1::DType_Name(h.dtype()), " x ",
+                              h.row_bytes(), " bytes but the manifest says ",
+                              v1::DType_Name(m.dtype()), " x ", m.row_bytes()));
+    }
+    return absl::OkStatus();
+  }
+
+  // Reserves the quota a new manifest needs over the old one's; released by
+  // FinishReservation whether or not the write succeeded.
+  absl::Status Reserve(const std::string& tenant, int64_t delta) {
+    absl::MutexLock lock(&mu);
+    int64_t& bytes = tenant_bytes[tenant];
+    const int64_t quota = QuotaOf(tenant);
+    if (delta > 0 && quota > 0 && bytes + delta > quota) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant ", tenant, " would store ", bytes + delta,
+          " bytes of session checkpoints, over its quota of ", quota,
+          " bytes; delete sessions or raise the tenant's quota"));
+    }
+    bytes += delta;
+    return absl::OkStatus();
+  }
+  void Unreserve(const std::string& tenant, int64_t delta) {
+    absl::MutexLock lock(&mu);
+    tenant_bytes[tenant] -= delta;
+  }
+
+  // Writes a batch that replaces `m`'s session manifest (old stored_bytes =
+  // `old_bytes`), with quota accounting and disk-full recovery.
+  absl::Status CommitBatch(const v1::SessionManifest& m, int64_t old_bytes,
+                           rocksdb::WriteBatch* batch, absl::string_view what) {
+    KVD_RETURN_IF_ERROR(MaybeResume());
+    const int64_t delta = m.stored_bytes() - old_bytes;
+    KVD_RETURN_IF_ERROR(Reserve(m.tenant(), delta));
+    rocksdb::Status s = db->Write(WriteOpts(), batch);
+    if (!s.ok()) {
+      Unreserve(m.tenant(), delta);
+      if (s.IsNoSpace()) {
+        absl::MutexLock lock(&mu);
+        needs_resume = true;
+      }
+      return FromRocks(s, absl::StrCat(what, " for session ",
+                                       Name(m.tenant(), m.session_id())));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status MaybeResume() {
+    {
+      absl::MutexLock lock(&mu);
+      if (!needs_resume) return absl::OkStatus();
+    }
+    rocksdb::Status s = db->Resume();
+    if (s.IsBusy()) {
+      // RocksDB's own recovery (it polls free space after a NoSpace error) is
+      // running; it clears the error by itself once there is room.
+      return absl::UnavailableError(absl::StrCat(
+          "the session database at ", options.path,
+          " is recovering from a full disk; free space and retry in a few "
+          "seconds"));
+    }
+    if (!s.ok()) return FromRocks(s, "recovering from an earlier write error");
+    absl::MutexLock lock(&mu);
+    needs_resume = false;
+    return absl::OkStatus();
+  }
+
+  absl::Status Open();
+  absl::Status RebuildTenantBytes();
+};
+
+absl::Status SessionDb::Impl::Open() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (options.path.empty()) {
+    return absl::InvalidArgumentError(
+        "SessionDbOptions.path is empty; set it to a directory for session "
+        "checkpoints");
+  }
+  const fs::file_status st = fs::status(options.path, ec);
+  if (fs::exists(st) && !fs::is_directory(st)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session database path ", options.path,
+        " exists and is not a directory; point the path at a directory (or a "
+        "path that does not exist yet)"));
+  }
+  std::shared_ptr<rocksdb::FileSystem> file_system =
+      options.file_system ? options.file_system
+                          : rocksdb::FileSystem::Default();
+  env = rocksdb::NewCompositeEnv(file_system);
+
+  rocksdb::DBOptions db_opts;
+  db_opts.env = env.get();
+  db_opts.create_if_missing = true;
+  db_opts.create_missing_column_families = true;
+  db_opts.max_background_jobs = 2;
+  db_opts.keep_log_file_num = 3;
+  if (options.background_bytes_per_sec > 0) {
+    db_opts.rate_limiter.reset(
+        rocksdb::NewGenericRateLimiter(options.background_bytes_per_sec));
+  }
+  block_cache = rocksdb::NewLRUCache(
+      static_cast<size_t>(std::max<int64_t>(options.block_cache_bytes, 0)));
+
+  auto cf_options = [&](Cf cf) {
+    rocksdb::ColumnFamilyOptions o;
+    rocksdb::BlockBasedTableOptions table;
+    table.block_cache = block_cache;
+    table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+    o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+    // Manifests and token ids are small; LZ4 costs little on them.
+    o.compression = Supported(rocksdb::kLZ4Compression)
+                        ? rocksdb::kLZ4Compression
+                        : rocksdb::kNoCompression;
+    if (cf == kResiduals) {
+      o.enable_blob_files = true;
+      o.min_blob_size = kMinBlobBytes;
+      o.enable_blob_garbage_collection = true;
+      // LZ4 saves nothing on bf16 rows; ZSTD about 19% at a third less
+      // throughput (docs/BENCHMARKS.md), so it is the only option offered.
+      o.blob_compression_type =
+          options.compress_residuals && Supported(rocksdb::kZSTD)
+              ? rocksdb::kZSTD
+              : rocksdb::kNoCompression;
+    }
+    return o;
+  };
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+  for (int cf = 0; cf < kNumCfs; ++cf) {
+    descriptors.emplace_back(kCfNames[cf], cf_options(static_cast<Cf>(cf)));
+  }
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s =
+      rocksdb::DB::Open(db_opts, options.path, descriptors, &cfs, &raw);
+  if (!s.ok()) {
+    cfs.clear();
+    std::string hint =
+        "; check that the directory is writable and on a local disk";
+    if (s.ToString().find("lock") != std::string::npos) {
+      hint = "; another kvd process has it open: stop it or use another path";
+    }
+    if (s.IsInvalidArgument()) {
+      hint =
+          "; the directory holds a RocksDB database that is not a kvd "
+          "session database: choose another path";
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open the session database at ", options.path, ": ",
+                     s.ToString(), hint));
+  }
+  db.reset(raw);
+
+  std::string marker;
+  s = db->Get(rocksdb::ReadOptions(), cfs[kDefault], kFormatKey, &marker);
+  if (s.IsNotFound()) {
+    s = db->Put(WriteOpts(), cfs[kDefault], kFormatKey, kFormatValue);
+    KVD_RETURN_IF_ERROR(FromRocks(s, "writing the format marker"));
+  } else if (!s.ok()) {
+    return FromRocks(s, "reading the format marker");
+  } else if (marker != kFormatValue) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session database at ", options.path, " has format \"", marker,
+        "\" but this kvd reads \"", kFormatValue,
+        "\"; open it with the kvd release that wrote it, or use another "
+        "path"));
+  }
+  return RebuildTenantBytes();
+}
+
+absl::Status SessionDb::Impl::RebuildTenantBytes() {
+  // The per-tenant totals live only in memory; a restart rebuilds them from
+  // the manifests on disk so quotas hold across restarts.
+  absl::flat_hash_map<std::string, int64_t> totals;
+  std::unique_ptr<rocksdb::Iterator> it(
+      db->NewIterator(rocksdb::ReadOptions(), cfs[kManifests]));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    v1::SessionManifest m;
+    if (!m.ParseFromArray(it->value().data(),
+                          static_cast<int>(it->value().size()))) {
+      // Counted as zero; Load reports the damage for this session.
+      continue;
+    }
+    totals[m.tenant()] += m.stored_bytes();
+  }
+  KVD_RETURN_IF_ERROR(FromRocks(it->status(), "scanning manifests"));
+  absl::MutexLock lock(&mu);
+  tenant_bytes = std::move(totals);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SessionDb>> SessionDb::Open(
+    const SessionDbOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  KVD_RETURN_IF_ERROR(impl->Open());
+  return std::unique_ptr<SessionDb>(new SessionDb(std::move(impl)));
+}
+
+SessionDb::SessionDb(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SessionDb::~SessionDb() = default;
+
+absl::Status SessionDb::CommitTurn(const TurnUpdate& update) {
+  const v1::SessionManifest& m = update.manifest;
+  KVD_RETURN_IF_ERROR(ValidateManifestForWrite(m));
+  rocksdb::WriteBatch batch;
+  for (const ChunkId& id : update.erase) {
+    const Cf cf = id.layer == kTokenLayer ? kTokens : kResiduals;
+    batch.Delete(impl_->cfs[cf], ChunkKey(m.tenant(), m.session_id(), id));
+  }
+  for (const auto& [id, value] : update.put) {
+    KVD_RETURN_IF_ERROR(impl_->CheckChunkForWrite(m, id, value));
+    const Cf cf = id.layer == kTokenLayer ? kTokens : kResiduals;
+    batch.Put(impl_->cfs[cf], ChunkKey(m.tenant(), m.session_id(), id), value);
+  }
+  batch.Put(impl_->cfs[kManifests], SessionKey(m.tenant(), m.session_id()),
+            m.SerializeAsString());
+  absl::ReaderMutexLock commit(&impl_->commit_mu);
+  KVD_ASSIGN_OR_RETURN(auto old,
+                       impl_->ReadManifest(m.tenant(), m.session_id()));
+  return impl_->CommitBatch(m, old ? old->stored_bytes() : 0, &batch,
+                            "committing a turn");
+}
+
+absl::Status SessionDb::PutSession(const SessionCheckpoint& checkpoint) {
+  const v1::SessionManifest& m = checkpoint.manifest();
+  KVD_RETURN_IF_ERROR(ValidateManifestForWrite(m));
+  const std::string prefix = ChunkPrefix(m.tenant(), m.session_id());
+  const std::string end = PrefixUpperBound(prefix);
+  rocksdb::WriteBatch batch;
+  // Batch entries apply in order, so the puts below win over these ranges.
+  batch.DeleteRange(impl_->cfs[kTokens], prefix, end);
+  batch.DeleteRange(impl_->cfs[kResiduals], prefix, end);
+  for (const auto& [id, value] : checkpoint.chunks()) {
+    KVD_RETURN_IF_ERROR(impl_->CheckChunkForWrite(m, id, value));
+    const Cf cf = id.layer == kTokenLayer ? kTokens : kResiduals;
+    batch.Put(impl_->cfs[cf], ChunkKey(m.tenant(), m.session_id(), id), value);
+  }
+  batch.Put(impl_->cfs[kManifests], SessionKey(m.tenant(), m.session_id()),
+            m.SerializeAsString());
+  absl::ReaderMutexLock commit(&impl_->commit_mu);
+  auto old = impl_->ReadManifest(m.tenant(), m.session_id());
+  // A damaged old manifest must not block replacing it.
+  const int64_t old_bytes = old.ok() && *old ? (*old)->stored_bytes() : 0;
+  return impl_->CommitBatch(m, old_bytes, &batch, "importing");
+}
+
+absl::StatusOr<v1::SessionManifest> SessionDb::GetManifest(
+    absl::string_view tenant, absl::string_view session) {
+  KVD_RETURN_IF_ERROR(ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(ValidateName("session id", session));
+  KVD_ASSIGN_OR_RETURN(auto m, impl_->ReadManifest(tenant, session));
+  if (!m) {
+    return absl::NotFoundError(
+        absl::StrCat("tenant ", tenant, " has no stored session ", session));
+  }
+  return *std::move(m);
+}
+
+absl::StatusOr<SessionCheckpoint> SessionDb::Load(absl::string_view tenant,
+                                                  absl::string_view session,
+                                                  Parts parts) {
+  KVD_RETURN_IF_ERROR(ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(ValidateName("session id", session));
+  // One snapshot: the manifest and the chunks it accounts for come from the
+  // same committed state even while turns are being committed.
+  const rocksdb::Snapshot* snapshot = impl_->db->GetSnapshot();
+  struct Release {
+    rocksdb::DB* db;
+    const rocksdb::Snapshot* s;
+    ~Release() { db->ReleaseSnapshot(s); }
+  } release{impl_->db.get(), snapshot};
+
+  KVD_ASSIGN_OR_RETURN(auto found,
+                       impl_->ReadManifest(tenant, session, snapshot));
+  if (!found) {
+    return absl::NotFoundError(
+        absl::StrCat("tenant ", tenant, " has no stored session ", session));
+  }
+  const v1::SessionManifest& m = *found;
+  const int64_t c = m.chunk_tokens();
+  // Rows each needed chunk must hold at least, by id.
+  std::map<ChunkId, int64_t> needed;
+  for (int64_t i = 0; i < CeilDiv(m.token_count(), c); ++i) {
+    needed[ChunkId{kTokenLayer, i}] = std::min(c, m.token_count() - i * c);
+  }
+  if (parts == Parts::kAll) {
+    for (int l = 0; l < m.layers_size(); ++l) {
+      for (int64_t i = m.first_position(l) / c; i < CeilDiv(m.length(), c);
+           ++i) {
+        needed[ChunkId{m.layers(l), i}] = std::min(c, m.length() - i * c);
+      }
+    }
+  }
+
+  const std::string where = absl::StrCat("session ", Name(tenant, session),
+                                         " in ", impl_->options.path);
+  const std::string prefix = ChunkPrefix(tenant, session);
+  const std::string end = PrefixUpperBound(prefix);
+  std::map<ChunkId, std::string> chunks;
+  for (Cf cf : {kTokens, kResiduals}) {
+    if (cf == kResiduals && parts != Parts::kAll) break;
+    rocksdb::ReadOptions r;
+    r.snapshot = snapshot;
+    rocksdb::Slice upper(end);
+    r.iterate_upper_bound = &upper;
+    r.fill_cache = cf != kResiduals;
+    std::unique_ptr<rocksdb::Iterator> it(
+        impl_->db->NewIterator(r, impl_->cfs[cf]));
+    for (it->Seek(prefix); it->Valid(); it->Next()) {
+      auto key =
+          ParseChunkKey(absl::string_view(it->key().data(), it->key().size()));
+      if (!key) {
+        return absl::DataLossError(absl::StrCat(
+            where, ": malformed chunk key; run SweepOrphans or re-import"));
+      }
+      auto want = needed.find(key->id);
+      if (want == needed.end()) continue;  // beyond the manifest: not trusted
+      const absl::string_view value(it->value().data(), it->value().size());
+      KVD_ASSIGN_OR_RETURN(DecodedChunk decoded, DecodeChunk(value, where));
+      KVD_RETURN_IF_ERROR(Impl::CheckLayout(m, key->id, decoded.header, where));
+      if (decoded.header.rows() < want->second) {
+        return absl::DataLossError(absl::StrCat(
+            where, ": ", ChunkName(key->id), " holds ", decoded.header.rows(),
+            " rows but the manifest needs ", want->second,
+            "; delete the session and re-import it, or resume from tokens"));
+      }
+      chunks.emplace(key->id, std::string(value));
+    }
+    KVD_RETURN_IF_ERROR(impl_->FromRocks(
+        it->status(),
+        absl::StrCat("reading chunks of ", Name(tenant, session))));
+  }
+  for (const auto& [id, rows] : needed) {
+    if (chunks.count(id) == 0) {
+      return absl::DataLossError(absl::StrCat(
+          where, ": ", ChunkName(id),
+          " is missing although the manifest needs it; delete the session and "
+          "re-import it, or resume from tokens"));
+    }
+  }
+  SessionCheckpoint cp;
+  cp.Reset(m, std::move(chunks));
+  return cp;
+}
+
+absl::StatusOr<SessionListPage> SessionDb::ListSessions(
+    absl::string_view tenant, absl::string_view page_token, int64_t page_size) {
+  KVD_RETURN_IF_ERROR(ValidateName("tenant", tenant));
+  if (page_size < 1 || page_size > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size ", page_size, " is outside 1..1000"));
+  }
+  if (!page_token.empty() && !ValidateName("page token", page_token).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page token \"", page_token,
+        "\" was not returned by ListSessions; pass an empty token to start"));
+  }
+  const std::string prefix = TenantPrefix(tenant);
+  const std::string end = PrefixUpperBound(prefix);
+  rocksdb::ReadOptions r;
+  rocksdb::Slice upper(end);
+  r.iterate_upper_bound = &upper;
+  std::unique_ptr<rocksdb::Iterator> it(
+      impl_->db->NewIterator(r, impl_->cfs[kManifests]));
+  // The token is the last id of the previous page; ids sort as keys do.
+  const std::string start =
+      page_token.empty() ? prefix : SessionKey(tenant, page_token);
+  SessionListPage page;
+  for (it->Seek(start); it->Valid(); it->Next()) {
+    if (!page_token.empty() && it->key() == rocksdb::Slice(start)) continue;
+    if (static_cast<int64_t>(page.sessions.size()) == page_size) {
+      page.next_page_token = page.sessions.back().session_id();
+      break;
+    }
+    v1::SessionManifest m;
+    if (!m.ParseFromArray(it->value().data(),
+                          static_cast<int>(it->value().size()))) {
+      return absl::DataLossError(absl::StrCat(
+          "manifest ", it->key().ToString(), " in ", impl_->options.path,
+          " does not parse; delete that session"));
+    }
+    page.sessions.push_back(std::move(m));
+  }
+  KVD_RETURN_IF_ERROR(impl_->FromRocks(it->status(), "listing sessions"));
+  return page;
+}
+
+absl::Status SessionDb::DeleteSession(absl::string_view tenant,
+                                      absl::string_view session) {
+  KVD_RETURN_IF_ERROR(ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(ValidateName("session id", session));
+  absl::ReaderMutexLock commit(&impl_->commit_mu);
+  std::string value;
+  rocksdb::Status s =
+      impl_->db->Get(rocksdb::ReadOptions(), impl_->cfs[kManifests],
+                     SessionKey(tenant, session), &value);
+  if (s.IsNotFound()) {
+    return absl::NotFoundError(
+        absl::StrCat("tenant ", tenant, " has no stored session ", session));
+  }
+  KVD_RETURN_IF_ERROR(impl_->FromRocks(s, "reading a manifest to delete"));
+  v1::SessionManifest old;
+  const int64_t old_bytes = old.ParseFromString(value) ? old.stored_bytes() : 0;
+  const std::string prefix = ChunkPrefix(tenant, session);
+  const std::string end = PrefixUpperBound(prefix);
+  rocksdb::WriteBatch batch;
+  batch.Delete(impl_->cfs[kManifests], SessionKey(tenant, session));
+  batch.DeleteRange(impl_->cfs[kTokens], prefix, end);
+  batch.DeleteRange(impl_->cfs[kResiduals], prefix, end);
+  KVD_RETURN_IF_ERROR(impl_->MaybeResume());
+  s = impl_->db->Write(impl_->WriteOpts(), &batch);
+  KVD_RETURN_IF_ERROR(impl_->FromRocks(
+      s, absl::StrCat("deleting session ", Name(tenant, session))));
+  impl_->Unreserve(std::string(tenant), old_bytes);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SweepStats> SessionDb::SweepOrphans() {
+  absl::WriterMutexLock commit(&impl_->commit_mu);
+  SweepStats stats;
+  rocksdb::WriteBatch batch;
+  std::set<std::string> sessions;
+  for (Cf cf : {kTokens, kResiduals}) {
+    std::unique_ptr<rocksdb::Iterator> it(
+        impl_->db->NewIterator(rocksdb::ReadOptions(), impl_->cfs[cf]));
+    std::string session_prefix;
+    std::optional<v1::SessionManifest> manifest;
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      const absl::string_view k(it->key().data(), it->key().size());
+      auto key = ParseChunkKey(k);
+      if (!key) {
+        batch.Delete(impl_->cfs[cf], it->key());
+        ++stats.orphan_chunks_deleted;
+        continue;
+      }
+      if (key->prefix != session_prefix) {
+        session_prefix = std::string(key->prefix);
+        sessions.insert(session_prefix);
+        auto m = impl_->ReadManifest(key->tenant, key->session);
+        // A damaged manifest is left for Load to report, never swept.
+        if (!m.ok()) {
+          manifest = v1::SessionManifest();
+          manifest->set_token_count(-1);
+        } else {
+          manifest = *std::move(m);
+        }
+      }
+      bool orphan = true;
+      if (manifest && manifest->token_count() < 0) {
+        orphan = false;
+      } else if (manifest) {
+        const int64_t c = manifest->chunk_tokens();
+        if (key->id.layer == kTokenLayer) {
+          orphan = key->id.index >= CeilDiv(manifest->token_count(), c);
+        } else {
+          for (int l = 0; l < manifest->layers_size(); ++l) {
+            if (manifest->layers(l) != key->id.layer) continue;
+            orphan = key->id.index < manifest->first_position(l) / c ||
+                     key->id.index >= CeilDiv(manifest->length(), c);
+          }
+        }
+      }
+      if (orphan) {
+        batch.Delete(impl_->cfs[cf], it->key());
+        ++stats.orphan_chunks_deleted;
+      }
+    }
+    KVD_RETURN_IF_ERROR(impl_->FromRocks(it->status(), "sweeping chunks"));
+  }
+  stats.sessions_checked = static_cast<int64_t>(sessions.size());
+  if (batch.Count() > 0) {
+    KVD_RETURN_IF_ERROR(impl_->FromRocks(
+        impl_->db->Write(impl_->WriteOpts(), &batch), "deleting orphans"));
+  }
+  return stats;
+}
+
+int64_t SessionDb::TenantBytes(absl::string_view tenant) const {
+  absl::MutexLock lock(&impl_->mu);
+  auto it = impl_->tenant_bytes.find(std::string(tenant));
+  return it == impl_->tenant_bytes.end() ? 0 : it->second;
+}
+
+int64_t SessionDb::DiskBytes() const {
+  std::error_code ec;
+  int64_t total = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(impl_->options.path, ec)) {
+    std::error_code size_ec;
+    if (!entry.is_regular_file(size_ec)) continue;
+    const auto size = entry.file_size(size_ec);
+    if (!size_ec) total += static_cast<int64_t>(size);
+  }
+  return total;
+}
+
+}  // namespace kvd::storage

@@ -1,0 +1,501 @@
+// The RocksDB tier's contract: turns round-trip, everything survives a
+// reopen (the per-tenant index is rebuilt from disk), keys are the documented
+// bytes, tenants are isolated, quotas hold, damage is reported by chunk,
+// deletes and sweeps leave nothing behind, and Open explains bad paths.
+// Raw checks open the same directory with the plain RocksDB API after the
+// SessionDb is closed.
+#include "storage/rocksdb/session_db.h"
+
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "rocksdb/db.h"
+#include "storage/checkpoint/codec.h"
+#include "storage/rocksdb/keys.h"
+#include "storage/rocksdb/session_db_test_util.h"
+
+namespace kvd::storage {
+namespace {
+
+using ::kvd::storage::testing::SyntheticSession;
+using ::kvd::storage::testing::SyntheticSessionOptions;
+using ::testing::HasSubstr;
+
+std::string TestDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
+}
+
+// The DB directory opened with the plain RocksDB API, for checks and damage
+// that must not go through SessionDb.
+class RawDb {
+ public:
+  explicit RawDb(const std::string& path) {
+    std::vector<std::string> names;
+    EXPECT_TRUE(
+        rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), path, &names)
+            .ok());
+    std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+    for (const std::string& n : names) {
+      rocksdb::ColumnFamilyOptions o;
+      o.enable_blob_files = n == "residuals";
+      descriptors.emplace_back(n, o);
+    }
+    rocksdb::DB* db = nullptr;
+    rocksdb::Status s = rocksdb::DB::Open(rocksdb::DBOptions(), path,
+                                          descriptors, &handles_, &db);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    db_.reset(db);
+  }
+  ~RawDb() {
+    for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h);
+  }
+  rocksdb::ColumnFamilyHandle* cf(const std::string& name) {
+    for (auto* h : handles_) {
+      if (h->GetName() == name) return h;
+    }
+    ADD_FAILURE() << "no column family " << name;
+    return nullptr;
+  }
+  // Every key of a family, in order.
+  std::vector<std::string> Keys(const std::string& family) {
+    std::vector<std::string> keys;
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(rocksdb::ReadOptions(), cf(family)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      keys.push_back(it->key().ToString());
+    }
+    return keys;
+  }
+  rocksdb::DB* db() { return db_.get(); }
+
+ private:
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  std::unique_ptr<rocksdb::DB> db_;
+};
+
+class SessionDbTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    options_.path = TestDir(info->name());
+    options_.durability = Durability::kWal;  // fast; sync has its own test
+    Reopen();
+  }
+  void Reopen() {
+    db_.reset();
+    auto db = SessionDb::Open(options_);
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = *std::move(db);
+  }
+  void ExpectLoadsAsCommitted(const SyntheticSession& s,
+                              absl::string_view tenant = "acme") {
+    auto cp = db_->Load(tenant, s.manifest().session_id());
+    ASSERT_TRUE(cp.ok()) << cp.status();
+    EXPECT_EQ(cp->manifest().SerializeAsString(),
+              s.manifest().SerializeAsString());
+    const int64_t c = s.manifest().chunk_tokens();
+    size_t expected = (s.manifest().token_count() + c - 1) / c;
+    expected +=
+        s.manifest().layers_size() * ((s.manifest().length() + c - 1) / c);
+    EXPECT_EQ(cp->chunks().size(), expected);
+    for (const auto& [id, value] : cp->chunks()) {
+      EXPECT_EQ(value, s.ChunkValue(id)) << id.layer << "/" << id.index;
+    }
+  }
+
+  SessionDbOptions options_;
+  std::unique_ptr<SessionDb> db_;
+};
+
+TEST_F(SessionDbTest, TurnsRoundTrip) {
+  SyntheticSession s;
+  for (int64_t n : {5, 3, 6})
+    ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(n)).ok());
+  ExpectLoadsAsCommitted(s);
+  auto m = db_->GetManifest("acme", "chat-1");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->token_count(), 14);
+  EXPECT_EQ(db_->TenantBytes("acme"), s.manifest().stored_bytes());
+  EXPECT_GT(db_->DiskBytes(), 0);
+}
+
+TEST_F(SessionDbTest, CompressedResidualsRoundTrip) {
+  options_.compress_residuals = true;
+  Reopen();
+  SyntheticSessionOptions o;
+  o.row_bytes = 2048;  // 8 KiB chunks: above the blob threshold
+  SyntheticSession s(o);
+  for (int64_t n : {5, 9}) ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(n)).ok());
+  Reopen();
+  ExpectLoadsAsCommitted(s);
+}
+
+TEST_F(SessionDbTest, ReopenListsAndLoadsEverything) {
+  std::vector<SyntheticSession> sessions;
+  for (const char* tenant : {"acme", "globex"}) {
+    for (int i = 0; i < 5; ++i) {
+      SyntheticSessionOptions o;
+      o.tenant = tenant;
+      o.session = "s" + std::to_string(i);
+      o.seed = i + 7;
+      sessions.emplace_back(o);
+      ASSERT_TRUE(db_->CommitTurn(sessions.back().AppendTurn(3 + i)).ok());
+      ASSERT_TRUE(db_->CommitTurn(sessions.back().AppendTurn(2)).ok());
+    }
+  }
+  const int64_t acme_bytes = db_->TenantBytes("acme");
+  EXPECT_GT(acme_bytes, 0);
+  Reopen();  // a new process: nothing in memory survives
+
+  EXPECT_EQ(db_->TenantBytes("acme"), acme_bytes);
+  for (const SyntheticSession& s : sessions) {
+    ExpectLoadsAsCommitted(s, s.manifest().tenant());
+  }
+  std::vector<std::string> listed;
+  std::string token;
+  int pages = 0;
+  do {
+    auto page = db_->ListSessions("globex", token, 2);
+    ASSERT_TRUE(page.ok()) << page.status();
+    for (const auto& m : page->sessions) {
+      EXPECT_EQ(m.tenant(), "globex");
+      listed.push_back(m.session_id());
+    }
+    token = page->next_page_token;
+    ++pages;
+  } while (!token.empty());
+  EXPECT_EQ(pages, 3);
+  EXPECT_THAT(listed, ::testing::ElementsAre("s0", "s1", "s2", "s3", "s4"));
+}
+
+TEST_F(SessionDbTest, KeysOnDiskAreTheDocumentedBytes) {
+  SyntheticSession s;  // layers {0, 2}, 4 tokens per chunk
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(5)).ok());
+  db_.reset();
+  RawDb raw(options_.path);
+  const std::string p = "acme/chat-1/";
+  auto id = [](int layer_msb, int layer_lsb, int index) {
+    std::string b(16, '\0');
+    b[0] = static_cast<char>(layer_msb);
+    for (int i = 1; i < 8; ++i) b[i] = static_cast<char>(layer_lsb);
+    b[7] = static_cast<char>(layer_msb == 0x7f ? 0xff : layer_lsb);
+    b[15] = static_cast<char>(index);
+    return b;
+  };
+  // Token layer -1: 7f ff ff ff ff ff ff ff; layer 2: 80 00 .. 02.
+  EXPECT_THAT(
+      raw.Keys("tokens"),
+      ::testing::ElementsAre(p + id(0x7f, 0xff, 0), p + id(0x7f, 0xff, 1)));
+  std::string layer2 = id(0x80, 0, 0);
+  layer2[7] = 2;
+  std::string layer2b = layer2;
+  layer2b[15] = 1;
+  EXPECT_THAT(raw.Keys("residuals"),
+              ::testing::ElementsAre(p + id(0x80, 0, 0), p + id(0x80, 0, 1),
+                                     p + layer2, p + layer2b));
+  EXPECT_THAT(raw.Keys("manifests"), ::testing::ElementsAre("acme/chat-1"));
+}
+
+TEST_F(SessionDbTest, TenantsAreIsolated) {
+  SyntheticSession a;  // tenant acme, session chat-1
+  ASSERT_TRUE(db_->CommitTurn(a.AppendTurn(6)).ok());
+  EXPECT_EQ(db_->Load("globex", "chat-1").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(db_->GetManifest("globex", "chat-1").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(db_->DeleteSession("globex", "chat-1").code(),
+            absl::StatusCode::kNotFound);
+  auto page = db_->ListSessions("globex", "", 10);
+  ASSERT_TRUE(page.ok());
+  EXPECT_TRUE(page->sessions.empty());
+  // A tenant whose name extends another's sees nothing of it either.
+  EXPECT_TRUE(db_->ListSessions("acm", "", 10)->sessions.empty());
+  EXPECT_TRUE(db_->ListSessions("acme-2", "", 10)->sessions.empty());
+  // globex's own chat-1 is a different session.
+  SyntheticSessionOptions o;
+  o.tenant = "globex";
+  o.seed = 99;
+  SyntheticSession b(o);
+  ASSERT_TRUE(db_->CommitTurn(b.AppendTurn(3)).ok());
+  ExpectLoadsAsCommitted(a, "acme");
+  ExpectLoadsAsCommitted(b, "globex");
+  ASSERT_TRUE(db_->DeleteSession("globex", "chat-1").ok());
+  ExpectLoadsAsCommitted(a, "acme");
+}
+
+TEST_F(SessionDbTest, QuotaIsEnforcedAndSurvivesReopen) {
+  SyntheticSession s;  // 36 stored bytes per token
+  options_.tenant_quota_bytes["acme"] = 36 * 10;
+  Reopen();
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(8)).ok());
+  const TurnUpdate over = s.AppendTurn(3);  // 11 tokens > 10
+  absl::Status st = db_->CommitTurn(over);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_THAT(st.message(), HasSubstr("tenant acme"));
+  EXPECT_THAT(st.message(), HasSubstr("quota of 360"));
+  EXPECT_EQ(db_->GetManifest("acme", "chat-1")->token_count(), 8);  // unchanged
+  EXPECT_EQ(db_->TenantBytes("acme"), 36 * 8);
+
+  // Other tenants are not limited by acme's quota.
+  SyntheticSessionOptions o;
+  o.tenant = "globex";
+  SyntheticSession g(o);
+  EXPECT_TRUE(db_->CommitTurn(g.AppendTurn(20)).ok());
+
+  Reopen();  // quota accounting rebuilt from disk
+  EXPECT_EQ(db_->CommitTurn(over).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(db_->DeleteSession("acme", "chat-1").ok());
+  EXPECT_EQ(db_->TenantBytes("acme"), 0);
+  SyntheticSessionOptions o2;
+  o2.session = "chat-2";
+  SyntheticSession s2(o2);
+  EXPECT_TRUE(db_->CommitTurn(s2.AppendTurn(10)).ok());
+}
+
+TEST_F(SessionDbTest, FlippedResidualByteIsReportedByChunk) {
+  SyntheticSession s;
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(7)).ok());
+  db_.reset();
+  {
+    RawDb raw(options_.path);
+    const std::string key = ChunkKey("acme", "chat-1", {2, 1});
+    std::string value;
+    ASSERT_TRUE(
+        raw.db()
+            ->Get(rocksdb::ReadOptions(), raw.cf("residuals"), key, &value)
+            .ok());
+    value[value.size() - 3] ^= 0x04;  // inside the payload
+    ASSERT_TRUE(
+        raw.db()
+            ->Put(rocksdb::WriteOptions(), raw.cf("residuals"), key, value)
+            .ok());
+  }
+  Reopen();
+  auto cp = db_->Load("acme", "chat-1");
+  ASSERT_FALSE(cp.ok());
+  EXPECT_EQ(cp.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(cp.status().message(), HasSubstr("session acme/chat-1"));
+  EXPECT_THAT(cp.status().message(), HasSubstr("layer 2 chunk 1"));
+  EXPECT_THAT(cp.status().message(), HasSubstr("CRC32C"));
+  // Tokens are intact, so the engine can re-prefill.
+  auto tokens =
+      db_->Load("acme", "chat-1", SessionDb::Parts::kManifestAndTokens);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(tokens->chunks().size(), 2u);
+}
+
+TEST_F(SessionDbTest, MissingChunkIsDataLoss) {
+  SyntheticSession s;
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(7)).ok());
+  db_.reset();
+  {
+    RawDb raw(options_.path);
+    auto* res = raw.cf("residuals");
+    ASSERT_TRUE(raw.db()
+                    ->Delete(rocksdb::WriteOptions(), res,
+                             ChunkKey("acme", "chat-1", {0, 1}))
+                    .ok());
+  }
+  Reopen();
+  absl::Status st = db_->Load("acme", "chat-1").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(st.message(), HasSubstr("layer 0 chunk 1 is missing"));
+}
+
+TEST_F(SessionDbTest, ChunkUnderWrongKeyIsDataLoss) {
+  SyntheticSession s;
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(7)).ok());
+  db_.reset();
+  {
+    RawDb raw(options_.path);
+    auto* res = raw.cf("residuals");
+    std::string v;
+    ASSERT_TRUE(raw.db()
+                    ->Get(rocksdb::ReadOptions(), res,
+                          ChunkKey("acme", "chat-1", {0, 0}), &v)
+                    .ok());
+    ASSERT_TRUE(raw.db()
+                    ->Put(rocksdb::WriteOptions(), res,
+                          ChunkKey("acme", "chat-1", {2, 0}), v)
+                    .ok());
+  }
+  Reopen();
+  absl::Status st = db_->Load("acme", "chat-1").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(st.message(), HasSubstr("layer 2 chunk 0: header says layer 0"));
+}
+
+TEST_F(SessionDbTest, BadWritesAreRefusedBeforeStoring) {
+  SyntheticSession s;
+  TurnUpdate t = s.AppendTurn(5);
+  TurnUpdate swapped = t;
+  std::swap(swapped.put[0].second, swapped.put[1].second);
+  absl::Status st = db_->CommitTurn(swapped);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("header says"));
+  TurnUpdate bad_manifest = t;
+  bad_manifest.manifest.set_tenant("a/b");
+  EXPECT_EQ(db_->CommitTurn(bad_manifest).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(db_->GetManifest("acme", "chat-1").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(db_->Load("acme", "../x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(db_->ListSessions("acme", "", 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(db_->ListSessions("acme", "no/such", 5).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SessionDbTest, SlidingWindowEraseIsHonoured) {
+  SyntheticSession s;
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(12)).ok());
+  TurnUpdate t = s.AppendTurn(1);
+  t.manifest.set_first_position(0, 8);  // layer 0 keeps positions >= 8
+  t.erase = {ChunkId{0, 0}, ChunkId{0, 1}};
+  ASSERT_TRUE(db_->CommitTurn(t).ok());
+  auto cp = db_->Load("acme", "chat-1");
+  ASSERT_TRUE(cp.ok()) << cp.status();
+  EXPECT_EQ(cp->chunks().count(ChunkId{0, 0}), 0u);
+  EXPECT_EQ(cp->chunks().count(ChunkId{0, 2}), 1u);
+  EXPECT_EQ(cp->chunks().count(ChunkId{2, 0}), 1u);
+}
+
+TEST_F(SessionDbTest, DeleteSessionRemovesEveryKey) {
+  SyntheticSession s;
+  SyntheticSessionOptions o;
+  o.session = "chat-10";  // shares a textual prefix; must survive
+  SyntheticSession keep(o);
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(9)).ok());
+  ASSERT_TRUE(db_->CommitTurn(keep.AppendTurn(9)).ok());
+  ASSERT_TRUE(db_->DeleteSession("acme", "chat-1").ok());
+  EXPECT_EQ(db_->Load("acme", "chat-1").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(db_->DeleteSession("acme", "chat-1").code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(db_->TenantBytes("acme"), keep.manifest().stored_bytes());
+  ExpectLoadsAsCommitted(keep);
+  db_.reset();
+  RawDb raw(options_.path);
+  for (const char* family : {"manifests", "tokens", "residuals"}) {
+    for (const std::string& k : raw.Keys(family)) {
+      EXPECT_FALSE(k == "acme/chat-1" || k.rfind("acme/chat-1/", 0) == 0)
+          << family << " still has " << k;
+    }
+  }
+  EXPECT_EQ(raw.Keys("tokens").size(), 3u);  // chat-10's
+}
+
+TEST_F(SessionDbTest, SweepRemovesOrphansOnly) {
+  SyntheticSession live;
+  ASSERT_TRUE(db_->CommitTurn(live.AppendTurn(6)).ok());
+  db_.reset();
+  {
+    RawDb raw(options_.path);
+    SyntheticSessionOptions o;
+    o.session = "ghost";  // chunks without a manifest
+    SyntheticSession ghost(o);
+    TurnUpdate g = ghost.AppendTurn(6);
+    for (const auto& [id, value] : g.put) {
+      ASSERT_TRUE(
+          raw.db()
+              ->Put(rocksdb::WriteOptions(),
+                    raw.cf(id.layer == kTokenLayer ? "tokens" : "residuals"),
+                    ChunkKey("acme", "ghost", id), value)
+              .ok());
+    }
+    // Beyond the live manifest (6 tokens = chunks 0, 1): chunk 5.
+    ASSERT_TRUE(raw.db()
+                    ->Put(rocksdb::WriteOptions(), raw.cf("residuals"),
+                          ChunkKey("acme", "chat-1", {0, 5}), "junk")
+                    .ok());
+    // A layer the live manifest does not checkpoint.
+    ASSERT_TRUE(raw.db()
+                    ->Put(rocksdb::WriteOptions(), raw.cf("residuals"),
+                          ChunkKey("acme", "chat-1", {1, 0}), "junk")
+                    .ok());
+  }
+  Reopen();
+  ExpectLoadsAsCommitted(live);  // orphans are ignored by Load
+  auto stats = db_->SweepOrphans();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->orphan_chunks_deleted,
+            6 + 2);                       // ghost: 2 token + 4 residual
+  EXPECT_EQ(stats->sessions_checked, 2);  // chat-1 and ghost
+  ExpectLoadsAsCommitted(live);
+  EXPECT_EQ(db_->SweepOrphans()->orphan_chunks_deleted, 0);
+  db_.reset();
+  RawDb raw(options_.path);
+  EXPECT_EQ(raw.Keys("tokens").size(), 2u);
+  EXPECT_EQ(raw.Keys("residuals").size(), 4u);
+}
+
+TEST_F(SessionDbTest, PutSessionReplacesAWholeSession) {
+  SyntheticSession s;
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(12)).ok());
+  SyntheticSessionOptions o;
+  o.seed = 5;
+  SyntheticSession other(o);
+  TurnUpdate t = other.AppendTurn(3);
+  SessionCheckpoint cp;
+  ASSERT_TRUE(cp.Apply(t).ok());
+  ASSERT_TRUE(db_->PutSession(cp).ok());
+  ExpectLoadsAsCommitted(other);
+  EXPECT_EQ(db_->TenantBytes("acme"), other.manifest().stored_bytes());
+  db_.reset();
+  RawDb raw(options_.path);
+  EXPECT_EQ(raw.Keys("residuals").size(), 2u);  // old chunks 1, 2 are gone
+}
+
+TEST(SessionDbOpen, ExplainsBadPaths) {
+  const std::string file = TestDir("a_regular_file");
+  std::ofstream(file) << "not a directory";
+  SessionDbOptions o;
+  o.path = file;
+  auto db = SessionDb::Open(o);
+  ASSERT_FALSE(db.ok());
+  EXPECT_EQ(db.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(db.status().message(), HasSubstr(file));
+  EXPECT_THAT(db.status().message(), HasSubstr("not a directory"));
+
+  o.path = file + "/db";  // cannot be created under a regular file
+  db = SessionDb::Open(o);
+  ASSERT_FALSE(db.ok());
+  EXPECT_EQ(db.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(db.status().message(), HasSubstr(o.path));
+
+  o.path = "";
+  EXPECT_EQ(SessionDb::Open(o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SessionDbOpen, RefusesASecondOpenAndAForeignFormat) {
+  SessionDbOptions o;
+  o.path = TestDir("locked");
+  auto first = SessionDb::Open(o);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = SessionDb::Open(o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), HasSubstr("another kvd process"));
+  first->reset();
+  {
+    RawDb raw(o.path);
+    ASSERT_TRUE(raw.db()
+                    ->Put(rocksdb::WriteOptions(), raw.cf("default"),
+                          "kvd.session_db.format", "kvd-session-db/99")
+                    .ok());
+  }
+  auto foreign = SessionDb::Open(o);
+  ASSERT_FALSE(foreign.ok());
+  EXPECT_EQ(foreign.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(foreign.status().message(), HasSubstr("kvd-session-db/99"));
+}
+
+}  // namespace
+}  // namespace kvd::storage

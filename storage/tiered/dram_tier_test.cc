@@ -1,0 +1,202 @@
+#include "storage/tiered/dram_tier.h"
+
+#include <atomic>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/tiered/testing/sessions.h"
+
+namespace kvd::storage {
+namespace {
+
+using ::kvd::storage::testing::Expected;
+using ::kvd::storage::testing::InMemoryLowerTierDouble;
+using ::kvd::storage::testing::MakeTurn;
+using ::kvd::storage::testing::SameBytes;
+using ::testing::HasSubstr;
+
+// Every test session is 16 tokens of 256-byte rows: about 4.4 KB.
+SessionCheckpoint Session(const std::string& id) {
+  return Expected({MakeTurn("t", id, 0, 16)});
+}
+const int64_t kSessionBytes = Session("a").bytes();
+
+DramTierOptions Options(int sessions_fit) {
+  DramTierOptions o;
+  o.budget_bytes = sessions_fit * kSessionBytes + kSessionBytes / 2;
+  return o;
+}
+
+TEST(DramTierTest, EvictsLeastRecentlyUsedWithinBudget) {
+  InMemoryLowerTierDouble lower;
+  DramTier dram(Options(2), &lower);
+  dram.Put(Session("a"), /*dirty=*/false);
+  dram.Put(Session("b"), /*dirty=*/false);
+  ASSERT_NE(dram.Get("t", "a"), nullptr);  // a is now more recent than b
+  dram.Put(Session("c"), /*dirty=*/false);
+  EXPECT_NE(dram.Get("t", "a"), nullptr);
+  EXPECT_EQ(dram.Get("t", "b"), nullptr);
+  EXPECT_NE(dram.Get("t", "c"), nullptr);
+  const DramTierStats s = dram.stats();
+  EXPECT_EQ(s.entries, 2);
+  EXPECT_LE(s.bytes, Options(2).budget_bytes);
+  EXPECT_EQ(s.evictions, 1);
+  EXPECT_EQ(s.hits, 3);
+  EXPECT_EQ(s.misses, 1);
+  EXPECT_EQ(lower.stores(), 0);  // clean entries are dropped, not written
+}
+
+TEST(DramTierTest, EvictedDirtyEntryIsSpilledAndLoadsBackIdentical) {
+  InMemoryLowerTierDouble lower;
+  DramTier dram(Options(1), &lower);
+  dram.Put(Session("a"), /*dirty=*/true);
+  dram.Put(Session("b"), /*dirty=*/false);  // evicts a
+  ASSERT_TRUE(dram.Flush().ok());
+  EXPECT_TRUE(lower.Has("t", "a"));
+  EXPECT_EQ(dram.stats().spills, 1);
+  auto got = dram.GetOrLoad("t", "a");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->from_dram);
+  EXPECT_TRUE(SameBytes(*got->checkpoint, Session("a")));
+  auto again = dram.GetOrLoad("t", "a");
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->from_dram);
+}
+
+TEST(DramTierTest, EntryBeingSpilledIsStillFound) {
+  InMemoryLowerTierDouble lower;
+  lower.BlockStores();
+  DramTier dram(Options(1), &lower);
+  dram.Put(Session("a"), /*dirty=*/true);
+  dram.Put(Session("b"), /*dirty=*/false);
+  ASSERT_TRUE(lower.AwaitStoresStarted(1));  // a's write is in progress
+  auto a = dram.Get("t", "a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_TRUE(SameBytes(*a, Session("a")));
+  EXPECT_EQ(lower.loads(), 0);
+  lower.UnblockStores();
+  ASSERT_TRUE(dram.Flush().ok());
+  EXPECT_TRUE(lower.Has("t", "a"));
+  EXPECT_EQ(dram.stats().dirty_entries, 0);
+}
+
+TEST(DramTierTest, PrefetchMakesTheNextGetAHit) {
+  InMemoryLowerTierDouble lower;
+  ASSERT_TRUE(lower.Store(Session("a")).ok());
+  DramTier dram(Options(2), &lower);
+  dram.Prefetch("t", "a");
+  dram.Prefetch("t", "missing");   // ignored, no error
+  ASSERT_TRUE(dram.Flush().ok());  // waits for the prefetches
+  auto a = dram.Get("t", "a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_TRUE(SameBytes(*a, Session("a")));
+  EXPECT_EQ(dram.stats().prefetches, 1);
+  EXPECT_EQ(dram.stats().misses, 0);
+}
+
+TEST(DramTierTest, FullSpillQueueHoldsTheWriterBack) {
+  InMemoryLowerTierDouble lower;
+  lower.BlockStores();
+  DramTierOptions o = Options(1);
+  o.spill_queue_bytes = kSessionBytes;  // one session waits at most
+  DramTier dram(o, &lower);
+  dram.Put(Session("a"), true);
+  dram.Put(Session("b"), true);  // a: in flight
+  ASSERT_TRUE(lower.AwaitStoresStarted(1));
+  dram.Put(Session("c"), true);  // b: queued, the queue is now full
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    dram.Put(Session("d"), true);  // must wait to queue c
+    done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(done);
+  lower.UnblockStores();
+  writer.join();
+  ASSERT_TRUE(dram.Flush().ok());
+  for (const char* id : {"a", "b", "c", "d"}) {
+    EXPECT_TRUE(lower.Has("t", id)) << id;
+  }
+}
+
+TEST(DramTierTest, FailedSpillKeepsTheDataAndIsReportedByFlush) {
+  InMemoryLowerTierDouble lower;
+  lower.FailStores(absl::UnavailableError("disk gone"));
+  DramTier dram(Options(1), &lower);
+  dram.Put(Session("a"), true);
+  dram.Put(Session("b"), false);
+  absl::Status s = dram.Flush();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s.message(), HasSubstr("session t/a"));
+  EXPECT_THAT(s.message(), HasSubstr("disk gone"));
+  EXPECT_GE(dram.stats().spill_failures, 1);
+  auto a = dram.Get("t", "a");  // still served from memory
+  ASSERT_NE(a, nullptr);
+  EXPECT_TRUE(SameBytes(*a, Session("a")));
+  lower.FailStores(absl::OkStatus());
+  ASSERT_TRUE(dram.Flush().ok());
+  EXPECT_TRUE(lower.Has("t", "a"));
+}
+
+TEST(DramTierTest, ApplyDirtyBuildsOnTheLowerCopyAndLeavesSnapshotsAlone) {
+  InMemoryLowerTierDouble lower;
+  const TurnUpdate t1 = MakeTurn("t", "s", 0, 6);
+  const TurnUpdate t2 = MakeTurn("t", "s", 6, 11);
+  ASSERT_TRUE(lower.Store(Expected({t1})).ok());
+  DramTier dram(Options(4), &lower);
+  ASSERT_TRUE(dram.ApplyDirty(t2).ok());  // loads t1's state first
+  auto after_t2 = dram.Get("t", "s");
+  ASSERT_NE(after_t2, nullptr);
+  EXPECT_TRUE(SameBytes(*after_t2, Expected({t1, t2})));
+  const TurnUpdate t3 = MakeTurn("t", "s", 11, 13);
+  ASSERT_TRUE(dram.ApplyDirty(t3).ok());
+  EXPECT_TRUE(SameBytes(*after_t2, Expected({t1, t2})));  // unchanged
+  EXPECT_TRUE(SameBytes(*dram.Get("t", "s"), Expected({t1, t2, t3})));
+  EXPECT_FALSE(lower.Has("t", "x"));
+  ASSERT_TRUE(dram.Flush().ok());
+  auto stored = lower.Load("t", "s");
+  ASSERT_TRUE(stored.ok());
+  EXPECT_TRUE(SameBytes(*stored, Expected({t1, t2, t3})));
+}
+
+TEST(DramTierTest, EraseCancelsAQueuedSpill) {
+  InMemoryLowerTierDouble lower;
+  lower.BlockStores();
+  DramTier dram(Options(1), &lower);
+  dram.Put(Session("a"), true);
+  dram.Put(Session("b"), true);  // a in flight
+  ASSERT_TRUE(lower.AwaitStoresStarted(1));
+  dram.Put(Session("c"), false);  // b queued
+  EXPECT_TRUE(dram.Erase("t", "b"));
+  EXPECT_EQ(dram.Get("t", "b"), nullptr);
+  lower.UnblockStores();
+  ASSERT_TRUE(dram.Flush().ok());
+  EXPECT_TRUE(lower.Has("t", "a"));
+  EXPECT_FALSE(lower.Has("t", "b"));
+  EXPECT_FALSE(dram.Erase("t", "b"));
+}
+
+TEST(DramTierTest, SyncSessionWritesADirtyEntryNow) {
+  InMemoryLowerTierDouble lower;
+  DramTier dram(Options(4), &lower);
+  dram.Put(Session("a"), true);
+  EXPECT_FALSE(lower.Has("t", "a"));
+  ASSERT_TRUE(dram.SyncSession("t", "a").ok());
+  EXPECT_TRUE(lower.Has("t", "a"));
+  EXPECT_EQ(dram.stats().dirty_entries, 0);
+  EXPECT_NE(dram.Get("t", "a"), nullptr);  // still cached, now clean
+}
+
+TEST(DramTierTest, DestructorSpillsDirtyEntries) {
+  InMemoryLowerTierDouble lower;
+  {
+    DramTier dram(Options(4), &lower);
+    dram.Put(Session("a"), true);
+  }
+  EXPECT_TRUE(lower.Has("t", "a"));
+}
+
+}  // namespace
+}  // namespace kvd::storage

@@ -1,0 +1,137 @@
+#include "storage/tiered/tiered_store.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "storage/checkpoint/codec.h"
+
+namespace kvd::storage {
+namespace {
+
+absl::Status ValidateNames(absl::string_view tenant,
+                           absl::string_view session) {
+  KVD_RETURN_IF_ERROR(ValidateName("tenant", tenant));
+  return ValidateName("session id", session);
+}
+
+}  // namespace
+
+absl::string_view TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kDram:
+      return "dram";
+    case Tier::kRocksDb:
+      return "rocksdb";
+  }
+  return "unknown";
+}
+
+absl::Status TieredStore::DbTier::Store(const SessionCheckpoint& checkpoint) {
+  return db_->PutSession(checkpoint);
+}
+
+absl::StatusOr<SessionCheckpoint> TieredStore::DbTier::Load(
+    absl::string_view tenant, absl::string_view session) {
+  return db_->Load(tenant, session);
+}
+
+absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(
+    std::unique_ptr<SessionDb> db, TieredStoreOptions options) {
+  if (db == nullptr) {
+    return absl::InvalidArgumentError("TieredStore needs an open SessionDb");
+  }
+  if (options.dram.budget_bytes < 0 || options.dram.spill_queue_bytes <= 0 ||
+      options.dram.prefetch_queue_entries < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DRAM tier budget ", options.dram.budget_bytes, ", spill queue ",
+        options.dram.spill_queue_bytes, " bytes and prefetch queue ",
+        options.dram.prefetch_queue_entries,
+        " entries must be >= 0, > 0 and >= 0"));
+  }
+  return std::unique_ptr<TieredStore>(
+      new TieredStore(std::move(db), std::move(options)));
+}
+
+TieredStore::TieredStore(std::unique_ptr<SessionDb> db,
+                         TieredStoreOptions options)
+    : options_(std::move(options)),
+      db_(std::move(db)),
+      lower_(db_.get()),
+      dram_(options_.dram, &lower_) {}
+
+TieredStore::~TieredStore() = default;
+
+absl::Status TieredStore::CommitTurn(const TurnUpdate& update) {
+  return CommitTurn(update, options_.commit_mode);
+}
+
+absl::Status TieredStore::CommitTurn(const TurnUpdate& update,
+                                     CommitMode mode) {
+  const v1::SessionManifest& m = update.manifest;
+  KVD_RETURN_IF_ERROR(ValidateNames(m.tenant(), m.session_id()));
+  if (mode == CommitMode::kMemory) return dram_.ApplyDirty(update);
+  // Earlier kMemory turns of this session must reach RocksDB before this
+  // one, which RocksDB applies on top of what it holds.
+  KVD_RETURN_IF_ERROR(dram_.SyncSession(m.tenant(), m.session_id()));
+  KVD_RETURN_IF_ERROR(db_->CommitTurn(update));
+  absl::StatusOr<bool> applied = dram_.ApplyIfCached(update, /*dirty=*/false);
+  if (!applied.ok()) {
+    // RocksDB accepted what DRAM refused; drop the DRAM copy so the next
+    // Load reads the committed state rather than a stale one.
+    dram_.Erase(m.tenant(), m.session_id());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TieredStore::PutSession(const SessionCheckpoint& checkpoint) {
+  const v1::SessionManifest& m = checkpoint.manifest();
+  KVD_RETURN_IF_ERROR(ValidateNames(m.tenant(), m.session_id()));
+  // Cancel any spill of an older version first, so it cannot land on top.
+  dram_.Erase(m.tenant(), m.session_id());
+  KVD_RETURN_IF_ERROR(db_->PutSession(checkpoint));
+  dram_.Put(checkpoint, /*dirty=*/false);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TieredStore::Loaded> TieredStore::Load(
+    absl::string_view tenant, absl::string_view session) {
+  KVD_RETURN_IF_ERROR(ValidateNames(tenant, session));
+  KVD_ASSIGN_OR_RETURN(DramTier::Loaded got, dram_.GetOrLoad(tenant, session));
+  return Loaded{std::move(got.checkpoint),
+                got.from_dram ? Tier::kDram : Tier::kRocksDb};
+}
+
+void TieredStore::Prefetch(absl::string_view tenant,
+                           absl::string_view session) {
+  if (!ValidateNames(tenant, session).ok()) return;
+  dram_.Prefetch(tenant, session);
+}
+
+absl::Status TieredStore::Delete(absl::string_view tenant,
+                                 absl::string_view session) {
+  KVD_RETURN_IF_ERROR(ValidateNames(tenant, session));
+  const bool in_dram = dram_.Erase(tenant, session);
+  absl::Status s = db_->DeleteSession(tenant, session);
+  if (absl::IsNotFound(s) && in_dram) return absl::OkStatus();
+  return s;
+}
+
+absl::StatusOr<SessionListPage> TieredStore::List(absl::string_view tenant,
+                                                  absl::string_view page_token,
+                                                  int64_t page_size) {
+  return db_->ListSessions(tenant, page_token, page_size);
+}
+
+absl::Status TieredStore::Flush() { return dram_.Flush(); }
+
+TierBytes TieredStore::bytes() const {
+  const DramTierStats s = dram_.stats();
+  TierBytes b;
+  b.dram_bytes = s.bytes;
+  b.dram_spill_pending_bytes = s.spill_pending_bytes;
+  b.rocksdb_disk_bytes = db_->DiskBytes();
+  return b;
+}
+
+}  // namespace kvd::storage

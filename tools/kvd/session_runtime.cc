@@ -1,0 +1,130 @@
+#include "tools/kvd/session_runtime.h"
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "ops/kvdirect/checkpoint_policy.h"
+#include "tools/kvd/model_source.h"
+#include "tools/kvd/progress.h"
+
+namespace kvd::cli {
+
+std::string DefaultDataDir() {
+  if (const char* d = std::getenv("KVD_DATA_DIR"); d != nullptr && *d) return d;
+  if (const char* x = std::getenv("XDG_DATA_HOME"); x != nullptr && *x)
+    return absl::StrCat(x, "/kvd");
+  const char* home = std::getenv("HOME");
+  return absl::StrCat(home != nullptr ? home : ".", "/.local/share/kvd");
+}
+
+void DeclareModelFlags(Args& a) {
+  a.Flag("model", "smollm2",
+         "GGUF file, or a cached model name: smollm2, gemma3");
+  a.Flag("precision", "bf16",
+         "fp32 (reference) or bf16 (half the memory traffic)");
+  a.Flag("threads", "0", "worker threads; 0 = all cores");
+}
+
+void DeclareStoreFlags(Args& a) {
+  a.Flag("data-dir", DefaultDataDir(),
+         "where sessions are stored (RocksDB under DATA_DIR/sessions); "
+         "default from $KVD_DATA_DIR or $XDG_DATA_HOME");
+  a.Flag("tenant", "local", "owner of the sessions");
+  a.Flag("durability", "sync",
+         "sync: a turn is on disk (fsync) before it is acknowledged; wal: "
+         "written to the log, survives a process crash but not power loss; "
+         "memory: kept in DRAM and written later, lost on a crash");
+  a.Flag("dram-budget-mb", "1024",
+         "host-DRAM bytes for cached session checkpoints (MiB)");
+}
+
+void DeclareSessionFlags(Args& a) {
+  a.Flag("policy", "kv-direct",
+         "what new sessions checkpoint: kv-direct (residual at every layer), "
+         "stride:K (every K-th layer), tokens (token ids only: resume "
+         "re-prefills)");
+  a.Flag("hot-budget", "all",
+         "K/V rows kept in memory per kv-direct session; older ones are "
+         "recomputed from residuals. 'all' keeps every row");
+  a.Flag("chunk-tokens", "64", "positions per stored chunk");
+}
+
+absl::StatusOr<node::NodeOptions> NodeOptionsFromFlags(const Args& args) {
+  node::NodeOptions o;
+  o.data_dir = args.Get("data-dir");
+  const std::string durability = args.Get("durability");
+  if (durability == "sync") {
+    o.durability = storage::Durability::kSync;
+  } else if (durability == "wal") {
+    o.durability = storage::Durability::kWal;
+  } else if (durability == "memory") {
+    o.durability = storage::Durability::kWal;
+    o.memory_commits = true;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--durability must be sync, wal or memory, not '", durability, "'"));
+  }
+  KVD_ASSIGN_OR_RETURN(int64_t budget_mb, args.GetInt("dram-budget-mb"));
+  if (budget_mb < 0 || budget_mb > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(
+        "--dram-budget-mb must be between 0 and 16777216");
+  }
+  o.dram_budget_bytes = budget_mb << 20;
+  return o;
+}
+
+namespace {
+
+absl::Status AddModelAndSessionFlags(const Args& args, node::NodeOptions& o) {
+  if (args.Get("precision") == "fp32") {
+    o.precision = ops::Precision::kF32;
+  } else if (args.Get("precision") == "bf16") {
+    o.precision = ops::Precision::kBf16;
+  } else {
+    return absl::InvalidArgumentError("--precision must be fp32 or bf16");
+  }
+  KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));
+  if (threads < 0 || threads > 1024)
+    return absl::InvalidArgumentError("--threads must be between 0 and 1024");
+  o.num_threads = static_cast<int>(threads);
+  KVD_ASSIGN_OR_RETURN(o.engine.policy,
+                       ops::ParseCheckpointPolicy(args.Get("policy")));
+  if (args.Get("hot-budget") != "all") {
+    KVD_ASSIGN_OR_RETURN(o.engine.hot_budget, args.GetInt("hot-budget"));
+    if (o.engine.hot_budget < 0) {
+      return absl::InvalidArgumentError(
+          "--hot-budget must be 'all' or a number of tokens >= 0");
+    }
+  }
+  KVD_ASSIGN_OR_RETURN(o.engine.chunk_tokens, args.GetInt("chunk-tokens"));
+  if (o.engine.chunk_tokens < 1 || o.engine.chunk_tokens > 65536) {
+    return absl::InvalidArgumentError(
+        "--chunk-tokens must be between 1 and 65536");
+  }
+  KVD_ASSIGN_OR_RETURN(o.model_path, ResolveModel(args.Get("model")));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<storage::TieredStore>> OpenStore(
+    const Args& args) {
+  KVD_ASSIGN_OR_RETURN(node::NodeOptions o, NodeOptionsFromFlags(args));
+  return node::NodeRuntime::OpenStore(o);
+}
+
+absl::StatusOr<std::unique_ptr<node::NodeRuntime>> OpenSessionRuntime(
+    const Args& args, bool show_progress) {
+  KVD_ASSIGN_OR_RETURN(node::NodeOptions o, NodeOptionsFromFlags(args));
+  KVD_RETURN_IF_ERROR(AddModelAndSessionFlags(args, o));
+  ProgressBar bar("loading " + o.model_path, show_progress);
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<node::NodeRuntime> rt,
+                       node::NodeRuntime::Open(o, [&bar](int done, int total) {
+                         bar.Update(done, total);
+                       }));
+  bar.Finish();
+  return rt;
+}
+
+}  // namespace kvd::cli

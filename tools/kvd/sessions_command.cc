@@ -1,0 +1,166 @@
+// `kvd sessions ls|show|rm|export|import`: operator access to the sessions
+// stored under a data directory. Works without loading a model; a session
+// imported here is checked against the model when it is next resumed.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "base/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+#include "storage/checkpoint/codec.h"
+#include "storage/checkpoint/session_file.h"
+#include "tools/kvd/commands.h"
+#include "tools/kvd/session_runtime.h"
+
+namespace kvd::cli {
+namespace {
+
+constexpr char kSummary[] =
+    "Lists, shows, deletes, exports and imports stored sessions.\n"
+    "\n"
+    "  kvd sessions ls                     sessions of the tenant\n"
+    "  kvd sessions show NAME              a session's manifest (JSON)\n"
+    "  kvd sessions rm NAME                delete a session and all its data\n"
+    "  kvd sessions export NAME FILE       write one self-describing file\n"
+    "  kvd sessions import FILE [NAME]     store a file's session (as NAME)";
+
+std::string Time(int64_t unix_ms) {
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms),
+                          absl::LocalTimeZone());
+}
+
+absl::Status List(storage::TieredStore& store, const std::string& tenant) {
+  std::string token;
+  std::printf("%-32s %8s %6s %-10s %12s  %s\n", "SESSION", "TOKENS", "TURNS",
+              "POLICY", "BYTES", "UPDATED");
+  int64_t n = 0;
+  do {
+    KVD_ASSIGN_OR_RETURN(storage::SessionListPage page,
+                         store.List(tenant, token, 100));
+    for (const v1::SessionManifest& m : page.sessions) {
+      std::printf("%-32s %8lld %6d %-10s %12lld  %s\n", m.session_id().c_str(),
+                  static_cast<long long>(m.token_count()), m.turn_ends_size(),
+                  m.policy().c_str(), static_cast<long long>(m.stored_bytes()),
+                  Time(m.updated_unix_ms()).c_str());
+      ++n;
+    }
+    token = page.next_page_token;
+  } while (!token.empty());
+  std::fprintf(stderr, "%lld session(s) of tenant '%s'\n",
+               static_cast<long long>(n), tenant.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status Show(storage::TieredStore& store, const std::string& tenant,
+                  const std::string& name) {
+  KVD_ASSIGN_OR_RETURN(v1::SessionManifest m,
+                       store.db().GetManifest(tenant, name));
+  std::string json;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = true;
+  opts.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(m, &json, opts).ok())
+    return absl::InternalError("cannot print the manifest as JSON");
+  std::cout << json;
+  return absl::OkStatus();
+}
+
+absl::Status Import(storage::TieredStore& store, const std::string& tenant,
+                    const std::string& file, const std::string& name) {
+  KVD_ASSIGN_OR_RETURN(storage::SessionCheckpoint cp,
+                       storage::ReadSessionFile(file));
+  v1::SessionManifest m = cp.manifest();
+  m.set_tenant(tenant);
+  if (!name.empty()) m.set_session_id(name);
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", m.session_id()));
+  if (store.db().GetManifest(tenant, m.session_id()).ok()) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "session '", m.session_id(), "' already exists for tenant '", tenant,
+        "'; remove it first (kvd sessions rm) or import under another name"));
+  }
+  std::map<storage::ChunkId, std::string> chunks = cp.chunks();
+  cp.Reset(std::move(m), std::move(chunks));
+  KVD_RETURN_IF_ERROR(store.PutSession(cp));
+  std::fprintf(stderr, "imported %s as session '%s' (%lld tokens)\n",
+               file.c_str(), cp.manifest().session_id().c_str(),
+               static_cast<long long>(cp.manifest().token_count()));
+  return absl::OkStatus();
+}
+
+absl::Status Run(const Args& args) {
+  const std::vector<std::string>& p = args.positional();
+  if (p.empty()) {
+    return absl::InvalidArgumentError(
+        "missing action: ls, show, rm, export or import (see 'kvd sessions "
+        "--help')");
+  }
+  const std::string& action = p[0];
+  auto need = [&](size_t n, const char* usage) -> absl::Status {
+    if (p.size() < n + 1 || p.size() > n + 1 + (action == "import")) {
+      return absl::InvalidArgumentError(absl::StrCat("usage: ", usage));
+    }
+    return absl::OkStatus();
+  };
+  const std::string tenant = args.Get("tenant");
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<storage::TieredStore> store,
+                       OpenStore(args));
+  if (action == "ls") return List(*store, tenant);
+  if (action == "show") {
+    KVD_RETURN_IF_ERROR(need(1, "kvd sessions show NAME"));
+    return Show(*store, tenant, p[1]);
+  }
+  if (action == "rm") {
+    KVD_RETURN_IF_ERROR(need(1, "kvd sessions rm NAME"));
+    KVD_RETURN_IF_ERROR(store->Delete(tenant, p[1]));
+    std::fprintf(stderr, "deleted session '%s'\n", p[1].c_str());
+    return absl::OkStatus();
+  }
+  if (action == "export") {
+    KVD_RETURN_IF_ERROR(need(2, "kvd sessions export NAME FILE"));
+    KVD_ASSIGN_OR_RETURN(storage::TieredStore::Loaded got,
+                         store->Load(tenant, p[1]));
+    KVD_RETURN_IF_ERROR(storage::WriteSessionFile(*got.checkpoint, p[2]));
+    std::fprintf(
+        stderr, "exported session '%s' (%lld tokens) to %s\n", p[1].c_str(),
+        static_cast<long long>(got.checkpoint->manifest().token_count()),
+        p[2].c_str());
+    return absl::OkStatus();
+  }
+  if (action == "import") {
+    KVD_RETURN_IF_ERROR(need(1, "kvd sessions import FILE [NAME]"));
+    return Import(*store, tenant, p[1], p.size() > 2 ? p[2] : "");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown action '", action, "': use ls, show, rm, export or import"));
+}
+
+}  // namespace
+
+int SessionsCommand(const std::vector<std::string>& argv) {
+  Args args("kvd sessions", kSummary);
+  args.Positional("ACTION ARGS...",
+                  "ls | show NAME | rm NAME | export NAME FILE "
+                  "| import FILE [NAME]");
+  DeclareStoreFlags(args);
+  if (absl::Status s = args.Parse(argv); !s.ok()) {
+    std::fprintf(stderr, "kvd sessions: %s\n",
+                 std::string(s.message()).c_str());
+    return 2;
+  }
+  if (args.help_requested()) {
+    std::fputs(args.Help().c_str(), stdout);
+    return 0;
+  }
+  if (absl::Status s = Run(args); !s.ok()) {
+    std::fprintf(stderr, "kvd sessions: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace kvd::cli
