@@ -37,8 +37,10 @@ struct GenerateRequest {
   ops::SamplingParams sampling;   // temperature 0 = greedy
   std::vector<std::string> stop;  // stop strings (not included in the output)
   bool ignore_eos = false;        // keep going past end-of-generation tokens
-  int64_t prefill_chunk =
-      256;  // prompt tokens per forward step (bounds scratch memory)
+  // Prompt tokens per forward step at most (bounds scratch memory); the
+  // Scheduler also caps it by its per-iteration prefill budget. Chunking
+  // never changes a result bit.
+  int64_t prefill_chunk = 256;
 
   // KV-Direct (optional): where K/V older than the hot window come from, and
   // who records each token's residuals; `sequence_id` names the sequence to
