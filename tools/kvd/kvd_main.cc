@@ -13,6 +13,9 @@ constexpr char kUsage[] =
     "usage: kvd <command> [flags]\n"
     "\n"
     "commands:\n"
+    "  serve      serve the model over an OpenAI-compatible HTTP API and "
+    "gRPC,\n"
+    "             with durable sessions\n"
     "  chat       chat in a durable session: every turn is committed to disk\n"
     "             and the conversation resumes bit-identically later\n"
     "  sessions   list, show, delete, export and import stored sessions\n"
@@ -37,6 +40,7 @@ int main(int argc, char** argv) {
   if (command == "bench") return kvd::cli::BenchCommand(args);
   if (command == "plan") return kvd::cli::PlanCommand(args);
   if (command == "chat") return kvd::cli::ChatCommand(args);
+  if (command == "serve") return kvd::cli::ServeCommand(args);
   if (command == "sessions") return kvd::cli::SessionsCommand(args);
   std::fprintf(stderr, "kvd: unknown command '%s'\n\n%s", command.c_str(),
                kUsage);

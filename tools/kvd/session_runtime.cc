@@ -103,6 +103,14 @@ absl::Status AddModelAndSessionFlags(const Args& args, node::NodeOptions& o) {
         "--chunk-tokens must be between 1 and 65536");
   }
   KVD_ASSIGN_OR_RETURN(o.model_path, ResolveModel(args.Get("model")));
+  // The name clients send as "model": what the user called it (smollm2,
+  // gemma3, or the file name without its directory and extension).
+  std::string id = args.Get("model");
+  if (const size_t slash = id.find_last_of('/'); slash != std::string::npos)
+    id = id.substr(slash + 1);
+  if (id.size() > 5 && id.substr(id.size() - 5) == ".gguf")
+    id = id.substr(0, id.size() - 5);
+  o.model_id = id;
   return absl::OkStatus();
 }
 

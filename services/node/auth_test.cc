@@ -1,0 +1,115 @@
+#include "services/node/auth.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvd::node {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(KeyStoreTest, WithoutKeysEveryRequestIsLocal) {
+  KeyStore keys;
+  EXPECT_FALSE(keys.enabled());
+  EXPECT_EQ(*keys.TenantForBearer(""), "local");
+  EXPECT_EQ(*keys.TenantForBearer("Bearer anything"), "local");
+}
+
+TEST(KeyStoreTest, BearerMapsToTenant) {
+  absl::StatusOr<KeyStore> keys =
+      KeyStore::FromPairs({{"sk-a", "acme"}, {"sk-b", "globex"}});
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_TRUE(keys->enabled());
+  EXPECT_EQ(*keys->TenantForBearer("Bearer sk-a"), "acme");
+  EXPECT_EQ(*keys->TenantForBearer("bearer   sk-b "), "globex");
+  EXPECT_EQ(keys->TenantForBearer("Bearer sk-c").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // A prefix or extension of a key is not the key.
+  EXPECT_EQ(keys->TenantForBearer("Bearer sk-").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(keys->TenantForBearer("Bearer sk-aa").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(keys->TenantForBearer("").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(keys->TenantForBearer("Basic sk-a").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(keys->TenantForBearer("Bearer ").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(keys->TenantForBearer("").status().message(),
+              HasSubstr("Bearer"));
+}
+
+TEST(KeyStoreTest, RejectsBadEntries) {
+  EXPECT_EQ(KeyStore::FromPairs({{"k", "bad/tenant"}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KeyStore::FromPairs({{"", "acme"}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::Status dup =
+      KeyStore::FromPairs({{"k", "acme"}, {"k", "globex"}}).status();
+  EXPECT_EQ(dup.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(dup.message(), HasSubstr("twice"));
+}
+
+TEST(KeyStoreTest, EnvValue) {
+  absl::StatusOr<KeyStore> keys =
+      KeyStore::FromEnvValue("key1:tenant1, key:with:colon:tenant2");
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_EQ(keys->size(), 2u);
+  EXPECT_EQ(*keys->TenantForKey("key1"), "tenant1");
+  EXPECT_EQ(*keys->TenantForKey("key:with:colon"), "tenant2");
+  EXPECT_EQ(KeyStore::FromEnvValue("nocolon").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KeyStore::FromEnvValue("key:").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KeyStoreTest, FileAndEnvTogether) {
+  const std::string path =
+      std::string(std::getenv("TEST_TMPDIR")) + "/keys.txt";
+  {
+    std::ofstream out(path);
+    out << "# comment\n\nsk-file acme  # trailing comment\n";
+  }
+  absl::StatusOr<KeyStore> file_only = KeyStore::FromFile(path);
+  ASSERT_TRUE(file_only.ok()) << file_only.status();
+  EXPECT_EQ(file_only->size(), 1u);
+  EXPECT_EQ(*file_only->TenantForKey("sk-file"), "acme");
+
+  setenv(kApiKeysEnv, "sk-env:globex", 1);
+  absl::StatusOr<KeyStore> both = KeyStore::Load(path);
+  unsetenv(kApiKeysEnv);
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(*both->TenantForKey("sk-file"), "acme");
+  EXPECT_EQ(*both->TenantForKey("sk-env"), "globex");
+
+  absl::StatusOr<KeyStore> none = KeyStore::Load("");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->enabled());
+
+  EXPECT_EQ(KeyStore::FromFile(path + ".missing").status().code(),
+            absl::StatusCode::kNotFound);
+  {
+    std::ofstream out(path);
+    out << "sk-only-key\n";
+  }
+  absl::Status bad = KeyStore::FromFile(path).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr(":1:"));
+}
+
+TEST(ConstantTimeEqualsTest, Basics) {
+  EXPECT_TRUE(ConstantTimeEquals("", ""));
+  EXPECT_TRUE(ConstantTimeEquals("abc", "abc"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "abd"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "ab"));
+  EXPECT_FALSE(ConstantTimeEquals("", "a"));
+  // Equal bytes up to the shorter length, with the rest zero, still differ.
+  EXPECT_FALSE(ConstantTimeEquals(absl::string_view("a\0", 2), "a"));
+}
+
+}  // namespace
+}  // namespace kvd::node

@@ -1,0 +1,438 @@
+#include "services/node/grpc_service.h"
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "services/node/grpc_convert.h"
+#include "storage/checkpoint/codec.h"
+#include "storage/checkpoint/session_file.h"
+
+namespace kvd::node {
+namespace {
+
+// Unguessable ids: request ids name a running generation to Cancel.
+std::string RandomId(absl::string_view prefix) {
+  static absl::Mutex mu(absl::kConstInit);
+  static std::mt19937_64* rng = nullptr;
+  absl::MutexLock lock(&mu);
+  if (rng == nullptr) {
+    std::random_device rd;
+    std::seed_seq seq{rd(), rd(), rd(), rd(), rd(), rd(), rd(), rd()};
+    rng = new std::mt19937_64(seq);
+  }
+  const uint64_t a = (*rng)(), b = (*rng)();
+  return absl::StrFormat("%s%016x%016x", prefix, a, b);
+}
+
+// Decrements a counter when the call ends.
+class Slot {
+ public:
+  explicit Slot(std::atomic<int>* n) : n_(n) {}
+  ~Slot() { n_->fetch_sub(1); }
+
+ private:
+  std::atomic<int>* n_;
+};
+
+bool DeadlinePassed(const grpc::ServerContext* ctx) {
+  return ctx->deadline() <= std::chrono::system_clock::now();
+}
+
+}  // namespace
+
+SessionsService::SessionsService(NodeRuntime* runtime, KeyStore keys,
+                                 GrpcServerOptions options)
+    : runtime_(runtime), keys_(std::move(keys)), options_(std::move(options)) {}
+
+absl::StatusOr<std::string> SessionsService::Tenant(
+    const grpc::ServerContext* ctx) const {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  absl::string_view header;
+  if (it != md.end())
+    header = absl::string_view(it->second.data(), it->second.size());
+  return keys_.TenantForBearer(header);
+}
+
+grpc::Status SessionsService::CreateSession(
+    grpc::ServerContext* ctx, const v1::CreateSessionRequest* request,
+    v1::Session* response) {
+  absl::StatusOr<std::string> tenant = Tenant(ctx);
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
+  absl::Status labels = ValidateLabels(request->labels());
+  if (!labels.ok()) return ToGrpcStatus(labels);
+  const std::string id =
+      request->session_id().empty() ? RandomId("s-") : request->session_id();
+  std::map<std::string, std::string> label_map(request->labels().begin(),
+                                               request->labels().end());
+  absl::Status created =
+      runtime_->engine().CreateSession(*tenant, id, label_map);
+  if (!created.ok()) return ToGrpcStatus(created);
+  absl::StatusOr<v1::SessionManifest> m =
+      runtime_->engine().GetSession(*tenant, id);
+  if (!m.ok()) return ToGrpcStatus(m.status());
+  *response = SessionFromManifest(*m);
+  return grpc::Status::OK;
+}
+
+grpc::Status SessionsService::GetSession(grpc::ServerContext* ctx,
+                                         const v1::GetSessionRequest* request,
+                                         v1::Session* response) {
+  absl::StatusOr<std::string> tenant = Tenant(ctx);
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
+  absl::Status name =
+      storage::ValidateName("session id", request->session_id());
+  if (!name.ok()) return ToGrpcStatus(name);
+  absl::StatusOr<v1::SessionManifest> m =
+      runtime_->engine().GetSession(*tenant, request->session_id());
+  if (!m.ok()) return ToGrpcStatus(m.status());
+  *response = SessionFromManifest(*m);
+  return grpc::Status::OK;
+}
+
+grpc::Status SessionsService::ListSessions(
+    grpc::ServerContext* ctx, const v1::ListSessionsRequest* request,
+    v1::ListSessionsResponse* response) {
+  absl::StatusOr<std::string> tenant = Tenant(ctx);
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
+  absl::StatusOr<int> page_size = PageSize(request->page_size());
+  if (!page_size.ok()) return ToGrpcStatus(page_size.status());
+  absl::StatusOr<storage::SessionListPage> page =
+      runtime_->store().List(*tenant, request->page_token(), *page_size);
+  if (!page.ok()) return ToGrpcStatus(page.status());
+  for (const v1::SessionManifest& m : page->sessions) {
+    *response->add_sessions() = SessionFromManifest(m);
+  }
+  response->set_next_page_token(page->next_page_token);
+  return grpc::Status::OK;
+}
+
+grpc::Status SessionsService::DeleteSession(
+    grpc::ServerContext* ctx, const v1::DeleteSessionRequest* request,
+    v1::DeleteSessionResponse* response) {
+  absl::StatusOr<std::string> tenant = Tenant(ctx);
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
+  return ToGrpcStatus(
+      runtime_->engine().DeleteSession(*tenant, request->session_id()));
+}
+
+absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
+    grpc::ServerContext* ctx, const std::string& tenant,
+    const v1::GenerateRequest& request, const Running& running,
+    grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const int64_t context = runtime_->model().config().context_length;
+  KVD_ASSIGN_OR_RETURN(engine::GenerateRequest g,
+                       GenerateRequestFromProto(request.sampling(), context));
+  KVD_RETURN_IF_ERROR(ValidateInput(request, runtime_->chat_template()));
+
+  // Polled between forward steps: a failed Write means the client is gone.
+  std::atomic<bool> write_failed{false};
+  g.cancelled = [&]() {
+    return write_failed.load() || running.cancel.load() || stopping_.load() ||
+           ctx->IsCancelled() || DeadlinePassed(ctx);
+  };
+  auto on_text = [&](std::string_view text) {
+    v1::GenerateResponse delta;
+    delta.mutable_delta()->set_text(ValidUtf8(text));
+    if (!writer->Write(delta)) write_failed.store(true);
+  };
+  const ops::Tokenizer& tokenizer = runtime_->tokenizer();
+  const std::optional<ops::ChatTemplate>& tmpl = runtime_->chat_template();
+
+  v1::GenerateFinished finished;
+  engine::GenerateResult result;
+  if (request.session_id().empty()) {
+    KVD_ASSIGN_OR_RETURN(g.prompt, TurnTokens(request, tokenizer, tmpl, {}));
+    KVD_ASSIGN_OR_RETURN(result,
+                         runtime_->engine().Complete(g, tokenizer, on_text));
+  } else {
+    engine::TurnRequest turn;
+    turn.tenant = tenant;
+    turn.session = request.session_id();
+    turn.generate = std::move(g);
+    turn.make_tokens = [&](absl::Span<const int32_t> have) {
+      return TurnTokens(request, tokenizer, tmpl, have);
+    };
+    absl::StatusOr<engine::TurnResult> r =
+        runtime_->engine().RunTurn(turn, tokenizer, on_text);
+    if (!r.ok()) return r.status();
+    result = std::move(r->generation);
+    finished.set_state_path(engine::StatePathName(r->path));
+    finished.set_state_path_detail(r->path_detail);
+    finished.set_session_tokens(r->session_tokens);
+    finished.set_turn(r->turn);
+  }
+  if (result.finish_reason == engine::FinishReason::kCancelled) {
+    return absl::CancelledError("generation cancelled; nothing was stored");
+  }
+  finished.set_finish_reason(engine::FinishReasonName(result.finish_reason));
+  finished.mutable_usage()->set_prompt_tokens(result.prompt_tokens);
+  finished.mutable_usage()->set_completion_tokens(result.tokens.size());
+  finished.mutable_token_ids()->Add(result.tokens.begin(), result.tokens.end());
+  finished.set_text(ValidUtf8(result.text));
+  return finished;
+}
+
+grpc::Status SessionsService::Generate(
+    grpc::ServerContext* ctx, const v1::GenerateRequest* request,
+    grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  absl::StatusOr<std::string> tenant = Tenant(ctx);
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
+  if (stopping_.load()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the node is shutting down; retry on another node");
+  }
+  const int limit = options_.max_concurrent_generates;
+  const int now_running = generates_.fetch_add(1) + 1;
+  Slot slot(&generates_);
+  if (limit > 0 && now_running > limit) {
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat(limit,
+                     " generations are already running on this node "
+                     "(max_concurrent_generates); retry with back-off"));
+  }
+
+  auto running = std::make_shared<Running>();
+  running->tenant = *tenant;
+  const std::string request_id = RandomId("r-");
+  {
+    absl::MutexLock lock(&mu_);
+    running_[request_id] = running;
+  }
+  v1::GenerateResponse started;
+  started.mutable_started()->set_request_id(request_id);
+  writer->Write(started);
+
+  absl::StatusOr<v1::GenerateFinished> finished =
+      RunGenerate(ctx, *tenant, *request, *running, writer);
+  {
+    absl::MutexLock lock(&mu_);
+    running_.erase(request_id);
+  }
+  if (!finished.ok()) {
+    if (finished.status().code() == absl::StatusCode::kCancelled &&
+        DeadlinePassed(ctx)) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          "deadline passed during generation; nothing was "
+                          "stored (give a longer deadline or fewer "
+                          "max_tokens)");
+    }
+    return ToGrpcStatus(finished.status());
+  }
+  v1::GenerateResponse last;
+  *last.mutable_finished() = std::move(*finished);
+  writer->Write(last);
+  return grpc::Status::OK;
+}
+
+grpc::Status SessionsService::Cancel(grpc::ServerContext* ctx,
+                                     const v1::CancelRequest* request,
+                                     v1::CancelResponse* response) {
+  absl::StatusOr<std::string> tenant = Tenant(ctx);
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
+  absl::MutexLock lock(&mu_);
+  auto it = running_.find(request->request_id());
+  // Another tenant's generation looks exactly like a finished one.
+  if (it == running_.end() || it->second->tenant != *tenant) {
+    return grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrCat("no running generation '", request->request_id(),
+                     "' (it may have finished already)"));
+  }
+  it->second->cancel.store(true);
+  return grpc::Status::OK;
+}
+
+grpc::Status SessionsService::ExportSession(
+    grpc::ServerContext* ctx, const v1::ExportSessionRequest* request,
+    grpc::ServerWriter<v1::ExportSessionResponse>* writer) {
+  absl::StatusOr<std::string> tenant = Tenant(ctx);
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
+  absl::Status name =
+      storage::ValidateName("session id", request->session_id());
+  if (!name.ok()) return ToGrpcStatus(name);
+  absl::StatusOr<storage::TieredStore::Loaded> loaded =
+      runtime_->store().Load(*tenant, request->session_id());
+  if (!loaded.ok()) return ToGrpcStatus(loaded.status());
+  absl::StatusOr<std::string> bytes =
+      storage::SerializeSessionFile(*loaded->checkpoint);
+  if (!bytes.ok()) return ToGrpcStatus(bytes.status());
+  const size_t step = std::max<int64_t>(1, options_.export_chunk_bytes);
+  for (size_t at = 0; at == 0 || at < bytes->size(); at += step) {
+    if (ctx->IsCancelled()) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "export cancelled");
+    }
+    v1::ExportSessionResponse msg;
+    if (at == 0) {
+      *msg.mutable_session() =
+          SessionFromManifest(loaded->checkpoint->manifest());
+    }
+    msg.set_chunk(bytes->substr(at, step));
+    if (!writer->Write(msg)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED,
+                          "client went away during export");
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status SessionsService::ImportSession(
+    grpc::ServerContext* ctx,
+    grpc::ServerReader<v1::ImportSessionRequest>* reader,
+    v1::Session* response) {
+  absl::StatusOr<std::string> tenant = Tenant(ctx);
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
+  std::string bytes, name;
+  v1::ImportSessionRequest msg;
+  bool first = true;
+  while (reader->Read(&msg)) {
+    if (first) name = msg.session_id();
+    first = false;
+    if (static_cast<int64_t>(bytes.size() + msg.chunk().size()) >
+        options_.max_import_bytes) {
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("session file exceeds this node's import limit of ",
+                       options_.max_import_bytes, " bytes"));
+    }
+    bytes += msg.chunk();
+  }
+  absl::StatusOr<storage::SessionCheckpoint> cp =
+      storage::ParseSessionFile(bytes, "imported session file");
+  if (!cp.ok()) return ToGrpcStatus(cp.status());
+  v1::SessionManifest m = cp->manifest();
+  m.set_tenant(*tenant);
+  if (!name.empty()) m.set_session_id(name);
+  absl::Status valid = storage::ValidateName("session id", m.session_id());
+  if (!valid.ok()) return ToGrpcStatus(valid);
+  absl::Status compatible = storage::CheckCompatible(
+      m.model(), runtime_->engine().identity(), m.session_id());
+  if (!compatible.ok()) return ToGrpcStatus(compatible);
+  if (runtime_->engine().GetSession(*tenant, m.session_id()).ok()) {
+    return grpc::Status(
+        grpc::StatusCode::ALREADY_EXISTS,
+        absl::StrCat("session '", m.session_id(),
+                     "' already exists; delete it first or import under "
+                     "another session_id"));
+  }
+  std::map<storage::ChunkId, std::string> chunks = cp->chunks();
+  cp->Reset(m, std::move(chunks));
+  absl::Status put = runtime_->store().PutSession(*cp);
+  if (!put.ok()) return ToGrpcStatus(put);
+  *response = SessionFromManifest(m);
+  return grpc::Status::OK;
+}
+
+grpc::Status HealthService::Check(grpc::ServerContext* ctx,
+                                  const v1::HealthRequest* request,
+                                  v1::HealthResponse* response) {
+  response->set_status(serving_.load() ? v1::HealthResponse::SERVING
+                                       : v1::HealthResponse::NOT_SERVING);
+  response->set_model(runtime_->model_id());
+  response->set_numerics_version(
+      runtime_->engine().identity().numerics_version());
+  return grpc::Status::OK;
+}
+
+GrpcServer::GrpcServer(std::unique_ptr<SessionsService> sessions,
+                       std::unique_ptr<HealthService> health,
+                       std::unique_ptr<grpc::Server> server, int port)
+    : sessions_(std::move(sessions)),
+      health_(std::move(health)),
+      server_(std::move(server)),
+      port_(port) {}
+
+GrpcServer::~GrpcServer() { Shutdown(); }
+
+void GrpcServer::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  health_->SetNotServing();
+  sessions_->StopAll();
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  server_->Wait();
+}
+
+void GrpcServer::Wait() { server_->Wait(); }
+
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read TLS file ", path, "; check the path"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int64_t Millis(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
+    NodeRuntime* runtime, KeyStore keys, GrpcServerOptions options) {
+  if (runtime == nullptr) {
+    return absl::InvalidArgumentError("StartGrpcServer needs a NodeRuntime");
+  }
+  if (options.tls_cert_path.empty() != options.tls_key_path.empty()) {
+    return absl::InvalidArgumentError(
+        "give both a TLS certificate and key file, or neither");
+  }
+  if (options.max_receive_bytes <= 0 || options.max_concurrent_streams <= 0 ||
+      options.max_import_bytes <= 0 || options.export_chunk_bytes <= 0 ||
+      options.max_concurrent_generates < 0) {
+    return absl::InvalidArgumentError(
+        "gRPC server limits must be positive (max_concurrent_generates may "
+        "be 0 = no limit)");
+  }
+  std::shared_ptr<grpc::ServerCredentials> creds =
+      grpc::InsecureServerCredentials();
+  if (!options.tls_cert_path.empty()) {
+    KVD_ASSIGN_OR_RETURN(std::string cert, ReadPem(options.tls_cert_path));
+    KVD_ASSIGN_OR_RETURN(std::string key, ReadPem(options.tls_key_path));
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({key, cert});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+
+  auto sessions =
+      std::make_unique<SessionsService>(runtime, std::move(keys), options);
+  auto health = std::make_unique<HealthService>(runtime);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.address, creds, &port);
+  builder.SetMaxReceiveMessageSize(options.max_receive_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             options.max_concurrent_streams);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(Millis(options.keepalive_time)));
+  builder.AddChannelArgument(
+      GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+      static_cast<int>(Millis(options.keepalive_timeout)));
+  builder.RegisterService(sessions.get());
+  builder.RegisterService(health.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options.address,
+        " (in use, or not an address of this host); pick another address"));
+  }
+  return std::make_unique<GrpcServer>(std::move(sessions), std::move(health),
+                                      std::move(server), port);
+}
+
+}  // namespace kvd::node

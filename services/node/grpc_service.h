@@ -1,0 +1,172 @@
+// The node's gRPC front end: kvd.v1.Sessions (proto/kvd/v1/sessions.proto)
+// and kvd.v1.Health over a NodeRuntime, and the server `kvd serve` starts.
+//
+// Every Sessions call authenticates its `authorization` metadata against the
+// KeyStore and acts as that tenant; Health is open (load balancers probe
+// it). A Generate stops at the next decode step when the client cancels,
+// its deadline passes, Cancel names it, or the server shuts down; the turn
+// then commits nothing.
+//
+//   GrpcServerOptions options;
+//   options.address = "0.0.0.0:7070";
+//   KVD_ASSIGN_OR_RETURN(KeyStore keys, KeyStore::Load(keys_file));
+//   KVD_ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server,
+//                        StartGrpcServer(runtime.get(), std::move(keys),
+//                                        options));
+//   std::printf("listening on port %d\n", server->port());
+//   ...
+//   server->Shutdown(absl::Seconds(5));
+//
+// Thread-safety: the server runs calls on gRPC's thread pool; GrpcServer's
+// methods may be called from any thread. The runtime must outlive the
+// server.
+#ifndef KVD_SERVICES_NODE_GRPC_SERVICE_H_
+#define KVD_SERVICES_NODE_GRPC_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/kvd/v1/health.grpc.pb.h"
+#include "proto/kvd/v1/sessions.grpc.pb.h"
+#include "services/node/auth.h"
+#include "services/node/runtime.h"
+
+namespace kvd::node {
+
+struct GrpcServerOptions {
+  // host:port to listen on; port 0 picks a free port (GrpcServer::port()).
+  std::string address = "127.0.0.1:0";
+  // Largest message the server accepts (an ImportSession chunk, a prompt).
+  int max_receive_bytes = 64 << 20;
+  // HTTP/2 streams one client connection may have open at once.
+  int max_concurrent_streams = 100;
+  // Generate calls running at once on the node; more are refused with
+  // RESOURCE_EXHAUSTED (retry with back-off). 0 = no limit.
+  int max_concurrent_generates = 64;
+  // Server pings an idle connection every keepalive_time and drops it if
+  // the ping is not answered within keepalive_timeout.
+  absl::Duration keepalive_time = absl::Minutes(2);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  // PEM files; both or neither. Neither: plaintext (loopback, tests).
+  std::string tls_cert_path;
+  std::string tls_key_path;
+  // Largest session file ImportSession accepts (RESOURCE_EXHAUSTED beyond).
+  int64_t max_import_bytes = int64_t{4} << 30;
+  // Bytes per ExportSession message.
+  int64_t export_chunk_bytes = 1 << 20;
+};
+
+// kvd.v1.Sessions over a NodeRuntime.
+class SessionsService final : public v1::Sessions::Service {
+ public:
+  SessionsService(NodeRuntime* runtime, KeyStore keys,
+                  GrpcServerOptions options);
+
+  grpc::Status CreateSession(grpc::ServerContext* ctx,
+                             const v1::CreateSessionRequest* request,
+                             v1::Session* response) override;
+  grpc::Status GetSession(grpc::ServerContext* ctx,
+                          const v1::GetSessionRequest* request,
+                          v1::Session* response) override;
+  grpc::Status ListSessions(grpc::ServerContext* ctx,
+                            const v1::ListSessionsRequest* request,
+                            v1::ListSessionsResponse* response) override;
+  grpc::Status DeleteSession(grpc::ServerContext* ctx,
+                             const v1::DeleteSessionRequest* request,
+                             v1::DeleteSessionResponse* response) override;
+  grpc::Status Generate(
+      grpc::ServerContext* ctx, const v1::GenerateRequest* request,
+      grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status Cancel(grpc::ServerContext* ctx,
+                      const v1::CancelRequest* request,
+                      v1::CancelResponse* response) override;
+  grpc::Status ExportSession(
+      grpc::ServerContext* ctx, const v1::ExportSessionRequest* request,
+      grpc::ServerWriter<v1::ExportSessionResponse>* writer) override;
+  grpc::Status ImportSession(
+      grpc::ServerContext* ctx,
+      grpc::ServerReader<v1::ImportSessionRequest>* reader,
+      v1::Session* response) override;
+
+  // Makes every running and later Generate stop (server shutdown).
+  void StopAll() { stopping_.store(true); }
+
+ private:
+  struct Running {
+    std::string tenant;
+    std::atomic<bool> cancel{false};
+  };
+
+  absl::StatusOr<std::string> Tenant(const grpc::ServerContext* ctx) const;
+  absl::StatusOr<v1::GenerateFinished> RunGenerate(
+      grpc::ServerContext* ctx, const std::string& tenant,
+      const v1::GenerateRequest& request, const Running& running,
+      grpc::ServerWriter<v1::GenerateResponse>* writer);
+
+  NodeRuntime* const runtime_;
+  const KeyStore keys_;
+  const GrpcServerOptions options_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> generates_{0};  // Generate calls in progress
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Running>> running_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// kvd.v1.Health: SERVING once the model is loaded (a runtime exists only
+// then), NOT_SERVING while the server shuts down.
+class HealthService final : public v1::Health::Service {
+ public:
+  explicit HealthService(NodeRuntime* runtime) : runtime_(runtime) {}
+  grpc::Status Check(grpc::ServerContext* ctx, const v1::HealthRequest* request,
+                     v1::HealthResponse* response) override;
+  void SetNotServing() { serving_.store(false); }
+
+ private:
+  NodeRuntime* const runtime_;
+  std::atomic<bool> serving_{true};
+};
+
+// A running server; destroying it shuts it down.
+class GrpcServer {
+ public:
+  GrpcServer(std::unique_ptr<SessionsService> sessions,
+             std::unique_ptr<HealthService> health,
+             std::unique_ptr<grpc::Server> server, int port);
+  ~GrpcServer();
+
+  // The port bound (the chosen one when the address asked for port 0).
+  int port() const { return port_; }
+  // Stops accepting calls, stops running generations (nothing of their
+  // turns is committed) and waits up to `grace` for calls to finish before
+  // cancelling the rest. Idempotent.
+  void Shutdown(absl::Duration grace = absl::Seconds(5));
+  // Blocks until the server has shut down.
+  void Wait();
+
+ private:
+  std::unique_ptr<SessionsService> sessions_;
+  std::unique_ptr<HealthService> health_;
+  std::unique_ptr<grpc::Server> server_;
+  const int port_;
+  absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Builds and starts the server. INVALID_ARGUMENT for inconsistent options
+// (one TLS file without the other, non-positive limits), NOT_FOUND for an
+// unreadable TLS file, UNAVAILABLE if the address cannot be bound.
+absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
+    NodeRuntime* runtime, KeyStore keys, GrpcServerOptions options);
+
+}  // namespace kvd::node
+
+#endif  // KVD_SERVICES_NODE_GRPC_SERVICE_H_

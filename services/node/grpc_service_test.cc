@@ -1,0 +1,558 @@
+// A real server on 127.0.0.1:0 over a tiny random-weight GGUF model (byte
+// tokenizer, no chat template: raw prompts), driven through a real client
+// stub.
+#include "services/node/grpc_service.h"
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "ops/model/testing/tiny_model.h"
+#include "proto/kvd/v1/health.grpc.pb.h"
+#include "proto/kvd/v1/sessions.grpc.pb.h"
+
+namespace kvd::node {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+
+struct Reply {
+  grpc::Status status;
+  std::string request_id;
+  std::string text;  // concatenated deltas
+  v1::GenerateFinished finished;
+  bool got_finished = false;
+};
+
+class GrpcServiceTest : public ::testing::Test {
+ protected:
+  // The default tiny model; a 4000-token generation still outlasts a cancel
+  // sent after the third delta by far.
+  static ops::testing::TinyModelSpec Spec() {
+    ops::testing::TinyModelSpec spec;
+    spec.context_length = 4096;
+    // Tied embeddings make a random model echo its last input token
+    // whatever came before; an untied head lets the context show.
+    spec.tied_embeddings = false;
+    return spec;
+  }
+
+  void Start(KeyStore keys, GrpcServerOptions options = {}) {
+    const std::string dir = ::testing::TempDir();
+    absl::StatusOr<std::string> path =
+        ops::testing::WriteTinyModel(Spec(), dir);
+    ASSERT_TRUE(path.ok()) << path.status();
+    NodeOptions node;
+    node.model_path = *path;
+    node.data_dir =
+        dir + "/" +
+        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    node.num_threads = 2;
+    absl::StatusOr<std::unique_ptr<NodeRuntime>> rt =
+        NodeRuntime::Open(node, nullptr);
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    runtime_ = std::move(*rt);
+    absl::StatusOr<std::unique_ptr<GrpcServer>> server =
+        StartGrpcServer(runtime_.get(), std::move(keys), options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    ASSERT_GT(server_->port(), 0);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::Sessions::NewStub(channel_);
+  }
+
+  void SetUp() override {}
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown(absl::Seconds(2));
+  }
+
+  static void Auth(grpc::ClientContext* ctx, const std::string& key) {
+    if (!key.empty()) ctx->AddMetadata("authorization", "Bearer " + key);
+  }
+
+  static v1::GenerateRequest Raw(const std::string& session,
+                                 const std::string& prompt,
+                                 int64_t max_tokens) {
+    v1::GenerateRequest req;
+    req.set_session_id(session);
+    req.set_prompt(prompt);
+    // Sampled, not greedy: a random model's greedy output repeats one token
+    // whatever the context, so only sampling shows that context matters.
+    req.mutable_sampling()->set_temperature(1);
+    req.mutable_sampling()->set_seed(1234);
+    req.mutable_sampling()->set_max_tokens(max_tokens);
+    req.mutable_sampling()->set_ignore_eos(true);
+    return req;
+  }
+
+  Reply Generate(const v1::GenerateRequest& req, const std::string& key = "",
+                 grpc::ClientContext* given = nullptr) {
+    grpc::ClientContext local;
+    grpc::ClientContext* ctx = given != nullptr ? given : &local;
+    Auth(ctx, key);
+    Reply reply;
+    auto reader = stub_->Generate(ctx, req);
+    v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+      if (msg.has_started()) reply.request_id = msg.started().request_id();
+      if (msg.has_delta()) reply.text += msg.delta().text();
+      if (msg.has_finished()) {
+        reply.finished = msg.finished();
+        reply.got_finished = true;
+      }
+    }
+    reply.status = reader->Finish();
+    return reply;
+  }
+
+  grpc::Status Create(const std::string& id, const std::string& key = "",
+                      v1::Session* out = nullptr) {
+    grpc::ClientContext ctx;
+    Auth(&ctx, key);
+    v1::CreateSessionRequest req;
+    req.set_session_id(id);
+    v1::Session s;
+    grpc::Status st = stub_->CreateSession(&ctx, req, &s);
+    if (out != nullptr) *out = s;
+    return st;
+  }
+
+  grpc::Status Get(const std::string& id, v1::Session* out,
+                   const std::string& key = "") {
+    grpc::ClientContext ctx;
+    Auth(&ctx, key);
+    v1::GetSessionRequest req;
+    req.set_session_id(id);
+    return stub_->GetSession(&ctx, req, out);
+  }
+
+  std::unique_ptr<NodeRuntime> runtime_;
+  std::unique_ptr<GrpcServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Sessions::Stub> stub_;
+};
+
+TEST_F(GrpcServiceTest, HealthServing) {
+  Start(KeyStore());
+  auto health = v1::Health::NewStub(channel_);
+  grpc::ClientContext ctx;
+  v1::HealthResponse resp;
+  ASSERT_TRUE(health->Check(&ctx, v1::HealthRequest(), &resp).ok());
+  EXPECT_EQ(resp.status(), v1::HealthResponse::SERVING);
+  EXPECT_EQ(resp.model(), runtime_->model_id());
+  EXPECT_GT(resp.numerics_version(), 0u);
+}
+
+TEST_F(GrpcServiceTest, CreateGetListPagedDelete) {
+  Start(KeyStore());
+  v1::Session generated;
+  ASSERT_TRUE(Create("", "", &generated).ok());
+  EXPECT_THAT(generated.session_id(), Not(IsEmpty()));
+  for (const char* id : {"a", "b", "c", "d"}) ASSERT_TRUE(Create(id).ok());
+  EXPECT_EQ(Create("a").error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_EQ(Create("bad/name").error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  {
+    grpc::ClientContext ctx;
+    v1::CreateSessionRequest req;
+    req.set_session_id("labelled");
+    (*req.mutable_labels())["title"] = "hello";
+    v1::Session s;
+    ASSERT_TRUE(stub_->CreateSession(&ctx, req, &s).ok());
+    EXPECT_EQ(s.labels().at("title"), "hello");
+  }
+  v1::Session got;
+  ASSERT_TRUE(Get("labelled", &got).ok());
+  EXPECT_EQ(got.labels().at("title"), "hello");
+  EXPECT_EQ(got.token_count(), 0);
+
+  std::vector<std::string> listed;
+  std::string token;
+  int pages = 0;
+  do {
+    grpc::ClientContext ctx;
+    v1::ListSessionsRequest req;
+    req.set_page_size(2);
+    req.set_page_token(token);
+    v1::ListSessionsResponse resp;
+    ASSERT_TRUE(stub_->ListSessions(&ctx, req, &resp).ok());
+    EXPECT_LE(resp.sessions_size(), 2);
+    for (const v1::Session& s : resp.sessions())
+      listed.push_back(s.session_id());
+    token = resp.next_page_token();
+    ++pages;
+  } while (!token.empty() && pages < 10);
+  EXPECT_EQ(listed.size(), 6u);
+  EXPECT_GE(pages, 3);
+  EXPECT_TRUE(std::is_sorted(listed.begin(), listed.end()));
+
+  {
+    grpc::ClientContext ctx;
+    v1::ListSessionsRequest req;
+    req.set_page_size(1001);
+    v1::ListSessionsResponse resp;
+    grpc::Status st = stub_->ListSessions(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(st.error_message(), HasSubstr("1000"));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::DeleteSessionRequest req;
+    req.set_session_id("a");
+    v1::DeleteSessionResponse resp;
+    ASSERT_TRUE(stub_->DeleteSession(&ctx, req, &resp).ok());
+  }
+  EXPECT_EQ(Get("a", &got).error_code(), grpc::StatusCode::NOT_FOUND);
+  {
+    grpc::ClientContext ctx;
+    v1::DeleteSessionRequest req;
+    req.set_session_id("a");
+    v1::DeleteSessionResponse resp;
+    EXPECT_EQ(stub_->DeleteSession(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+}
+
+TEST_F(GrpcServiceTest, TwoTurnConversationSendsOnlyTheNewMessage) {
+  Start(KeyStore());
+  ASSERT_TRUE(Create("chat").ok());
+  Reply t1 = Generate(Raw("chat", "Hello there", 12));
+  ASSERT_TRUE(t1.status.ok()) << t1.status.error_message();
+  ASSERT_TRUE(t1.got_finished);
+  EXPECT_THAT(t1.request_id, Not(IsEmpty()));
+  EXPECT_EQ(t1.finished.turn(), 1u);
+  EXPECT_EQ(t1.finished.finish_reason(), "length");
+  EXPECT_EQ(t1.finished.usage().completion_tokens(), 12);
+  EXPECT_EQ(t1.finished.token_ids_size(), 12);
+  EXPECT_EQ(t1.text, t1.finished.text());
+
+  Reply t2 = Generate(Raw("chat", " and more", 8));
+  ASSERT_TRUE(t2.status.ok()) << t2.status.error_message();
+  EXPECT_EQ(t2.finished.turn(), 2u);
+  EXPECT_EQ(t2.finished.state_path(), "hot");
+  // The turn ran only the pending last token and the new message.
+  const int64_t new_tokens = static_cast<int64_t>(
+      runtime_->tokenizer().Encode(" and more", false, false).size());
+  EXPECT_EQ(t2.finished.usage().prompt_tokens(), 1 + new_tokens);
+  EXPECT_EQ(t2.finished.session_tokens(),
+            t1.finished.session_tokens() + new_tokens + 8);
+  v1::Session s;
+  ASSERT_TRUE(Get("chat", &s).ok());
+  EXPECT_EQ(s.turns(), 2);
+  EXPECT_EQ(s.token_count(), t2.finished.session_tokens());
+
+  // The reply depends on the stored context: the same message in a fresh
+  // session continues differently.
+  ASSERT_TRUE(Create("fresh").ok());
+  Reply alone = Generate(Raw("fresh", " and more", 8));
+  ASSERT_TRUE(alone.status.ok());
+  EXPECT_NE(std::vector<int32_t>(alone.finished.token_ids().begin(),
+                                 alone.finished.token_ids().end()),
+            std::vector<int32_t>(t2.finished.token_ids().begin(),
+                                 t2.finished.token_ids().end()));
+}
+
+TEST_F(GrpcServiceTest, StatelessGenerateStoresNothing) {
+  Start(KeyStore());
+  Reply r = Generate(Raw("", "Once upon a time", 10));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.finished.state_path(), "");
+  EXPECT_EQ(r.finished.token_ids_size(), 10);
+  grpc::ClientContext ctx;
+  v1::ListSessionsResponse list;
+  ASSERT_TRUE(stub_->ListSessions(&ctx, v1::ListSessionsRequest(), &list).ok());
+  EXPECT_EQ(list.sessions_size(), 0);
+
+  // A session's first turn over the same prompt generates the same tokens.
+  ASSERT_TRUE(Create("s").ok());
+  Reply first = Generate(Raw("s", "Once upon a time", 10));
+  ASSERT_TRUE(first.status.ok());
+  EXPECT_EQ(std::vector<int32_t>(first.finished.token_ids().begin(),
+                                 first.finished.token_ids().end()),
+            std::vector<int32_t>(r.finished.token_ids().begin(),
+                                 r.finished.token_ids().end()));
+}
+
+TEST_F(GrpcServiceTest, TenantsAreIsolatedAndKeysRequired) {
+  absl::StatusOr<KeyStore> keys =
+      KeyStore::FromPairs({{"sk-a", "acme"}, {"sk-b", "globex"}});
+  ASSERT_TRUE(keys.ok());
+  Start(std::move(*keys));
+  ASSERT_TRUE(Create("secret", "sk-a").ok());
+  v1::Session s;
+  EXPECT_TRUE(Get("secret", &s, "sk-a").ok());
+  EXPECT_EQ(Get("secret", &s, "sk-b").error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Generate(Raw("secret", "hi", 2), "sk-b").status.error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "sk-b");
+    v1::DeleteSessionRequest req;
+    req.set_session_id("secret");
+    v1::DeleteSessionResponse resp;
+    EXPECT_EQ(stub_->DeleteSession(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "sk-b");
+    v1::ExportSessionRequest req;
+    req.set_session_id("secret");
+    auto reader = stub_->ExportSession(&ctx, req);
+    v1::ExportSessionResponse msg;
+    while (reader->Read(&msg)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    Auth(&ctx, "sk-b");
+    v1::ListSessionsResponse list;
+    ASSERT_TRUE(
+        stub_->ListSessions(&ctx, v1::ListSessionsRequest(), &list).ok());
+    EXPECT_EQ(list.sessions_size(), 0);
+  }
+  // The owner still has it.
+  EXPECT_TRUE(Get("secret", &s, "sk-a").ok());
+
+  grpc::Status no_key = Get("secret", &s, "");
+  EXPECT_EQ(no_key.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(no_key.error_message(), HasSubstr("Bearer"));
+  EXPECT_EQ(Get("secret", &s, "sk-wrong").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Generate(Raw("", "hi", 2), "").status.error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  // Health stays open for probes.
+  auto health = v1::Health::NewStub(channel_);
+  grpc::ClientContext ctx;
+  v1::HealthResponse resp;
+  EXPECT_TRUE(health->Check(&ctx, v1::HealthRequest(), &resp).ok());
+}
+
+TEST_F(GrpcServiceTest, InvalidParametersAreRejectedQuickly) {
+  Start(KeyStore());
+  ASSERT_TRUE(Create("s").ok());
+  struct Case {
+    const char* name;
+    std::function<void(v1::GenerateRequest*)> edit;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"negative max_tokens",
+       [](v1::GenerateRequest* r) {
+         r->mutable_sampling()->set_max_tokens(-1);
+       },
+       "4096"},
+      {"huge max_tokens",
+       [](v1::GenerateRequest* r) {
+         r->mutable_sampling()->set_max_tokens(int64_t{1} << 40);
+       },
+       "4096"},
+      {"NaN temperature",
+       [](v1::GenerateRequest* r) {
+         r->mutable_sampling()->set_temperature(std::nanf(""));
+       },
+       "temperature"},
+      {"negative temperature",
+       [](v1::GenerateRequest* r) {
+         r->mutable_sampling()->set_temperature(-0.5f);
+       },
+       "temperature"},
+      {"top_p 0",
+       [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_p(0); },
+       "(0, 1]"},
+      {"17 stop strings",
+       [](v1::GenerateRequest* r) {
+         for (int i = 0; i < 17; ++i) r->mutable_sampling()->add_stop("x");
+       },
+       "16"},
+      {"no input", [](v1::GenerateRequest* r) { r->clear_prompt(); }, "prompt"},
+  };
+  for (const Case& c : cases) {
+    for (const std::string session : {"s", ""}) {
+      v1::GenerateRequest req = Raw(session, "hi", 4);
+      c.edit(&req);
+      const auto start = std::chrono::steady_clock::now();
+      Reply r = Generate(req);
+      const double seconds = std::chrono::duration<double>(
+                                 std::chrono::steady_clock::now() - start)
+                                 .count();
+      EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << c.name << " session='" << session << "'";
+      EXPECT_THAT(r.status.error_message(), HasSubstr(c.message)) << c.name;
+      EXPECT_FALSE(r.got_finished) << c.name;
+      EXPECT_LT(seconds, 1.0) << c.name;
+    }
+  }
+  // Messages on a model without a chat template.
+  v1::GenerateRequest chat = Raw("s", "", 4);
+  v1::ChatMessage* m = chat.add_messages();
+  m->set_role("user");
+  m->set_content("hi");
+  EXPECT_EQ(Generate(chat).status.error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  v1::Session s;
+  ASSERT_TRUE(Get("s", &s).ok());
+  EXPECT_EQ(s.turns(), 0);
+}
+
+TEST_F(GrpcServiceTest, ClientCancelStopsGenerationAndCommitsNothing) {
+  Start(KeyStore());
+  ASSERT_TRUE(Create("s").ok());
+  ASSERT_TRUE(Generate(Raw("s", "first turn", 4)).status.ok());
+
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Raw("s", " long one", 4000));
+  v1::GenerateResponse msg;
+  int deltas = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (reader->Read(&msg)) {
+    if (msg.has_delta() && ++deltas == 3) ctx.TryCancel();
+    ASSERT_FALSE(msg.has_finished()) << "generation finished before cancel";
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+
+  // The session's lock is free again and the next turn starts from turn 1.
+  Reply next = Generate(Raw("s", " again", 4));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(next.finished.turn(), 2u);
+  EXPECT_LT(seconds, 10.0);
+  EXPECT_EQ(runtime_->engine().stats().turns_failed, 1);
+}
+
+TEST_F(GrpcServiceTest, CancelByRequestIdAndDeadline) {
+  Start(KeyStore());
+  ASSERT_TRUE(Create("s").ok());
+  {
+    grpc::ClientContext ctx;
+    auto reader = stub_->Generate(&ctx, Raw("s", "go", 4000));
+    v1::GenerateResponse msg;
+    ASSERT_TRUE(reader->Read(&msg));
+    ASSERT_TRUE(msg.has_started());
+    grpc::ClientContext cancel_ctx;
+    v1::CancelRequest cancel;
+    cancel.set_request_id(msg.started().request_id());
+    v1::CancelResponse resp;
+    ASSERT_TRUE(stub_->Cancel(&cancel_ctx, cancel, &resp).ok());
+    while (reader->Read(&msg)) ASSERT_FALSE(msg.has_finished());
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    grpc::ClientContext again;
+    EXPECT_EQ(stub_->Cancel(&again, cancel, &resp).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(300));
+    Reply r = Generate(Raw("s", "go", 4000), "", &ctx);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    EXPECT_FALSE(r.got_finished);
+  }
+  // The client gives up at its deadline by itself; the server notices at
+  // its next step and fails the turn.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (runtime_->engine().stats().turns_failed < 2 &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(runtime_->engine().stats().turns_failed, 2);
+  v1::Session s;
+  ASSERT_TRUE(Get("s", &s).ok());
+  EXPECT_EQ(s.turns(), 0);
+}
+
+TEST_F(GrpcServiceTest, ConcurrencyLimitIsResourceExhausted) {
+  GrpcServerOptions options;
+  options.max_concurrent_generates = 1;
+  Start(KeyStore(), options);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Raw("", "go", 4000));
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));  // started: the slot is taken
+  Reply second = Generate(Raw("", "go", 2));
+  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(second.status.error_message(), HasSubstr("retry"));
+  ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  reader->Finish();
+}
+
+TEST_F(GrpcServiceTest, ExportImportContinuesBitIdentically) {
+  Start(KeyStore());
+  ASSERT_TRUE(Create("orig").ok());
+  ASSERT_TRUE(Generate(Raw("orig", "The start of a story", 16)).status.ok());
+
+  std::string file;
+  {
+    grpc::ClientContext ctx;
+    v1::ExportSessionRequest req;
+    req.set_session_id("orig");
+    auto reader = stub_->ExportSession(&ctx, req);
+    v1::ExportSessionResponse msg;
+    int messages = 0;
+    while (reader->Read(&msg)) {
+      if (messages++ == 0) {
+        EXPECT_EQ(msg.session().session_id(), "orig");
+      }
+      file += msg.chunk();
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+  }
+  ASSERT_GT(file.size(), 16u);
+
+  auto import = [&](const std::string& name, const std::string& bytes) {
+    grpc::ClientContext ctx;
+    v1::Session out;
+    auto writer = stub_->ImportSession(&ctx, &out);
+    // Several messages, as a client streaming a large file would send.
+    const size_t step = bytes.size() / 3 + 1;
+    for (size_t at = 0; at < bytes.size(); at += step) {
+      v1::ImportSessionRequest req;
+      if (at == 0) req.set_session_id(name);
+      req.set_chunk(bytes.substr(at, step));
+      EXPECT_TRUE(writer->Write(req));
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  ASSERT_TRUE(import("copy", file).ok());
+  EXPECT_EQ(import("copy", file).error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_EQ(import("junk", "not a session file").error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  std::string corrupt = file;
+  corrupt[corrupt.size() / 2] ^= 0x55;
+  EXPECT_THAT(import("corrupt", corrupt).error_code(),
+              ::testing::AnyOf(grpc::StatusCode::DATA_LOSS,
+                               grpc::StatusCode::INVALID_ARGUMENT));
+  v1::Session s;
+  EXPECT_EQ(Get("corrupt", &s).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  Reply a = Generate(Raw("orig", " continued", 24));
+  Reply b = Generate(Raw("copy", " continued", 24));
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  EXPECT_EQ(a.finished.state_path(), "hot");
+  EXPECT_THAT(b.finished.state_path(), ::testing::AnyOf("dram", "rocksdb"));
+  EXPECT_EQ(std::vector<int32_t>(a.finished.token_ids().begin(),
+                                 a.finished.token_ids().end()),
+            std::vector<int32_t>(b.finished.token_ids().begin(),
+                                 b.finished.token_ids().end()));
+  EXPECT_EQ(a.finished.session_tokens(), b.finished.session_tokens());
+}
+
+}  // namespace
+}  // namespace kvd::node

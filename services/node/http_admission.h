@@ -1,0 +1,66 @@
+// Admission control for generation requests: at most `max_inflight` run at
+// once, at most `max_queue` wait for a slot (first come, first served), and
+// anyone beyond that is refused at once with RESOURCE_EXHAUSTED (HTTP 429
+// with Retry-After) instead of piling up threads and memory.
+//
+//   Admission admission(/*max_inflight=*/2, /*max_queue=*/8);
+//   KVD_ASSIGN_OR_RETURN(Admission::Permit permit, admission.Acquire());
+//   ... generate ...   // the slot is released when `permit` dies
+//
+// Thread-safety: all methods may be called concurrently. A Permit must not
+// outlive its Admission.
+#ifndef KVD_SERVICES_NODE_HTTP_ADMISSION_H_
+#define KVD_SERVICES_NODE_HTTP_ADMISSION_H_
+
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace kvd::node {
+
+class Admission {
+ public:
+  // max_inflight >= 1 (smaller values are raised to 1); max_queue >= 0.
+  Admission(int max_inflight, int max_queue);
+
+  class Permit {
+   public:
+    Permit() = default;
+    Permit(Permit&& other) noexcept : owner_(other.owner_) {
+      other.owner_ = nullptr;
+    }
+    Permit& operator=(Permit&& other) noexcept;
+    ~Permit();
+    bool held() const { return owner_ != nullptr; }
+
+   private:
+    friend class Admission;
+    explicit Permit(Admission* owner) : owner_(owner) {}
+    Admission* owner_ = nullptr;
+  };
+
+  // A slot now, or after waiting in the queue; RESOURCE_EXHAUSTED when the
+  // queue is full too.
+  absl::StatusOr<Permit> Acquire();
+
+  int inflight() const;
+  int queued() const;
+
+ private:
+  void Release();
+
+  const int max_inflight_;
+  const int max_queue_;
+  mutable absl::Mutex mu_;
+  int inflight_ ABSL_GUARDED_BY(mu_) = 0;
+  int queued_ ABSL_GUARDED_BY(mu_) = 0;
+  // Tickets make the queue first come, first served.
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t serving_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvd::node
+
+#endif  // KVD_SERVICES_NODE_HTTP_ADMISSION_H_

@@ -1,0 +1,636 @@
+#include "services/node/http_server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "base/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "services/node/http_admission.h"
+#include "services/node/openai_generation.h"
+#include "services/node/openai_response.h"
+#include "storage/checkpoint/session_file.h"
+
+namespace kvd::node {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+// How long a stream may stay silent before a ": ping" comment probes the
+// client's connection.
+constexpr auto kPingInterval = std::chrono::milliseconds(250);
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string RandomHex(int bytes) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  std::string out;
+  for (int i = 0; i < bytes; ++i) {
+    absl::StrAppendFormat(&out, "%02x", static_cast<unsigned>(rng() & 0xff));
+  }
+  return out;
+}
+
+// What the request log line says. The handler, a stream's content provider
+// and the logger all run on the connection's thread, one request at a time,
+// so a thread-local carries it from one to the next.
+struct RequestLog {
+  std::string request_id;
+  std::string tenant;
+  std::string session;
+  std::string finish;
+  int64_t prompt_tokens = -1;
+  int64_t completion_tokens = -1;
+  Clock::time_point start = Clock::now();
+};
+thread_local RequestLog t_log;
+
+// Metric label for a path: session ids are not labels (unbounded).
+std::string EndpointLabel(const std::string& path) {
+  static const char* const kKnown[] = {"/v1/chat/completions",
+                                       "/v1/completions",
+                                       "/v1/models",
+                                       "/v1/sessions",
+                                       "/metrics",
+                                       "/healthz",
+                                       "/readyz"};
+  for (const char* k : kKnown) {
+    if (path == k) return k;
+  }
+  if (absl::string_view(path).substr(0, 13) == "/v1/sessions/") {
+    return absl::string_view(path).substr(path.size() - 7) == "/export"
+               ? "/v1/sessions/{id}/export"
+               : "/v1/sessions/{id}";
+  }
+  return "other";
+}
+
+const char* FinishName(engine::FinishReason r) {
+  switch (r) {
+    case engine::FinishReason::kStop:
+      return "stop";
+    case engine::FinishReason::kLength:
+      return "length";
+    case engine::FinishReason::kCancelled:
+      return "cancelled";
+  }
+  return "stop";
+}
+
+class HttpServerImpl : public HttpServer {
+ public:
+  HttpServerImpl(NodeRuntime* runtime, HttpServerOptions options)
+      : runtime_(runtime),
+        options_(std::move(options)),
+        metrics_(options_.metrics ? options_.metrics
+                                  : std::make_shared<Metrics>()),
+        admission_(options_.max_inflight, options_.max_queue),
+        created_unix_s_(absl::ToUnixSeconds(absl::Now())) {}
+
+  ~HttpServerImpl() override { Stop(); }
+
+  absl::Status Start();
+  int port() const override { return port_; }
+  void Stop() override;
+  Metrics& metrics() override { return *metrics_; }
+
+ private:
+  void DeclareMetrics();
+  void Routes();
+  void Log(const httplib::Request& req, const httplib::Response& res);
+  void SendError(httplib::Response& res, const absl::Status& status);
+  absl::StatusOr<std::string> Tenant(const httplib::Request& req) const;
+
+  void HandleChat(const httplib::Request& req, httplib::Response& res);
+  void HandleCompletion(const httplib::Request& req, httplib::Response& res);
+  void HandleSessions(const httplib::Request& req, httplib::Response& res);
+  void HandleSession(const httplib::Request& req, httplib::Response& res);
+  void HandleExport(const httplib::Request& req, httplib::Response& res);
+  void HandleMetrics(httplib::Response& res);
+
+  // Answers `job` (admitted with `permit`) as JSON or as an SSE stream.
+  void Respond(std::shared_ptr<GenerationJob> job, Admission::Permit permit,
+               httplib::Response& res);
+  void Stream(const GenerationJob& job, httplib::DataSink& sink);
+  void RecordOutcome(const GenerationOutcome& out, double first_token_s);
+
+  NodeRuntime* const runtime_;
+  const HttpServerOptions options_;
+  std::shared_ptr<Metrics> metrics_;
+  Admission admission_;
+  const int64_t created_unix_s_;
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::once_flag stop_once_;
+};
+
+absl::Status HttpServerImpl::Start() {
+  if (options_.max_inflight < 1 || options_.max_queue < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "HTTP server: max_inflight must be >= 1 and max_queue >= 0 (got ",
+        options_.max_inflight, " and ", options_.max_queue, ")"));
+  }
+  DeclareMetrics();
+  const int threads = options_.threads > 0
+                          ? options_.threads
+                          : options_.max_inflight + options_.max_queue + 8;
+  server_.new_task_queue = [threads] {
+    return new httplib::ThreadPool(static_cast<size_t>(threads));
+  };
+  auto secs = [](absl::Duration d) {
+    const int64_t us = absl::ToInt64Microseconds(d);
+    return std::make_pair<time_t, time_t>(us / 1000000, us % 1000000);
+  };
+  server_.set_read_timeout(secs(options_.read_timeout).first,
+                           secs(options_.read_timeout).second);
+  server_.set_write_timeout(secs(options_.write_timeout).first,
+                            secs(options_.write_timeout).second);
+  server_.set_keep_alive_timeout(
+      std::max<time_t>(1, absl::ToInt64Seconds(options_.keep_alive_timeout)));
+  server_.set_payload_max_length(options_.limits.max_body_bytes);
+  Routes();
+  port_ =
+      options_.port == 0
+          ? server_.bind_to_any_port(options_.host)
+          : (server_.bind_to_port(options_.host, options_.port) ? options_.port
+                                                                : -1);
+  if (port_ <= 0) {
+    return absl::UnavailableError(
+        absl::StrCat("HTTP server: cannot bind ", options_.host, ":",
+                     options_.port, " (in use, or not a local address?)"));
+  }
+  thread_ = std::thread([this] { server_.listen_after_bind(); });
+  // The socket is bound and listening already (connections queue in its
+  // backlog); wait briefly so is_running() is true when we return.
+  for (int i = 0; i < 1000 && !server_.is_running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return absl::OkStatus();
+}
+
+void HttpServerImpl::Stop() {
+  std::call_once(stop_once_, [this] {
+    stopping_ = true;
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+  });
+}
+
+void HttpServerImpl::DeclareMetrics() {
+  Metrics& m = *metrics_;
+  m.DeclareCounter("kvd_http_requests_total",
+                   "HTTP requests by endpoint and status code.");
+  const std::vector<double> latency = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                       0.5,   1,    2.5,   5,    10,  30};
+  m.DeclareHistogram("kvd_http_time_to_first_token_seconds",
+                     "From request arrival to the first generated text.",
+                     latency);
+  m.DeclareHistogram(
+      "kvd_http_time_per_output_token_seconds",
+      "Decode time per generated token after the first.",
+      {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1});
+  m.DeclareCounter("kvd_http_generated_tokens_total", "Tokens generated.");
+  m.DeclareCounter("kvd_http_prompt_tokens_total", "Prompt tokens consumed.");
+  m.DeclareCounter("kvd_http_generations_cancelled_total",
+                   "Generations stopped because the client went away.");
+  m.DeclareCounter("kvd_http_rejected_total",
+                   "Requests refused by admission control (429).");
+  m.DeclareCounter("kvd_http_errors_total",
+                   "Generations that failed after admission, by code.");
+  m.DeclareGauge("kvd_http_queue_depth", "Generations waiting for a slot.");
+  m.DeclareGauge("kvd_http_inflight_generations", "Generations running.");
+  m.DeclareGauge("kvd_sessions", "Sessions by state (hot: K/V in memory).");
+  m.DeclareGauge("kvd_store_bytes", "Session bytes per storage tier.");
+  m.DeclareGauge("kvd_engine_hot_bytes",
+                 "Bytes held by hot sessions, by kind (kv, residual).");
+  m.DeclareCounter("kvd_session_resumes_total",
+                   "Session turns by how their state was obtained.");
+  m.DeclareCounter("kvd_turns_total", "Session turns by outcome.");
+}
+
+void HttpServerImpl::Routes() {
+  server_.set_pre_routing_handler(
+      [](const httplib::Request&, httplib::Response&) {
+        t_log = RequestLog();
+        t_log.request_id = "req-" + RandomHex(8);
+        return httplib::Server::HandlerResponse::Unhandled;
+      });
+  server_.set_logger([this](const httplib::Request& req,
+                            const httplib::Response& res) { Log(req, res); });
+  // Errors httplib answers itself (413, 404 for unknown paths, 400 for bad
+  // HTTP) get an OpenAI error body too.
+  server_.set_error_handler([](const httplib::Request& req,
+                               httplib::Response& res) {
+    if (!res.body.empty()) return;
+    absl::Status s =
+        res.status == 413 ? RequestError("", "request body too large", 413)
+        : res.status == 404
+            ? RequestError(
+                  "",
+                  absl::StrCat("no such endpoint: ", req.method, " ", req.path),
+                  404, absl::StatusCode::kNotFound)
+            : RequestError("", "malformed HTTP request", res.status);
+    res.set_content(ApiErrorJson(ApiErrorFromStatus(s)), "application/json");
+  });
+  server_.Post("/v1/chat/completions",
+               [this](const httplib::Request& req, httplib::Response& res) {
+                 HandleChat(req, res);
+               });
+  server_.Post("/v1/completions",
+               [this](const httplib::Request& req, httplib::Response& res) {
+                 HandleCompletion(req, res);
+               });
+  server_.Get("/v1/models", [this](const httplib::Request& req,
+                                   httplib::Response& res) {
+    if (absl::StatusOr<std::string> t = Tenant(req); !t.ok()) {
+      return SendError(res, t.status());
+    }
+    res.set_content(ModelsJson(runtime_->model_id(), created_unix_s_),
+                    "application/json");
+  });
+  server_.Get("/v1/sessions",
+              [this](const httplib::Request& req, httplib::Response& res) {
+                HandleSessions(req, res);
+              });
+  server_.Get(R"(/v1/sessions/([^/]+)/export)",
+              [this](const httplib::Request& req, httplib::Response& res) {
+                HandleExport(req, res);
+              });
+  auto session = [this](const httplib::Request& req, httplib::Response& res) {
+    HandleSession(req, res);
+  };
+  server_.Get(R"(/v1/sessions/([^/]+))", session);
+  server_.Delete(R"(/v1/sessions/([^/]+))", session);
+  server_.Get("/metrics",
+              [this](const httplib::Request&, httplib::Response& res) {
+                HandleMetrics(res);
+              });
+  server_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  server_.Get("/readyz", [this](const httplib::Request&,
+                                httplib::Response& res) {
+    const bool full = admission_.queued() >= options_.max_queue &&
+                      admission_.inflight() >= options_.max_inflight;
+    if (stopping_ || full) {
+      res.status = 503;
+      res.set_content(stopping_ ? "stopping\n" : "queue full\n", "text/plain");
+      return;
+    }
+    res.set_content("ready\n", "text/plain");
+  });
+}
+
+void HttpServerImpl::Log(const httplib::Request& req,
+                         const httplib::Response& res) {
+  metrics_->Add("kvd_http_requests_total",
+                {{"endpoint", EndpointLabel(req.path)},
+                 {"code", absl::StrCat(res.status)}});
+  if (!options_.log_requests) return;
+  json line = {{"ts", absl::FormatTime(absl::Now())},
+               {"request_id", t_log.request_id},
+               {"method", req.method},
+               {"path", req.path},
+               {"status", res.status},
+               {"latency_ms", SecondsSince(t_log.start) * 1e3}};
+  if (!t_log.tenant.empty()) line["tenant"] = t_log.tenant;
+  if (!t_log.session.empty()) line["session"] = t_log.session;
+  if (t_log.prompt_tokens >= 0) line["prompt_tokens"] = t_log.prompt_tokens;
+  if (t_log.completion_tokens >= 0) {
+    line["completion_tokens"] = t_log.completion_tokens;
+  }
+  if (!t_log.finish.empty()) line["finish"] = t_log.finish;
+  const std::string text =
+      line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  std::fwrite(text.data(), 1, text.size(), stderr);
+}
+
+void HttpServerImpl::SendError(httplib::Response& res,
+                               const absl::Status& status) {
+  const ApiError e = ApiErrorFromStatus(status);
+  res.status = e.http_status;
+  if (e.http_status == 429) {
+    res.set_header("Retry-After", absl::StrCat(options_.retry_after_s));
+  }
+  if (e.http_status == 401) {
+    res.set_header("WWW-Authenticate", "Bearer");
+  }
+  res.set_content(ApiErrorJson(e), "application/json");
+}
+
+absl::StatusOr<std::string> HttpServerImpl::Tenant(
+    const httplib::Request& req) const {
+  absl::StatusOr<std::string> tenant =
+      options_.keys.TenantForBearer(req.get_header_value("Authorization"));
+  if (tenant.ok()) t_log.tenant = *tenant;
+  return tenant;
+}
+
+void HttpServerImpl::RecordOutcome(const GenerationOutcome& out,
+                                   double first_token_s) {
+  const int64_t generated = static_cast<int64_t>(out.gen.tokens.size());
+  t_log.prompt_tokens = out.prompt_tokens;
+  t_log.completion_tokens = generated;
+  t_log.finish = FinishName(out.gen.finish_reason);
+  metrics_->Add("kvd_http_generated_tokens_total", {},
+                static_cast<double>(generated));
+  metrics_->Add("kvd_http_prompt_tokens_total", {},
+                static_cast<double>(out.prompt_tokens));
+  if (out.gen.finish_reason == engine::FinishReason::kCancelled) {
+    metrics_->Add("kvd_http_generations_cancelled_total", {});
+  }
+  if (first_token_s >= 0) {
+    metrics_->Observe("kvd_http_time_to_first_token_seconds", {},
+                      first_token_s);
+  }
+  if (generated > 1) {
+    metrics_->Observe(
+        "kvd_http_time_per_output_token_seconds", {},
+        out.gen.decode_seconds / static_cast<double>(generated - 1));
+  }
+}
+
+void HttpServerImpl::HandleChat(const httplib::Request& req,
+                                httplib::Response& res) {
+  absl::StatusOr<std::string> tenant = Tenant(req);
+  if (!tenant.ok()) return SendError(res, tenant.status());
+  absl::StatusOr<ChatRequest> parsed = ParseChatRequest(
+      req.body, req.get_header_value("X-Session-Id"), options_.limits);
+  if (!parsed.ok()) return SendError(res, parsed.status());
+  auto job = std::make_shared<GenerationJob>();
+  job->chat = true;
+  job->tenant = *tenant;
+  job->session = parsed->session_id;
+  job->common = std::move(parsed->common);
+  job->messages = std::move(parsed->messages);
+  job->meta = {"chatcmpl-" + RandomHex(12), absl::ToUnixSeconds(absl::Now()),
+               runtime_->model_id(), job->session};
+  t_log.session = job->session;
+  if (absl::Status s =
+          PrepareGeneration(*runtime_, options_.default_max_tokens, *job);
+      !s.ok())
+    return SendError(res, s);
+  absl::StatusOr<Admission::Permit> permit = admission_.Acquire();
+  if (!permit.ok()) {
+    metrics_->Add("kvd_http_rejected_total", {});
+    return SendError(res, permit.status());
+  }
+  Respond(std::move(job), *std::move(permit), res);
+}
+
+void HttpServerImpl::HandleCompletion(const httplib::Request& req,
+                                      httplib::Response& res) {
+  absl::StatusOr<std::string> tenant = Tenant(req);
+  if (!tenant.ok()) return SendError(res, tenant.status());
+  absl::StatusOr<CompletionRequest> parsed =
+      ParseCompletionRequest(req.body, options_.limits);
+  if (!parsed.ok()) return SendError(res, parsed.status());
+  auto job = std::make_shared<GenerationJob>();
+  job->tenant = *tenant;
+  job->common = std::move(parsed->common);
+  job->prompt = runtime_->tokenizer().Encode(
+      parsed->prompt, /*add_special=*/true, /*parse_special=*/false);
+  job->meta = {"cmpl-" + RandomHex(12), absl::ToUnixSeconds(absl::Now()),
+               runtime_->model_id(), ""};
+  if (absl::Status s =
+          PrepareGeneration(*runtime_, options_.default_max_tokens, *job);
+      !s.ok())
+    return SendError(res, s);
+  absl::StatusOr<Admission::Permit> permit = admission_.Acquire();
+  if (!permit.ok()) {
+    metrics_->Add("kvd_http_rejected_total", {});
+    return SendError(res, permit.status());
+  }
+  Respond(std::move(job), *std::move(permit), res);
+}
+
+void HttpServerImpl::Respond(std::shared_ptr<GenerationJob> job,
+                             Admission::Permit permit, httplib::Response& res) {
+  if (!job->common.stream) {
+    const Clock::time_point start = t_log.start;
+    double first_token_s = -1;
+    absl::StatusOr<GenerationOutcome> out = RunGeneration(
+        *runtime_, *job,
+        [&](std::string_view) {
+          if (first_token_s < 0) first_token_s = SecondsSince(start);
+        },
+        [this] { return stopping_.load(); });
+    permit = Admission::Permit();
+    if (!out.ok()) {
+      metrics_->Add("kvd_http_errors_total",
+                    {{"code", absl::StatusCodeToString(out.status().code())}});
+      return SendError(res, out.status());
+    }
+    RecordOutcome(*out, first_token_s);
+    const ChoiceOutput choice{out->gen.text, FinishName(out->gen.finish_reason),
+                              out->logprobs};
+    const Usage usage{out->prompt_tokens,
+                      static_cast<int64_t>(out->gen.tokens.size())};
+    res.set_content(job->chat ? ChatCompletionJson(job->meta, choice, usage)
+                              : CompletionJson(job->meta, choice, usage),
+                    "application/json");
+    return;
+  }
+  // The permit travels with the provider and is released when the stream
+  // ends (or the response is dropped unsent).
+  auto held = std::make_shared<Admission::Permit>(std::move(permit));
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream", [this, job, held](size_t, httplib::DataSink& sink) {
+        Stream(*job, sink);
+        *held = Admission::Permit();
+        return true;
+      });
+}
+
+void HttpServerImpl::Stream(const GenerationJob& job, httplib::DataSink& sink) {
+  const Clock::time_point start = t_log.start;
+  bool broken = false;
+  Clock::time_point last_write = Clock::now();
+  auto write = [&](const std::string& s) {
+    if (broken) return;
+    if (!sink.write(s.data(), s.size())) broken = true;
+    last_write = Clock::now();
+  };
+  const std::string* no_finish = nullptr;
+  if (job.chat) {
+    write(SseEvent(ChatChunkJson(job.meta, "", /*first=*/true, no_finish,
+                                 nullptr, nullptr)));
+  }
+  double first_token_s = -1;
+  auto on_text = [&](std::string_view text) {
+    if (first_token_s < 0) first_token_s = SecondsSince(start);
+    const absl::string_view piece(text.data(), text.size());
+    write(SseEvent(job.chat ? ChatChunkJson(job.meta, piece, false, no_finish,
+                                            nullptr, nullptr)
+                            : CompletionChunkJson(job.meta, piece, no_finish,
+                                                  nullptr, nullptr)));
+  };
+  auto cancelled = [&] {
+    if (!broken && Clock::now() - last_write > kPingInterval) {
+      write(": ping\n\n");
+    }
+    return broken || stopping_.load();
+  };
+  absl::StatusOr<GenerationOutcome> out =
+      RunGeneration(*runtime_, job, on_text, cancelled);
+  if (!out.ok()) {
+    metrics_->Add("kvd_http_errors_total",
+                  {{"code", absl::StatusCodeToString(out.status().code())}});
+    const ApiError e = ApiErrorFromStatus(out.status());
+    t_log.finish = absl::StrCat("error ", e.http_status);
+    write(SseEvent(ApiErrorJson(e)));
+    sink.done();
+    return;
+  }
+  RecordOutcome(*out, first_token_s);
+  if (out->gen.finish_reason == engine::FinishReason::kCancelled || broken) {
+    sink.done();
+    return;
+  }
+  const std::string finish = FinishName(out->gen.finish_reason);
+  const std::vector<TokenLogProbText>* lps =
+      out->logprobs.has_value() ? &*out->logprobs : nullptr;
+  write(SseEvent(
+      job.chat ? ChatChunkJson(job.meta, "", false, &finish, nullptr, lps)
+               : CompletionChunkJson(job.meta, "", &finish, nullptr, lps)));
+  if (job.common.include_usage) {
+    const Usage usage{out->prompt_tokens,
+                      static_cast<int64_t>(out->gen.tokens.size())};
+    write(SseEvent(
+        job.chat
+            ? ChatChunkJson(job.meta, "", false, nullptr, &usage, nullptr)
+            : CompletionChunkJson(job.meta, "", nullptr, &usage, nullptr)));
+  }
+  write(kSseDone);
+  sink.done();
+}
+
+void HttpServerImpl::HandleSessions(const httplib::Request& req,
+                                    httplib::Response& res) {
+  absl::StatusOr<std::string> tenant = Tenant(req);
+  if (!tenant.ok()) return SendError(res, tenant.status());
+  int64_t limit = 100;
+  if (req.has_param("limit")) {
+    if (!absl::SimpleAtoi(req.get_param_value("limit"), &limit) || limit < 1 ||
+        limit > 1000) {
+      return SendError(res, RequestError("limit",
+                                         "'limit' must be an integer in "
+                                         "[1, 1000]"));
+    }
+  }
+  absl::StatusOr<storage::SessionListPage> page =
+      runtime_->store().List(*tenant, req.get_param_value("page_token"), limit);
+  if (!page.ok()) return SendError(res, page.status());
+  res.set_content(SessionListJson(page->sessions, page->next_page_token),
+                  "application/json");
+}
+
+void HttpServerImpl::HandleSession(const httplib::Request& req,
+                                   httplib::Response& res) {
+  absl::StatusOr<std::string> tenant = Tenant(req);
+  if (!tenant.ok()) return SendError(res, tenant.status());
+  const std::string id = req.matches[1];
+  t_log.session = id;
+  if (absl::Status s = ValidateSessionId(id, "session_id"); !s.ok()) {
+    return SendError(res, s);
+  }
+  if (req.method == "DELETE") {
+    if (absl::Status s = runtime_->engine().DeleteSession(*tenant, id);
+        !s.ok()) {
+      return SendError(res, s);
+    }
+    res.set_content(
+        json{{"id", id}, {"object", "session.deleted"}, {"deleted", true}}
+            .dump(),
+        "application/json");
+    return;
+  }
+  absl::StatusOr<v1::SessionManifest> m =
+      runtime_->engine().GetSession(*tenant, id);
+  if (!m.ok()) return SendError(res, m.status());
+  res.set_content(SessionJson(*m), "application/json");
+}
+
+void HttpServerImpl::HandleExport(const httplib::Request& req,
+                                  httplib::Response& res) {
+  absl::StatusOr<std::string> tenant = Tenant(req);
+  if (!tenant.ok()) return SendError(res, tenant.status());
+  const std::string id = req.matches[1];
+  t_log.session = id;
+  if (absl::Status s = ValidateSessionId(id, "session_id"); !s.ok()) {
+    return SendError(res, s);
+  }
+  absl::StatusOr<storage::TieredStore::Loaded> loaded =
+      runtime_->store().Load(*tenant, id);
+  if (!loaded.ok()) return SendError(res, loaded.status());
+  absl::StatusOr<std::string> bytes =
+      storage::SerializeSessionFile(*loaded->checkpoint);
+  if (!bytes.ok()) return SendError(res, bytes.status());
+  res.set_header("Content-Disposition",
+                 absl::StrCat("attachment; filename=\"", id, ".kvds\""));
+  res.set_content(*std::move(bytes), "application/octet-stream");
+}
+
+void HttpServerImpl::HandleMetrics(httplib::Response& res) {
+  Metrics& m = *metrics_;
+  m.Set("kvd_http_queue_depth", {}, admission_.queued());
+  m.Set("kvd_http_inflight_generations", {}, admission_.inflight());
+  const engine::EngineStats stats = runtime_->engine().stats();
+  m.Set("kvd_sessions", {{"state", "hot"}},
+        static_cast<double>(stats.hot_sessions));
+  m.Set("kvd_engine_hot_bytes", {{"kind", "kv"}},
+        static_cast<double>(stats.hot_kv_bytes));
+  m.Set("kvd_engine_hot_bytes", {{"kind", "residual"}},
+        static_cast<double>(stats.hot_residual_bytes));
+  for (const auto& [path, count] : stats.restores_by_path) {
+    m.Set("kvd_session_resumes_total", {{"path", path}},
+          static_cast<double>(count));
+  }
+  m.Set("kvd_turns_total", {{"outcome", "committed"}},
+        static_cast<double>(stats.turns_committed));
+  m.Set("kvd_turns_total", {{"outcome", "failed"}},
+        static_cast<double>(stats.turns_failed));
+  const storage::TierBytes bytes = runtime_->store().bytes();
+  m.Set("kvd_store_bytes", {{"tier", "dram"}},
+        static_cast<double>(bytes.dram_bytes));
+  m.Set("kvd_store_bytes", {{"tier", "dram_spill_pending"}},
+        static_cast<double>(bytes.dram_spill_pending_bytes));
+  m.Set("kvd_store_bytes", {{"tier", "rocksdb"}},
+        static_cast<double>(bytes.rocksdb_disk_bytes));
+  res.set_content(m.Render(), "text/plain; version=0.0.4");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpServer(
+    NodeRuntime* runtime, HttpServerOptions options) {
+  if (runtime == nullptr) {
+    return absl::InvalidArgumentError("StartHttpServer: runtime is null");
+  }
+  auto server = std::make_unique<HttpServerImpl>(runtime, std::move(options));
+  KVD_RETURN_IF_ERROR(server->Start());
+  return server;
+}
+
+}  // namespace kvd::node

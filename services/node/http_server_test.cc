@@ -1,0 +1,510 @@
+// The HTTP API on 127.0.0.1 with real models: SmolLM2 (it has a chat
+// template) for chat, sessions, admission and disconnects; the tiny random
+// model for /v1/completions. Expected generations come from driving the
+// SessionEngine directly (the way `kvd chat` does), not from the server.
+#include "services/node/http_server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "ops/model/testing/tiny_model.h"
+
+namespace kvd::node {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+constexpr char kSmolLm[] =
+    "/root/.cache/kvd/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  return std::string(base != nullptr ? base : "/tmp") + "/" + name;
+}
+
+std::unique_ptr<NodeRuntime> OpenRuntime(const std::string& model,
+                                         const std::string& dir) {
+  NodeOptions options;
+  options.model_path = model;
+  options.data_dir = TempDir(dir);
+  options.num_threads = 2;
+  options.memory_commits = true;
+  absl::StatusOr<std::unique_ptr<NodeRuntime>> rt =
+      NodeRuntime::Open(options, nullptr);
+  EXPECT_TRUE(rt.ok()) << rt.status();
+  return rt.ok() ? *std::move(rt) : nullptr;
+}
+
+struct Reply {
+  int status = 0;
+  std::string body;
+  httplib::Headers headers;
+  json Json() const { return json::parse(body, nullptr, false); }
+};
+
+Reply Send(int port, const std::string& method, const std::string& path,
+           const std::string& body = "", httplib::Headers headers = {}) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(60, 0);
+  httplib::Request req;
+  req.method = method;
+  req.path = path;
+  req.body = body;
+  req.headers = std::move(headers);
+  if (!body.empty()) req.headers.emplace("Content-Type", "application/json");
+  httplib::Response res;
+  httplib::Error error = httplib::Error::Success;
+  if (!cli.send(req, res, error)) return Reply{-1, "", {}};
+  return Reply{res.status, res.body, res.headers};
+}
+
+Reply Post(int port, const std::string& path, const json& body,
+           httplib::Headers headers = {}) {
+  return Send(port, "POST", path, body.dump(), std::move(headers));
+}
+
+// The JSON payloads of an SSE body, in order; "[DONE]" as a string.
+std::vector<json> SseEvents(const std::string& body) {
+  std::vector<json> out;
+  for (absl::string_view event : absl::StrSplit(body, "\n\n")) {
+    if (!absl::StartsWith(event, "data: ")) continue;
+    absl::string_view data = event.substr(6);
+    out.push_back(data == "[DONE]" ? json("[DONE]")
+                                   : json::parse(data, nullptr, false));
+  }
+  return out;
+}
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    smol_ = OpenRuntime(kSmolLm, "smol").release();
+    absl::StatusOr<std::string> tiny_path =
+        ops::testing::WriteTinyModel({}, TempDir(""));
+    ASSERT_TRUE(tiny_path.ok()) << tiny_path.status();
+    tiny_ = OpenRuntime(*tiny_path, "tiny").release();
+  }
+  static void TearDownTestSuite() {
+    delete smol_;
+    delete tiny_;
+  }
+
+  std::unique_ptr<HttpServer> Start(NodeRuntime* rt,
+                                    HttpServerOptions options = {}) {
+    options.log_requests = false;
+    absl::StatusOr<std::unique_ptr<HttpServer>> s =
+        StartHttpServer(rt, std::move(options));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : nullptr;
+  }
+
+  // Generates like a stateless request would: greedy over `prompt`.
+  static std::string Reference(NodeRuntime* rt, std::vector<int32_t> prompt,
+                               int64_t max_tokens,
+                               std::vector<std::string> stop = {}) {
+    engine::GenerateRequest g;
+    g.prompt = std::move(prompt);
+    g.max_tokens = max_tokens;
+    g.sampling.temperature = 0;
+    g.stop = std::move(stop);
+    absl::StatusOr<engine::GenerateResult> r =
+        rt->engine().Complete(g, rt->tokenizer(), nullptr);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->text : "";
+  }
+
+  static NodeRuntime* smol_;
+  static NodeRuntime* tiny_;
+};
+NodeRuntime* HttpServerTest::smol_ = nullptr;
+NodeRuntime* HttpServerTest::tiny_ = nullptr;
+
+TEST_F(HttpServerTest, CompletionsJsonAndStreamMatchTheEngine) {
+  auto server = Start(tiny_);
+  const std::string model = tiny_->model_id();
+  const std::string expected =
+      Reference(tiny_, tiny_->tokenizer().Encode("hello", true, false), 12);
+
+  Reply r = Post(server->port(), "/v1/completions",
+                 {{"model", model},
+                  {"prompt", "hello"},
+                  {"max_tokens", 12},
+                  {"temperature", 0},
+                  {"logprobs", 2}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = r.Json();
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], expected);
+  EXPECT_LE(j["usage"]["completion_tokens"].get<int>(), 12);
+  EXPECT_EQ(j["usage"]["prompt_tokens"].get<size_t>(),
+            tiny_->tokenizer().Encode("hello", true, false).size());
+  // Greedy: each chosen token is the most likely one.
+  const json& lp = j["choices"][0]["logprobs"];
+  ASSERT_FALSE(lp["token_logprobs"].empty());
+  for (size_t i = 0; i < lp["token_logprobs"].size(); ++i) {
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+    ASSERT_EQ(lp["top_logprobs"][i].size(), 2u);
+    double best = -1e30;
+    for (const auto& [token, logprob] : lp["top_logprobs"][i].items()) {
+      best = std::max(best, logprob.get<double>());
+    }
+    EXPECT_EQ(lp["token_logprobs"][i].get<double>(), best) << i;
+  }
+
+  r = Post(server->port(), "/v1/completions",
+           {{"model", model},
+            {"prompt", "hello"},
+            {"max_tokens", 12},
+            {"temperature", 0},
+            {"stream", true},
+            {"stream_options", {{"include_usage", true}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::vector<json> events = SseEvents(r.body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  const json& usage = events[events.size() - 2];
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"],
+            j["usage"]["completion_tokens"]);
+  std::string text;
+  for (size_t i = 0; i + 2 < events.size(); ++i) {
+    text += events[i]["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, expected);
+  EXPECT_EQ(events[events.size() - 3]["choices"][0]["finish_reason"],
+            j["choices"][0]["finish_reason"]);
+}
+
+TEST_F(HttpServerTest, ModelsHealthAndMetrics) {
+  auto server = Start(tiny_);
+  Reply r = Send(server->port(), "GET", "/v1/models");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.Json()["data"][0]["id"], tiny_->model_id());
+  EXPECT_EQ(Send(server->port(), "GET", "/healthz").status, 200);
+  EXPECT_EQ(Send(server->port(), "GET", "/readyz").status, 200);
+  // Request counts are recorded by the access logger, which runs after the
+  // response is written: poll until the /v1/models request shows.
+  const std::string models_count =
+      "kvd_http_requests_total{code=\"200\",endpoint=\"/v1/models\"} 1\n";
+  for (int i = 0; i < 200; ++i) {
+    r = Send(server->port(), "GET", "/metrics");
+    if (r.body.find(models_count) != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(r.status, 200);
+  EXPECT_THAT(r.body, HasSubstr(models_count));
+  EXPECT_THAT(r.body, HasSubstr("kvd_store_bytes{tier=\"dram\"}"));
+  EXPECT_THAT(r.body, HasSubstr("kvd_http_queue_depth 0\n"));
+}
+
+TEST_F(HttpServerTest, ChatJsonAndStreamAgree) {
+  auto server = Start(smol_);
+  const json body = {
+      {"model", smol_->model_id()},
+      {"messages", {{{"role", "user"}, {"content", "What is 2+2?"}}}},
+      {"max_tokens", 10},
+      {"temperature", 0}};
+  Reply r = Post(server->port(), "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = r.Json();
+  EXPECT_EQ(j["object"], "chat.completion");
+  const std::string content =
+      j["choices"][0]["message"]["content"].get<std::string>();
+  EXPECT_FALSE(content.empty());
+
+  json stream_body = body;
+  stream_body["stream"] = true;
+  r = Post(server->port(), "/v1/chat/completions", stream_body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_THAT(r.headers.find("Content-Type")->second,
+              HasSubstr("text/event-stream"));
+  std::vector<json> events = SseEvents(r.body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.front()["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string streamed;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    EXPECT_EQ(events[i]["object"], "chat.completion.chunk");
+    EXPECT_EQ(events[i]["id"], events[0]["id"]);
+    const json& delta = events[i]["choices"][0]["delta"];
+    if (delta.contains("content")) streamed += delta["content"];
+  }
+  EXPECT_EQ(streamed, content);
+  EXPECT_EQ(events[events.size() - 2]["choices"][0]["finish_reason"],
+            j["choices"][0]["finish_reason"]);
+}
+
+TEST_F(HttpServerTest, SessionTurnsMatchAnUninterruptedEngineSession) {
+  auto server = Start(smol_);
+  const std::vector<std::string> user = {"Hi! My name is Ann.",
+                                         "What is my name?"};
+  const int max_tokens = 12;
+  // The reference: one session driven through the engine as `kvd chat`
+  // does (Render for the first turn, RenderFollowUp after).
+  const ops::ChatTemplate& tmpl = *smol_->chat_template();
+  const ops::Tokenizer& tok = smol_->tokenizer();
+  ASSERT_TRUE(smol_->engine().CreateSession("local", "ref-1", {}).ok());
+  std::vector<std::string> expected;
+  std::vector<size_t> expected_prompt;
+  for (size_t t = 0; t < user.size(); ++t) {
+    engine::TurnRequest turn;
+    turn.tenant = "local";
+    turn.session = "ref-1";
+    turn.generate.max_tokens = max_tokens;
+    turn.generate.sampling.temperature = 0;
+    turn.generate.stop = tmpl.stop_strings();
+    const std::string message = user[t];
+    turn.make_tokens = [&](absl::Span<const int32_t> have)
+        -> absl::StatusOr<std::vector<int32_t>> {
+      const bool first = have.empty();
+      absl::StatusOr<std::string> text =
+          first
+              ? tmpl.Render({{"user", message}}, true)
+              : tmpl.RenderFollowUp({"user", message}, tok.IsEog(have.back()));
+      if (!text.ok()) return text.status();
+      return tok.Encode(*text, first, true);
+    };
+    absl::StatusOr<engine::TurnResult> r =
+        smol_->engine().RunTurn(turn, tok, nullptr);
+    ASSERT_TRUE(r.ok()) << r.status();
+    expected.push_back(r->generation.text);
+    expected_prompt.push_back(r->generation.prompt_tokens);
+  }
+
+  for (size_t t = 0; t < user.size(); ++t) {
+    // Each request carries only its new message.
+    Reply r = Post(server->port(), "/v1/chat/completions",
+                   {{"model", smol_->model_id()},
+                    {"messages", {{{"role", "user"}, {"content", user[t]}}}},
+                    {"max_tokens", max_tokens},
+                    {"temperature", 0},
+                    {"session_id", "web-1"}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json j = r.Json();
+    EXPECT_EQ(j["session_id"], "web-1");
+    EXPECT_EQ(j["choices"][0]["message"]["content"], expected[t]) << t;
+    EXPECT_EQ(j["usage"]["prompt_tokens"].get<size_t>(), expected_prompt[t]);
+  }
+  absl::StatusOr<v1::SessionManifest> ref =
+      smol_->engine().GetSession("local", "ref-1");
+  ASSERT_TRUE(ref.ok());
+
+  // Operator REST.
+  Reply r = Send(server->port(), "GET", "/v1/sessions/web-1");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Json()["tokens"], ref->token_count());
+  EXPECT_EQ(r.Json()["turns"], 2);
+  r = Send(server->port(), "GET", "/v1/sessions?limit=10");
+  ASSERT_EQ(r.status, 200) << r.body;
+  r = Send(server->port(), "GET", "/v1/sessions/web-1/export");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body.substr(0, 8), std::string("KVDSESS\0", 8));
+  EXPECT_EQ(Send(server->port(), "DELETE", "/v1/sessions/web-1").status, 200);
+  r = Send(server->port(), "GET", "/v1/sessions/web-1");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.Json()["error"]["type"], "not_found_error");
+  EXPECT_EQ(Send(server->port(), "DELETE", "/v1/sessions/web-1").status, 404);
+}
+
+TEST_F(HttpServerTest, ApiKeysScopeSessionsToTheirTenant) {
+  HttpServerOptions options;
+  absl::StatusOr<KeyStore> keys =
+      KeyStore::FromPairs({{"key-a", "acme"}, {"key-b", "beta"}});
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  options.keys = *keys;
+  auto server = Start(smol_, options);
+  const httplib::Headers a = {{"Authorization", "Bearer key-a"}};
+  const httplib::Headers b = {{"Authorization", "Bearer key-b"}};
+  const json chat = {{"model", smol_->model_id()},
+                     {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                     {"max_tokens", 2},
+                     {"session_id", "mine"}};
+
+  Reply r = Post(server->port(), "/v1/chat/completions", chat);
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(r.Json()["error"]["type"], "authentication_error");
+  EXPECT_EQ(Post(server->port(), "/v1/chat/completions", chat,
+                 {{"Authorization", "Bearer nope"}})
+                .status,
+            401);
+  EXPECT_EQ(Send(server->port(), "GET", "/v1/models").status, 401);
+  ASSERT_EQ(Post(server->port(), "/v1/chat/completions", chat, a).status, 200);
+  EXPECT_EQ(Send(server->port(), "GET", "/v1/sessions/mine", "", a).status,
+            200);
+  EXPECT_EQ(Send(server->port(), "GET", "/v1/sessions/mine", "", b).status,
+            404);
+  EXPECT_EQ(
+      Send(server->port(), "GET", "/v1/sessions/mine/export", "", b).status,
+      404);
+  EXPECT_EQ(Send(server->port(), "DELETE", "/v1/sessions/mine", "", b).status,
+            404);
+  Reply list = Send(server->port(), "GET", "/v1/sessions", "", b);
+  ASSERT_EQ(list.status, 200);
+  EXPECT_TRUE(list.Json()["data"].empty());
+  EXPECT_EQ(Send(server->port(), "DELETE", "/v1/sessions/mine", "", a).status,
+            200);
+}
+
+TEST_F(HttpServerTest, MalformedRequestsGetOpenAiErrors) {
+  HttpServerOptions options;
+  options.limits.max_body_bytes = 4096;
+  auto server = Start(smol_, options);
+  const int port = server->port();
+  auto error = [](const Reply& r) { return r.Json()["error"]; };
+
+  Reply r = Send(port, "POST", "/v1/chat/completions", "{not json");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(error(r)["type"], "invalid_request_error");
+
+  r = Send(port, "POST", "/v1/chat/completions",
+           "{\"model\":\"x\",\"pad\":\"" + std::string(8000, 'x') + "\"}");
+  EXPECT_EQ(r.status, 413);
+  EXPECT_EQ(error(r)["code"], "request_too_large");
+
+  const json ok = {{"model", smol_->model_id()},
+                   {"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
+  json bad = ok;
+  bad["model"] = "gpt-4";
+  r = Post(port, "/v1/chat/completions", bad);
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(error(r)["param"], "model");
+
+  bad = ok;
+  bad["max_tokens"] = 1000000;
+  r = Post(port, "/v1/chat/completions", bad);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(error(r)["param"], "max_tokens");
+
+  bad = ok;
+  bad["temperature"] = 5;
+  r = Post(port, "/v1/chat/completions", bad);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(error(r)["param"], "temperature");
+
+  r = Post(port, "/v1/chat/completions", ok, {{"X-Session-Id", "a b"}});
+  EXPECT_EQ(r.status, 400);
+
+  r = Send(port, "GET", "/v1/nothing");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(error(r)["type"], "not_found_error");
+  EXPECT_EQ(Send(port, "GET", "/v1/sessions/unknown").status, 404);
+  EXPECT_EQ(Send(port, "GET", "/v1/sessions?limit=0").status, 400);
+
+  // A model without a chat template serves completions only.
+  auto tiny = Start(tiny_);
+  r = Post(tiny->port(), "/v1/chat/completions",
+           {{"model", tiny_->model_id()},
+            {"messages", {{{"role", "user"}, {"content", "Hi"}}}}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_THAT(error(r)["message"].get<std::string>(),
+              HasSubstr("/v1/completions"));
+  // The server still works after all that.
+  EXPECT_EQ(Send(port, "GET", "/healthz").status, 200);
+}
+
+// Streams a long completion and hangs up after the first chunk.
+struct Streamer {
+  std::atomic<bool> got_data{false};
+  std::atomic<bool> hang_up{false};
+  std::thread thread;
+  void Start(int port, const json& body) {
+    thread = std::thread([this, port, body] {
+      httplib::Client cli("127.0.0.1", port);
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/completions";
+      req.body = body.dump();
+      req.headers.emplace("Content-Type", "application/json");
+      req.content_receiver = [this](const char*, size_t, uint64_t, uint64_t) {
+        got_data = true;
+        while (!hang_up) absl::SleepFor(absl::Milliseconds(5));
+        return false;  // closes the connection
+      };
+      httplib::Response res;
+      httplib::Error error = httplib::Error::Success;
+      cli.send(req, res, error);
+    });
+  }
+};
+
+TEST_F(HttpServerTest, QueueLimitGives429AndDisconnectStopsGeneration) {
+  HttpServerOptions options;
+  options.max_inflight = 1;
+  options.max_queue = 1;
+  options.retry_after_s = 3;
+  auto server = Start(smol_, options);
+  const int port = server->port();
+  const int long_tokens = 400;
+  const json long_body = {{"model", smol_->model_id()},
+                          {"prompt", "Once upon a time"},
+                          {"max_tokens", long_tokens},
+                          {"ignore_eos", true},
+                          {"stream", true}};
+  Streamer a;
+  a.Start(port, long_body);
+  while (!a.got_data) absl::SleepFor(absl::Milliseconds(5));
+
+  // B waits in the queue...
+  std::atomic<int> b_status{0};
+  std::thread b([&] {
+    b_status =
+        Post(
+            port, "/v1/completions",
+            {{"model", smol_->model_id()}, {"prompt", "Hi"}, {"max_tokens", 2}})
+            .status;
+  });
+  for (int i = 0; i < 2000; ++i) {
+    if (server->metrics().Value("kvd_http_queue_depth", {}) == 1) break;
+    Send(port, "GET", "/metrics");  // refreshes the gauge
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(server->metrics().Value("kvd_http_queue_depth", {}), 1);
+  // ... so C is refused.
+  Reply c =
+      Post(port, "/v1/completions",
+           {{"model", smol_->model_id()}, {"prompt", "Hi"}, {"max_tokens", 2}});
+  EXPECT_EQ(c.status, 429) << c.body;
+  ASSERT_NE(c.headers.find("Retry-After"), c.headers.end());
+  EXPECT_EQ(c.headers.find("Retry-After")->second, "3");
+  EXPECT_EQ(c.Json()["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(Send(port, "GET", "/readyz").status, 503);
+
+  // A hangs up: its generation stops early and B runs.
+  a.hang_up = true;
+  a.thread.join();
+  b.join();
+  EXPECT_EQ(b_status, 200);
+  Metrics& m = server->metrics();
+  for (int i = 0;
+       i < 400 && m.Value("kvd_http_generations_cancelled_total", {}) == 0;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(m.Value("kvd_http_generations_cancelled_total", {}), 1);
+  EXPECT_LT(m.Value("kvd_http_generated_tokens_total", {}), long_tokens);
+  EXPECT_EQ(m.Value("kvd_http_rejected_total", {}), 1);
+  // And the server keeps serving.
+  EXPECT_EQ(
+      Post(port, "/v1/completions",
+           {{"model", smol_->model_id()}, {"prompt", "Hi"}, {"max_tokens", 1}})
+          .status,
+      200);
+}
+
+}  // namespace
+}  // namespace kvd::node

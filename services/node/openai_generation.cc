@@ -1,0 +1,203 @@
+#include "services/node/openai_generation.h"
+
+#include <algorithm>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "ops/sampler/sampler.h"
+
+namespace kvd::node {
+namespace {
+
+uint64_t RandomSeed() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return rng();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int32_t>> ChatTokens(
+    const NodeRuntime& runtime, const GenerationJob& job,
+    absl::Span<const int32_t> session_tokens, bool estimate) {
+  const ops::ChatTemplate& tmpl = *runtime.chat_template();
+  const ops::Tokenizer& tok = runtime.tokenizer();
+  const bool first = session_tokens.empty();
+  std::string text;
+  if (first) {
+    std::vector<ops::ChatMessage> messages;
+    for (const OpenAiMessage& m : job.messages) {
+      messages.push_back({m.role, m.content});
+    }
+    absl::StatusOr<std::string> r = tmpl.Render(messages, true);
+    if (!r.ok()) return RequestError("messages", r.status().message());
+    text = *std::move(r);
+  } else {
+    // A session's later turn: only the new (last) message; the rest of the
+    // conversation is in the session. Whether the previous reply ended with
+    // end-of-turn decides whether the template must close it first.
+    const OpenAiMessage& last = job.messages.back();
+    const bool reply_closed = estimate || tok.IsEog(session_tokens.back());
+    absl::StatusOr<std::string> r =
+        tmpl.RenderFollowUp({last.role, last.content}, reply_closed);
+    if (!r.ok()) return RequestError("messages", r.status().message());
+    text = *std::move(r);
+  }
+  return tok.Encode(text, /*add_special=*/first, /*parse_special=*/true);
+}
+
+absl::Status PrepareGeneration(NodeRuntime& runtime, int64_t default_max_tokens,
+                               GenerationJob& job) {
+  if (job.common.model != runtime.model_id()) {
+    absl::Status s =
+        RequestError("model",
+                     absl::StrCat("model '", job.common.model,
+                                  "' is not served here; this node serves '",
+                                  runtime.model_id(), "' (GET /v1/models)"),
+                     404, absl::StatusCode::kNotFound);
+    return s;
+  }
+  if (absl::Status s = job.common.sampling.Validate(); !s.ok()) {
+    return RequestError("", s.message());
+  }
+  const int64_t context = runtime.model().config().context_length;
+  int64_t have = 0;  // tokens the generation will follow
+  if (job.chat) {
+    if (!runtime.chat_template().has_value()) {
+      return RequestError("messages",
+                          absl::StrCat("model '", runtime.model_id(),
+                                       "' has no chat template kvd "
+                                       "recognises; use /v1/completions"));
+    }
+    int64_t session_tokens = 0;
+    if (!job.session.empty()) {
+      absl::StatusOr<v1::SessionManifest> m =
+          runtime.engine().GetSession(job.tenant, job.session);
+      if (m.ok()) {
+        session_tokens = m->token_count();
+      } else if (m.status().code() != absl::StatusCode::kNotFound) {
+        return m.status();
+      }
+    }
+    // For a continued session an estimate (the exact count is known only
+    // under the session's lock, where it is checked again).
+    std::vector<int32_t> placeholder(session_tokens > 0 ? 1 : 0, -1);
+    KVD_ASSIGN_OR_RETURN(
+        std::vector<int32_t> tokens,
+        ChatTokens(runtime, job, placeholder, /*estimate=*/true));
+    have = session_tokens + static_cast<int64_t>(tokens.size());
+    if (job.session.empty()) job.prompt = std::move(tokens);
+  } else {
+    have = static_cast<int64_t>(job.prompt.size());
+  }
+  if (have >= context) {
+    absl::Status s = RequestError(
+        job.chat ? "messages" : "prompt",
+        absl::StrCat("the prompt is ", have, " tokens",
+                     job.session.empty() ? "" : " with the session's",
+                     "; the model's context is ", context, " tokens"));
+    return s;
+  }
+  job.max_tokens = job.common.max_tokens.value_or(
+      std::min(default_max_tokens, context - have));
+  if (have + job.max_tokens > context) {
+    return RequestError(
+        "max_tokens",
+        absl::StrCat("prompt (", have, " tokens) + max_tokens (",
+                     job.max_tokens, ") exceeds the model's context of ",
+                     context, " tokens; lower max_tokens"));
+  }
+  const int64_t vocab = runtime.model().config().vocab_size;
+  if (job.common.logprobs && job.max_tokens * vocab * 4 > kMaxLogprobBytes) {
+    return RequestError(
+        "logprobs",
+        absl::StrCat("logprobs over ", job.max_tokens, " tokens would keep ",
+                     job.max_tokens * vocab * 4 >> 20,
+                     " MiB of logits; lower max_tokens to ",
+                     kMaxLogprobBytes / (vocab * 4), " or less"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GenerationOutcome> RunGeneration(
+    NodeRuntime& runtime, const GenerationJob& job,
+    const std::function<void(std::string_view)>& on_text,
+    const std::function<bool()>& cancelled) {
+  engine::GenerateRequest g;
+  g.max_tokens = job.max_tokens;
+  g.sampling = job.common.sampling;
+  if (!job.common.seed_given) g.sampling.seed = RandomSeed();
+  g.stop = job.common.stop;
+  if (job.chat) {
+    for (const std::string& s : runtime.chat_template()->stop_strings()) {
+      g.stop.push_back(s);
+    }
+  }
+  g.ignore_eos = job.common.ignore_eos;
+  g.cancelled = cancelled;
+  std::vector<std::vector<float>> logits;
+  if (job.common.logprobs) {
+    g.on_logits = [&logits](const float* l, int64_t n) {
+      logits.emplace_back(l, l + n);
+    };
+  }
+  GenerationOutcome out;
+  engine::SessionEngine& engine = runtime.engine();
+  if (job.session.empty()) {
+    g.prompt = job.prompt;
+    KVD_ASSIGN_OR_RETURN(out.gen,
+                         engine.Complete(g, runtime.tokenizer(), on_text));
+    out.prompt_tokens = static_cast<int64_t>(job.prompt.size());
+  } else {
+    absl::Status created = engine.CreateSession(job.tenant, job.session, {});
+    if (!created.ok() && created.code() != absl::StatusCode::kAlreadyExists) {
+      return created;
+    }
+    const int64_t context = runtime.model().config().context_length;
+    engine::TurnRequest turn;
+    turn.tenant = job.tenant;
+    turn.session = job.session;
+    turn.generate = std::move(g);
+    turn.make_tokens = [&runtime, &job, context](absl::Span<const int32_t> have)
+        -> absl::StatusOr<std::vector<int32_t>> {
+      KVD_ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
+                           ChatTokens(runtime, job, have, /*estimate=*/false));
+      const int64_t total = static_cast<int64_t>(have.size() + tokens.size());
+      if (total + job.max_tokens > context) {
+        return RequestError(
+            "max_tokens",
+            absl::StrCat("session '", job.session, "' holds ", have.size(),
+                         " tokens; with this message (", tokens.size(),
+                         ") and max_tokens (", job.max_tokens,
+                         ") it exceeds the context of ", context, " tokens"));
+      }
+      return tokens;
+    };
+    KVD_ASSIGN_OR_RETURN(engine::TurnResult r,
+                         engine.RunTurn(turn, runtime.tokenizer(), on_text));
+    out.gen = std::move(r.generation);
+    out.prompt_tokens = out.gen.prompt_tokens;
+  }
+  if (job.common.logprobs) {
+    const ops::Tokenizer& tok = runtime.tokenizer();
+    std::vector<TokenLogProbText> lps;
+    const size_t n = std::min(logits.size(), out.gen.tokens.size());
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t id = out.gen.tokens[i];
+      if (!job.common.ignore_eos && tok.IsEog(id)) break;
+      const ops::LogProbs lp = ops::ComputeLogProbs(
+          logits[i].data(), static_cast<int32_t>(logits[i].size()), id,
+          job.common.top_logprobs);
+      TokenLogProbText t{tok.TokenToPiece(id), lp.chosen.logprob, {}};
+      for (const ops::TokenLogProb& top : lp.top) {
+        t.top.emplace_back(tok.TokenToPiece(top.token), top.logprob);
+      }
+      lps.push_back(std::move(t));
+    }
+    out.logprobs = std::move(lps);
+  }
+  return out;
+}
+
+}  // namespace kvd::node

@@ -1,0 +1,89 @@
+// Runs one OpenAI-style generation on a node: checks a parsed request
+// against the served model and its context, then generates either
+// statelessly (SessionEngine::Complete) or as the next turn of a stored
+// session (SessionEngine::RunTurn), collecting logprobs when asked. Used by
+// the HTTP server (http_server.h); free of HTTP so it is reusable.
+//
+// Chat prompts are built as `kvd chat` builds them: a new session (or a
+// stateless request) renders every message with the model's chat template
+// and encodes with BOS and special tokens; a continued session renders only
+// the last message with RenderFollowUp, closing the previous reply if it did
+// not end with an end-of-generation token. The template's stop strings are
+// added to the request's.
+//
+//   GenerationJob job{.chat = true, .tenant = "acme", .session = "c1", ...};
+//   KVD_RETURN_IF_ERROR(PrepareGeneration(runtime, 512, job));  // 400s
+//   KVD_ASSIGN_OR_RETURN(GenerationOutcome out,
+//                        RunGeneration(runtime, job, on_text, cancelled));
+//
+// Thread-safety: as the SessionEngine (concurrent calls are fine).
+#ifndef KVD_SERVICES_NODE_OPENAI_GENERATION_H_
+#define KVD_SERVICES_NODE_OPENAI_GENERATION_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "services/engine/generator.h"
+#include "services/node/openai_request.h"
+#include "services/node/openai_response.h"
+#include "services/node/runtime.h"
+
+namespace kvd::node {
+
+// logprobs keep every step's logits until the end; at most this many bytes
+// (max_tokens x vocab x 4) per request.
+inline constexpr int64_t kMaxLogprobBytes = int64_t{256} << 20;
+
+// A parsed request, validated against the model and the context before it
+// queues.
+struct GenerationJob {
+  bool chat = false;
+  std::string tenant;
+  std::string session;  // empty: stateless
+  OpenAiCommon common;
+  std::vector<OpenAiMessage> messages;  // chat
+  // Stateless: every prompt token (set by the caller for completions, by
+  // PrepareGeneration for chat).
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 0;  // set by PrepareGeneration
+  ResponseMeta meta;
+};
+
+struct GenerationOutcome {
+  engine::GenerateResult gen;
+  int64_t prompt_tokens = 0;  // the new tokens this request fed the model
+  std::optional<std::vector<TokenLogProbText>> logprobs;
+};
+
+// Checks the model name (404), sampling parameters, that the model has a
+// chat template (chat), and that prompt (+ the session's tokens) +
+// max_tokens fits the context (400); fills job.max_tokens (the request's,
+// else min(default_max_tokens, what the context leaves)) and, for stateless
+// chat, job.prompt.
+absl::Status PrepareGeneration(NodeRuntime& runtime, int64_t default_max_tokens,
+                               GenerationJob& job);
+
+// Generates. A session is created on first use. `on_text` sees the text as
+// it is produced; `cancelled` (may be empty) is polled between steps.
+absl::StatusOr<GenerationOutcome> RunGeneration(
+    NodeRuntime& runtime, const GenerationJob& job,
+    const std::function<void(std::string_view)>& on_text,
+    const std::function<bool()>& cancelled);
+
+// The chat turn's tokens after `session_tokens` (empty: a new
+// conversation). `estimate`: assume the previous reply was closed (used
+// before the session's exact tokens are known).
+absl::StatusOr<std::vector<int32_t>> ChatTokens(
+    const NodeRuntime& runtime, const GenerationJob& job,
+    absl::Span<const int32_t> session_tokens, bool estimate);
+
+}  // namespace kvd::node
+
+#endif  // KVD_SERVICES_NODE_OPENAI_GENERATION_H_

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# End-to-end test of `kvd serve` with the real default model: it starts from a --config file on
+# a port the OS picks, answers /healthz, /v1/models and a two-turn chat in a session (the second
+# request carries only the new message), stops cleanly on SIGTERM, and a new server continues the
+# same session from disk.
+set -uo pipefail
+KVD="$1"
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+DATA="$TEST_TMPDIR/data"
+CONFIG="$TEST_TMPDIR/kvd.json"
+cat > "$CONFIG" <<JSON
+{"model": "smollm2", "http-port": 0, "grpc-port": 0, "threads": 2, "data-dir": "$DATA"}
+JSON
+
+start() {  # start LOG: starts the server, sets PID and PORT
+  "$KVD" serve --config "$CONFIG" 2> "$1" &
+  PID=$!
+  PORT=""
+  for _ in $(seq 1 300); do
+    PORT="$(grep -o 'http://127.0.0.1:[0-9]*' "$1" | head -1 | sed 's/.*://')"
+    [[ -n "$PORT" ]] && break
+    sleep 0.1
+  done
+  [[ -n "$PORT" ]] || fail "server did not start: $(cat "$1")"
+}
+
+chat() {  # chat MESSAGE: prints the reply text
+  curl -s "http://127.0.0.1:$PORT/v1/chat/completions" -H 'content-type: application/json' \
+    -d "{\"model\":\"smollm2\",\"session_id\":\"trip\",\"temperature\":0,\"max_tokens\":16,
+         \"messages\":[{\"role\":\"user\",\"content\":\"$1\"}]}" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["message"]["content"])'
+}
+
+start "$TEST_TMPDIR/serve1.log"
+[[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/healthz")" == 200 ]] ||
+  fail "/healthz is not 200"
+curl -s "http://127.0.0.1:$PORT/v1/models" | grep -q '"id":"smollm2"' || fail "/v1/models lacks smollm2"
+r1="$(chat "What is the capital of France?")"
+[[ "$r1" == *Paris* ]] || fail "turn 1: $r1"
+r2="$(chat "And of Germany?")"
+[[ "$r2" == *Berlin* ]] || fail "turn 2 (only the new message sent): $r2"
+kill -TERM "$PID"; wait "$PID"; rc=$?
+[[ $rc == 0 ]] || fail "SIGTERM: exit $rc, want 0"
+grep -q "SIGTERM, stopping" "$TEST_TMPDIR/serve1.log" || fail "no clean-stop message"
+
+# A new server continues the stored conversation.
+start "$TEST_TMPDIR/serve2.log"
+r3="$(chat "And of Italy?")"
+[[ "$r3" == *Rome* ]] || fail "turn 3 after restart: $r3"
+kill -TERM "$PID"; wait "$PID"
+turns="$("$KVD" sessions show trip --data-dir "$DATA" |
+  python3 -c 'import json,sys; print(len(json.load(sys.stdin)["turn_ends"]))')"
+[[ "$turns" == 3 ]] || fail "stored turns: $turns, want 3"
+
+out="$("$KVD" serve --config /nonexistent.json 2>&1)"; rc=$?
+[[ $rc == 2 && "$out" == */nonexistent.json* ]] || fail "missing config: exit $rc: $out"
+
+if [[ $failures -gt 0 ]]; then echo "$failures failure(s)"; exit 1; fi
+echo PASS

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""End to end: the official `openai` Python client against kvd's HTTP API.
+
+Starts tests/e2e:http_server_for_test over SmolLM2 (from the model cache) and
+drives it with openai.OpenAI: models, chat (JSON and streaming), completions,
+the session extension (extra_body={"session_id": ...}, each request carrying
+only its new message), API keys, and OpenAI-style errors.
+
+The client lives in a virtualenv (tools/setup.sh --test creates it at
+${KVD_PYENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvd/pyenv}); this script re-runs
+itself with that interpreter.
+
+  bazel test //tests/e2e:openai_client_test
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def pyenv_python():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache")
+    env = os.environ.get("KVD_PYENV") or os.path.join(base, "kvd", "pyenv")
+    return os.path.join(env, "bin", "python")
+
+
+try:
+    import openai  # noqa: F401
+except ImportError:
+    python = pyenv_python()
+    if os.path.exists(python) and os.path.realpath(sys.executable) != \
+            os.path.realpath(python):
+        os.execv(python, [python] + sys.argv)
+    sys.exit("openai_client_test: the `openai` package is missing; run "
+             "tools/setup.sh --test (it creates %s)" % python)
+
+import openai  # noqa: E402
+
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FAILURES = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILURES.append(what)
+
+
+def start_server(binary, data_dir, keys=""):
+    args = [binary, "--model=" + MODEL_FILE, "--data_dir=" + data_dir]
+    if keys:
+        args.append("--keys=" + keys)
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line.startswith("PORT "):
+        proc.kill()
+        sys.exit("server did not start: %r" % line)
+    return proc, int(line.split()[1])
+
+
+def main():
+    binary = sys.argv[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, port = start_server(binary, os.path.join(tmp, "data"),
+                                  keys="sk-test:acme,sk-other:beta")
+        try:
+            run(port)
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=30)
+    if FAILURES:
+        sys.exit("%d check(s) failed: %s" % (len(FAILURES), FAILURES))
+    print("all checks passed")
+
+
+def run(port):
+    base = "http://127.0.0.1:%d/v1" % port
+    client = openai.OpenAI(base_url=base, api_key="sk-test", max_retries=0)
+    other = openai.OpenAI(base_url=base, api_key="sk-other", max_retries=0)
+
+    models = client.models.list()
+    ids = [m.id for m in models.data]
+    check(len(ids) == 1, "models.list returns the served model: %s" % ids)
+    model = ids[0]
+
+    # Chat, JSON and streaming, greedy: the same text both ways.
+    messages = [{"role": "user", "content": "Name a color."}]
+    r = client.chat.completions.create(model=model, messages=messages,
+                                       max_tokens=8, temperature=0)
+    text = r.choices[0].message.content
+    check(r.object == "chat.completion" and bool(text),
+          "chat completion: %r" % text)
+    check(r.choices[0].finish_reason in ("stop", "length"),
+          "finish_reason %s" % r.choices[0].finish_reason)
+    check(r.usage.completion_tokens <= 8 and r.usage.prompt_tokens > 0,
+          "usage %s" % r.usage)
+
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=8, temperature=0,
+        stream=True, stream_options={"include_usage": True})
+    pieces, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                pieces.append(choice.delta.content)
+            if choice.finish_reason:
+                finish = choice.finish_reason
+    check("".join(pieces) == text,
+          "streamed chat equals JSON chat: %r" % "".join(pieces))
+    check(finish == r.choices[0].finish_reason, "stream finish_reason")
+    check(usage is not None and
+          usage.completion_tokens == r.usage.completion_tokens,
+          "stream usage chunk")
+
+    # Completions.
+    c = client.completions.create(model=model, prompt="The sky is",
+                                  max_tokens=5, temperature=0)
+    check(c.object == "text_completion" and c.usage.completion_tokens <= 5,
+          "completion: %r" % c.choices[0].text)
+
+    # Sessions: each request carries only the new message.
+    turns = ["My favourite number is 7.", "What is my favourite number?"]
+    replies = []
+    for t in turns:
+        r = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": t}],
+            max_tokens=16, temperature=0,
+            extra_body={"session_id": "e2e-chat"})
+        replies.append(r.choices[0].message.content)
+    check(all(replies), "session replies: %r" % replies)
+    info = client.get("/sessions/e2e-chat", cast_to=object)
+    check(info["turns"] == 2 and info["tokens"] > r.usage.prompt_tokens,
+          "session holds both turns: %s" % info)
+    # The stored conversation is what a stateless request would have had to
+    # resend: its second-turn prompt is shorter than the whole conversation.
+    full = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": turns[0]},
+                  {"role": "assistant", "content": replies[0]},
+                  {"role": "user", "content": turns[1]}],
+        max_tokens=1, temperature=0)
+    check(r.usage.prompt_tokens < full.usage.prompt_tokens,
+          "session turn sent %d prompt tokens, stateless needs %d" %
+          (r.usage.prompt_tokens, full.usage.prompt_tokens))
+
+    # Another tenant cannot see the session.
+    try:
+        other.get("/sessions/e2e-chat", cast_to=object)
+        check(False, "other tenant gets 404")
+    except openai.NotFoundError:
+        check(True, "other tenant gets 404")
+
+    # Errors arrive as the client's exception types.
+    try:
+        client.chat.completions.create(model=model, messages=messages,
+                                       temperature=9)
+        check(False, "temperature 9 is refused")
+    except openai.BadRequestError as e:
+        check(e.body.get("param") == "temperature",
+              "temperature 9 -> 400 param=temperature")
+    try:
+        openai.OpenAI(base_url=base, api_key="wrong",
+                      max_retries=0).models.list()
+        check(False, "a wrong key is refused")
+    except openai.AuthenticationError:
+        check(True, "a wrong key -> 401")
+    try:
+        client.chat.completions.create(model="gpt-4o", messages=messages)
+        check(False, "an unknown model is refused")
+    except openai.NotFoundError:
+        check(True, "unknown model -> 404")
+
+    client.delete("/sessions/e2e-chat", cast_to=object)
+    try:
+        client.get("/sessions/e2e-chat", cast_to=object)
+        check(False, "deleted session is gone")
+    except openai.NotFoundError:
+        check(True, "deleted session -> 404")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+// `kvd serve`: one node serving durable sessions over an OpenAI-compatible
+// HTTP API and gRPC (kvd.v1.Sessions), until SIGINT/SIGTERM.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "services/node/auth.h"
+#include "services/node/grpc_service.h"
+#include "services/node/http_server.h"
+#include "tools/kvd/commands.h"
+#include "tools/kvd/session_runtime.h"
+
+namespace kvd::cli {
+namespace {
+
+void DeclareFlags(Args& a) {
+  a.Flag("config", "",
+         "JSON file of flag values, e.g. {\"http-port\": 8080, \"model\": "
+         "\"gemma3\"}; flags given on the command line win");
+  a.Flag("host", "127.0.0.1",
+         "address to listen on (0.0.0.0 for every interface)");
+  a.Flag("http-port", "8080",
+         "OpenAI-compatible HTTP API port (/v1/chat/completions, "
+         "/v1/completions, /v1/models, /v1/sessions, /metrics, /healthz); "
+         "-1 = off");
+  a.Flag("grpc-port", "7070", "gRPC (kvd.v1.Sessions, Health) port; -1 = off");
+  a.Flag("api-keys", "",
+         "file of '<key> <tenant>' lines (also read: $KVD_API_KEYS as "
+         "key:tenant,...); none = open node, every request is tenant 'local'");
+  a.Flag("max-inflight", "4", "generations running at once (HTTP)");
+  a.Flag("max-queue", "32",
+         "generations waiting for a slot; beyond it requests get 429 with "
+         "Retry-After (HTTP) or RESOURCE_EXHAUSTED (gRPC)");
+  a.Flag("tls-cert", "", "PEM certificate: serve gRPC over TLS");
+  a.Flag("tls-key", "", "PEM private key for --tls-cert");
+  DeclareModelFlags(a);
+  DeclareStoreFlags(a);
+  DeclareSessionFlags(a);
+}
+
+// --config's entries as "--name=value" arguments, placed before the command
+// line's so that those win.
+absl::StatusOr<std::vector<std::string>> ConfigArgs(
+    const std::vector<std::string>& argv) {
+  std::string path;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--config" && i + 1 < argv.size()) path = argv[i + 1];
+    if (argv[i].rfind("--config=", 0) == 0) path = argv[i].substr(9);
+  }
+  if (path.empty()) return std::vector<std::string>();
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read --config file ", path));
+  }
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/
+                                           false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--config file ", path,
+                     " must be one JSON object mapping flag names to values"));
+  }
+  std::vector<std::string> out;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "config") continue;
+    std::string v;
+    if (value.is_string()) {
+      v = value.get<std::string>();
+    } else if (value.is_number() || value.is_boolean()) {
+      v = value.dump();
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--config file ", path, ": value of '", key,
+                       "' must be a string, number or boolean"));
+    }
+    out.push_back(absl::StrCat("--", key, "=", v));
+  }
+  return out;
+}
+
+absl::Status Run(const Args& args) {
+  KVD_ASSIGN_OR_RETURN(int64_t http_port, args.GetInt("http-port"));
+  KVD_ASSIGN_OR_RETURN(int64_t grpc_port, args.GetInt("grpc-port"));
+  KVD_ASSIGN_OR_RETURN(int64_t inflight, args.GetInt("max-inflight"));
+  KVD_ASSIGN_OR_RETURN(int64_t queue, args.GetInt("max-queue"));
+  if (http_port < -1 || http_port > 65535 || grpc_port < -1 ||
+      grpc_port > 65535) {
+    return absl::InvalidArgumentError("ports must be in [0, 65535] or -1");
+  }
+  if (inflight < 1 || inflight > 4096 || queue < 0 || queue > 1 << 20) {
+    return absl::InvalidArgumentError(
+        "--max-inflight must be in [1, 4096] and --max-queue in [0, "
+        "1048576]");
+  }
+  KVD_ASSIGN_OR_RETURN(node::KeyStore keys,
+                       node::KeyStore::Load(args.Get("api-keys")));
+  // Block the stop signals before any server thread exists, so only
+  // sigwait below receives them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<node::NodeRuntime> rt,
+                       OpenSessionRuntime(args, /*show_progress=*/true));
+  const std::string host = args.Get("host");
+  auto metrics = std::make_shared<node::Metrics>();
+  std::unique_ptr<node::HttpServer> http;
+  if (http_port >= 0) {
+    node::HttpServerOptions o;
+    o.host = host;
+    o.port = static_cast<int>(http_port);
+    o.max_inflight = static_cast<int>(inflight);
+    o.max_queue = static_cast<int>(queue);
+    o.keys = keys;
+    o.metrics = metrics;
+    KVD_ASSIGN_OR_RETURN(http, node::StartHttpServer(rt.get(), std::move(o)));
+  }
+  std::unique_ptr<node::GrpcServer> grpc;
+  if (grpc_port >= 0) {
+    node::GrpcServerOptions o;
+    o.address = absl::StrCat(host, ":", grpc_port);
+    o.tls_cert_path = args.Get("tls-cert");
+    o.tls_key_path = args.Get("tls-key");
+    KVD_ASSIGN_OR_RETURN(grpc,
+                         node::StartGrpcServer(rt.get(), keys, std::move(o)));
+  }
+  std::fprintf(stderr, "kvd serve: model %s (%s), sessions in %s/sessions\n",
+               rt->model_id().c_str(), rt->model_path().c_str(),
+               args.Get("data-dir").c_str());
+  if (http) {
+    std::fprintf(stderr, "  OpenAI API  http://%s:%d/v1  (metrics: /metrics)\n",
+                 host.c_str(), http->port());
+  }
+  if (grpc) {
+    std::fprintf(stderr, "  gRPC        %s:%d\n", host.c_str(), grpc->port());
+  }
+  std::fprintf(stderr, "  %s; Ctrl-C to stop\n",
+               keys.enabled() ? "API keys required" : "no API keys: open node");
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::fprintf(stderr, "kvd serve: %s, stopping\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM");
+  if (http) http->Stop();
+  if (grpc) grpc->Shutdown();
+  return rt->store().Flush();
+}
+
+}  // namespace
+
+int ServeCommand(const std::vector<std::string>& argv) {
+  Args args("kvd serve",
+            "Serves the model to many clients with durable sessions: an "
+            "OpenAI-compatible HTTP API (add \"session_id\" to a request to "
+            "continue a stored conversation with only the new message) and "
+            "gRPC.\nExample: kvd serve --model gemma3 --http-port 8080");
+  DeclareFlags(args);
+  absl::StatusOr<std::vector<std::string>> config = ConfigArgs(argv);
+  if (!config.ok()) {
+    std::fprintf(stderr, "kvd serve: %s\n", config.status().ToString().c_str());
+    return 2;
+  }
+  std::vector<std::string> all = *config;
+  all.insert(all.end(), argv.begin(), argv.end());
+  if (absl::Status s = args.Parse(all); !s.ok()) {
+    std::fprintf(stderr, "kvd serve: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (args.help_requested()) {
+    std::fputs(args.Help().c_str(), stdout);
+    return 0;
+  }
+  if (absl::Status s = Run(args); !s.ok()) {
+    std::fprintf(stderr, "kvd serve: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace kvd::cli
