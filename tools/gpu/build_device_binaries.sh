@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Builds the CUDA device tests and benchmark HERE (no GPU needed) as
+# self-contained x86-64 executables for sm_90a, for carrying to the lent GPU
+# machine, which has nvcc but neither Bazel nor Debian's Abseil/GoogleTest.
+#
+#   tools/gpu/build_device_binaries.sh            # -> tools/gpu/bin/ (git-ignored)
+#   tools/gpu/build_device_binaries.sh /some/dir  # -> elsewhere
+#
+# Then, with the device tool: run(command="tools/gpu/device_check.sh",
+# carry=["tools/gpu/bin"], timeout_s=570).
+#
+# Linking: CUDA runtime static (libcudart_static.a; it dlopens the driver's
+# libcuda.so at run time), Abseil and GoogleTest static, libstdc++ and libgcc
+# static. Only glibc (libc, libm, libdl, librt, libpthread) stays dynamic; the
+# script fails if any other shared library, or a glibc symbol newer than
+# GLIBC_MAX below, is needed.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+OUT_DIR="${1:-$ROOT/tools/gpu/bin}"
+CUDA="${CUDA_ROOT:-/usr/local/cuda}"
+NVCC="$CUDA/bin/nvcc"
+CXX="${CXX:-g++}"
+# The device image runs Ubuntu 24.04's glibc 2.39 (python 3.12.3 there);
+# Debian 12 here has 2.36, so anything built here qualifies. Kept as a check.
+GLIBC_MAX="2.36"
+OBJ="$(mktemp -d)"
+trap 'rm -rf "$OBJ"' EXIT
+mkdir -p "$OUT_DIR"
+cd "$ROOT"
+
+# Same device flags as tools/build/defs.bzl's kvd_cuda_library.
+NVCC_FLAGS=(-std=c++17 -O3 -I. -gencode arch=compute_90a,code=sm_90a
+            -gencode arch=compute_90,code=compute_90)
+CXX_FLAGS=(-std=c++17 -O2 -I. -I"$CUDA/include" -Wall -Wextra -Werror
+           -Wno-unused-parameter -Wno-sign-compare
+           -Wno-missing-field-initializers)
+
+CU_SRCS=(kernels/cuda/gemm.cu kernels/cuda/elementwise.cu
+         kernels/cuda/attention.cu kernels/cuda/bandwidth_probe.cu
+         kernels/cuda/bf16_convert.cu)
+pids=()
+for src in "${CU_SRCS[@]}"; do
+  "$NVCC" "${NVCC_FLAGS[@]}" -c "$src" -o "$OBJ/$(basename "$src").o" &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+CU_OBJS=("$OBJ"/*.cu.o)
+
+# Every Abseil archive inside one --start-group: the linker takes only the
+# members that are referenced, and the group resolves their order.
+STATIC_LIBS=(/usr/lib/x86_64-linux-gnu/libabsl_*.a)
+GTEST_LIBS=(/usr/lib/x86_64-linux-gnu/libgtest_main.a
+            /usr/lib/x86_64-linux-gnu/libgtest.a)
+
+link() {  # link NAME CC_SOURCE [extra static libs...]
+  local name="$1" src="$2"
+  shift 2
+  "$CXX" "${CXX_FLAGS[@]}" -c "$src" -o "$OBJ/$name.o"
+  "$CXX" -o "$OUT_DIR/$name" "$OBJ/$name.o" "${CU_OBJS[@]}" \
+    -Wl,--start-group "$@" "${STATIC_LIBS[@]}" -Wl,--end-group \
+    "$CUDA/lib64/libcudart_static.a" \
+    -static-libstdc++ -static-libgcc -lpthread -ldl -lrt -lm
+  strip "$OUT_DIR/$name"
+}
+
+for t in gemm_test elementwise_test attention_test argument_checks_test; do
+  link "$t" "kernels/cuda/$t.cc" "${GTEST_LIBS[@]}" &
+done
+# bf16_convert_test's reference is the inline kernels/cpu/elementwise.h
+# FloatToBf16: header only, nothing from kernels/cpu to link.
+link bf16_convert_test kernels/cuda/bf16_convert_test.cc "${GTEST_LIBS[@]}" &
+link kernels_benchmark kernels/cuda/kernels_benchmark.cc &
+wait_all_ok=0
+for j in $(jobs -p); do wait "$j" || wait_all_ok=1; done
+[[ $wait_all_ok -eq 0 ]] || { echo "link failed" >&2; exit 1; }
+
+# Self-containment checks.
+status=0
+for b in "$OUT_DIR"/*; do
+  needed=$(readelf -d "$b" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p')
+  for lib in $needed; do
+    case "$lib" in
+      libc.so.6|libm.so.6|libdl.so.2|librt.so.1|libpthread.so.0|ld-linux-x86-64.so.2) ;;
+      *) echo "$b needs non-glibc shared library $lib" >&2; status=1 ;;
+    esac
+  done
+  newest=$(objdump -T "$b" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' |
+           sort -V | tail -1)
+  if [[ "$(printf '%s\n%s\n' "$newest" "$GLIBC_MAX" | sort -V | tail -1)" != "$GLIBC_MAX" ]]; then
+    echo "$b needs GLIBC_$newest > $GLIBC_MAX" >&2
+    status=1
+  fi
+  if ! grep -q "sm_90a" <(strings "$b" | grep -m1 -o 'sm_90a' || true); then
+    echo "$b: no sm_90a code found" >&2
+    status=1
+  fi
+done
+[[ $status -eq 0 ]] || exit 1
+ls -la "$OUT_DIR"
+du -sh "$OUT_DIR"
+echo "built into $OUT_DIR (carry it: tools/gpu/bin)"
