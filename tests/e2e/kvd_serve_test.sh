@@ -53,6 +53,25 @@ turns="$("$KVD" sessions show trip --data-dir "$DATA" |
   python3 -c 'import json,sys; print(len(json.load(sys.stdin)["turn_ends"]))')"
 [[ "$turns" == 3 ]] || fail "stored turns: $turns, want 3"
 
+# TLS: the same server over HTTPS (and gRPC over TLS) with a self-signed certificate.
+openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 \
+  -keyout "$TEST_TMPDIR/key.pem" -out "$TEST_TMPDIR/cert.pem" 2>/dev/null ||
+  fail "openssl could not make a test certificate"
+"$KVD" serve --config "$CONFIG" --tls-cert "$TEST_TMPDIR/cert.pem" \
+  --tls-key "$TEST_TMPDIR/key.pem" 2> "$TEST_TMPDIR/serve3.log" &
+PID=$!
+PORT=""
+for _ in $(seq 1 300); do
+  PORT="$(grep -o 'https://127.0.0.1:[0-9]*' "$TEST_TMPDIR/serve3.log" | head -1 | sed 's/.*://')"
+  [[ -n "$PORT" ]] && break
+  sleep 0.1
+done
+[[ "$(curl -sk -o /dev/null -w '%{http_code}' "https://127.0.0.1:$PORT/healthz")" == 200 ]] ||
+  fail "HTTPS /healthz is not 200: $(cat "$TEST_TMPDIR/serve3.log")"
+[[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/healthz")" != 200 ]] ||
+  fail "plain HTTP was served on the TLS port"
+kill -TERM "$PID"; wait "$PID"
+
 out="$("$KVD" serve --config /nonexistent.json 2>&1)"; rc=$?
 [[ $rc == 2 && "$out" == */nonexistent.json* ]] || fail "missing config: exit $rc: $out"
 

@@ -1,5 +1,6 @@
 #include "tools/kvd/args.h"
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "absl/strings/match.h"
@@ -98,6 +99,24 @@ std::string Args::Help() const {
   }
   absl::StrAppend(&s, "  --help\n      show this help\n");
   return s;
+}
+
+int Args::Main(const std::vector<std::string>& argv,
+               const std::function<absl::Status(const Args&)>& run) {
+  if (absl::Status s = Parse(argv); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", command_.c_str(),
+                 std::string(s.message()).c_str());
+    return 2;
+  }
+  if (help_requested()) {
+    std::fputs(Help().c_str(), stdout);
+    return 0;
+  }
+  if (absl::Status s = run(*this); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", command_.c_str(), s.ToString().c_str());
+    return 1;
+  }
+  return 0;
 }
 
 std::string Args::Get(const std::string& name) const {

@@ -6,6 +6,7 @@
 #ifndef KVD_TOOLS_KVD_ARGS_H_
 #define KVD_TOOLS_KVD_ARGS_H_
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -30,6 +31,12 @@ class Args {
 
   // Parses argv (without the program and subcommand names).
   absl::Status Parse(const std::vector<std::string>& argv);
+
+  // A subcommand's whole main: parses `argv`, prints --help, or calls `run`,
+  // reporting errors as "<command>: <message>" on stderr. Returns the exit
+  // code: 0 success or help, 2 bad flags, 1 a failed run.
+  int Main(const std::vector<std::string>& argv,
+           const std::function<absl::Status(const Args&)>& run);
 
   bool help_requested() const { return help_; }
   std::string Help() const;

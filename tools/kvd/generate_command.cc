@@ -148,20 +148,7 @@ int GenerateCommand(const std::vector<std::string>& argv) {
             "it to stdout.\nExample: kvd generate \"What is the capital of "
             "France?\"");
   DeclareFlags(args);
-  if (absl::Status s = args.Parse(argv); !s.ok()) {
-    std::fprintf(stderr, "kvd generate: %s\n",
-                 std::string(s.message()).c_str());
-    return 2;
-  }
-  if (args.help_requested()) {
-    std::fputs(args.Help().c_str(), stdout);
-    return 0;
-  }
-  if (absl::Status s = Run(args); !s.ok()) {
-    std::fprintf(stderr, "kvd generate: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return args.Main(argv, Run);
 }
 
 }  // namespace kvd::cli

@@ -37,7 +37,7 @@ void DeclareFlags(Args& a) {
   a.Flag("max-queue", "32",
          "generations waiting for a slot; beyond it requests get 429 with "
          "Retry-After (HTTP) or RESOURCE_EXHAUSTED (gRPC)");
-  a.Flag("tls-cert", "", "PEM certificate: serve gRPC over TLS");
+  a.Flag("tls-cert", "", "PEM certificate: serve HTTPS and gRPC over TLS");
   a.Flag("tls-key", "", "PEM private key for --tls-cert");
   DeclareModelFlags(a);
   DeclareStoreFlags(a);
@@ -121,6 +121,8 @@ absl::Status Run(const Args& args) {
     o.max_queue = static_cast<int>(queue);
     o.keys = keys;
     o.metrics = metrics;
+    o.tls_cert_path = args.Get("tls-cert");
+    o.tls_key_path = args.Get("tls-key");
     KVD_ASSIGN_OR_RETURN(http, node::StartHttpServer(rt.get(), std::move(o)));
   }
   std::unique_ptr<node::GrpcServer> grpc;
@@ -136,8 +138,9 @@ absl::Status Run(const Args& args) {
                rt->model_id().c_str(), rt->model_path().c_str(),
                args.Get("data-dir").c_str());
   if (http) {
-    std::fprintf(stderr, "  OpenAI API  http://%s:%d/v1  (metrics: /metrics)\n",
-                 host.c_str(), http->port());
+    std::fprintf(stderr, "  OpenAI API  %s://%s:%d/v1  (metrics: /metrics)\n",
+                 args.Has("tls-cert") ? "https" : "http", host.c_str(),
+                 http->port());
   }
   if (grpc) {
     std::fprintf(stderr, "  gRPC        %s:%d\n", host.c_str(), grpc->port());
@@ -169,19 +172,7 @@ int ServeCommand(const std::vector<std::string>& argv) {
   }
   std::vector<std::string> all = *config;
   all.insert(all.end(), argv.begin(), argv.end());
-  if (absl::Status s = args.Parse(all); !s.ok()) {
-    std::fprintf(stderr, "kvd serve: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (args.help_requested()) {
-    std::fputs(args.Help().c_str(), stdout);
-    return 0;
-  }
-  if (absl::Status s = Run(args); !s.ok()) {
-    std::fprintf(stderr, "kvd serve: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return args.Main(all, Run);
 }
 
 }  // namespace kvd::cli

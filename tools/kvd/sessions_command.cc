@@ -147,20 +147,7 @@ int SessionsCommand(const std::vector<std::string>& argv) {
                   "ls | show NAME | rm NAME | export NAME FILE "
                   "| import FILE [NAME]");
   DeclareStoreFlags(args);
-  if (absl::Status s = args.Parse(argv); !s.ok()) {
-    std::fprintf(stderr, "kvd sessions: %s\n",
-                 std::string(s.message()).c_str());
-    return 2;
-  }
-  if (args.help_requested()) {
-    std::fputs(args.Help().c_str(), stdout);
-    return 0;
-  }
-  if (absl::Status s = Run(args); !s.ok()) {
-    std::fprintf(stderr, "kvd sessions: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return args.Main(argv, Run);
 }
 
 }  // namespace kvd::cli
