@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <random>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -119,6 +120,43 @@ const AttentionRate* FindAttention(const Calibration& c, absl::string_view kv,
   return best;
 }
 
+// A model-path entry for this model, precision and thread count, with the
+// block nearest `block` and the context nearest `context` (distances in log,
+// added); null if none.
+const ModelPathRate* FindModelPath(const Calibration& c,
+                                   const ModelConfig& config,
+                                   absl::string_view precision, int threads,
+                                   int64_t block, int64_t context) {
+  const ModelPathRate* best = nullptr;
+  double best_distance = 0;
+  for (const ModelPathRate& r : c.model_paths) {
+    if (r.model != config.name || r.n_layers != config.n_layers ||
+        r.d_model != config.d_model || r.kv_dim != config.kv_dim() ||
+        r.d_ff != config.d_ff || r.precision != precision ||
+        r.threads != threads) {
+      continue;
+    }
+    const double distance =
+        std::abs(std::log(static_cast<double>(r.block) / block)) +
+        std::abs(std::log(static_cast<double>(r.context) / context));
+    if (best == nullptr || distance < best_distance) {
+      best = &r;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// (query, key) pairs of causal attention for queries [p0, p0 + n).
+double CausalPairs(int64_t p0, int64_t n) {
+  return static_cast<double>(n) * p0 + static_cast<double>(n) * (n + 1) / 2;
+}
+
 // The rate at m rows for shape (n, k): linear in log m between the nearest
 // measured row counts, clamped outside them.
 absl::StatusOr<double> GemmAt(const Calibration& c, absl::string_view weights,
@@ -152,6 +190,24 @@ absl::StatusOr<double> GemmAt(const Calibration& c, absl::string_view weights,
 
 }  // namespace
 
+LayerCost FitLayerCost(const ModelPathRate& r) {
+  LayerCost cost;
+  if (r.block < 1) return cost;
+  const double near_pairs = CausalPairs(0, r.block);
+  const double far_pairs = CausalPairs(r.context - r.block, r.block);
+  if (far_pairs > near_pairs) {
+    cost.per_pair_s = std::max(
+        0.0, (r.layer_far_s - r.layer_near_s) / (far_pairs - near_pairs));
+  }
+  cost.per_row_s =
+      std::max(0.0, (r.layer_near_s - cost.per_pair_s * near_pairs) / r.block);
+  if (cost.per_row_s == 0 && cost.per_pair_s == 0) {
+    // Both clamped: fall back to the near block's time, all per row.
+    cost.per_row_s = std::max(0.0, r.layer_near_s / r.block);
+  }
+  return cost;
+}
+
 std::string CalibrationToJson(const Calibration& c) {
   nlohmann::json j;
   j["version"] = 1;
@@ -172,6 +228,23 @@ std::string CalibrationToJson(const Calibration& c) {
                               {"keys", a.keys},
                               {"threads", a.threads},
                               {"flops_per_s", a.flops_per_s}});
+  }
+  j["model_paths"] = nlohmann::json::array();
+  for (const ModelPathRate& r : c.model_paths) {
+    j["model_paths"].push_back({{"model", r.model},
+                                {"n_layers", r.n_layers},
+                                {"d_model", r.d_model},
+                                {"kv_dim", r.kv_dim},
+                                {"d_ff", r.d_ff},
+                                {"precision", r.precision},
+                                {"threads", r.threads},
+                                {"block", r.block},
+                                {"layer", r.layer},
+                                {"recompute_rows", r.recompute_rows},
+                                {"recompute_s_per_row", r.recompute_s_per_row},
+                                {"context", r.context},
+                                {"layer_near_s", r.layer_near_s},
+                                {"layer_far_s", r.layer_far_s}});
   }
   j["storage"] = nlohmann::json::array();
   for (const StorageRate& s : c.storage) {
@@ -235,6 +308,32 @@ absl::StatusOr<Calibration> CalibrationFromJson(absl::string_view json,
           "calibration file ", source, ": an attention entry is out of range"));
     }
     c.attention.push_back(a);
+  }
+  for (const nlohmann::json& e : list("model_paths")) {
+    ModelPathRate r;
+    for (absl::Status s :
+         {Get(e, "model", source, &r.model),
+          Get(e, "n_layers", source, &r.n_layers),
+          Get(e, "d_model", source, &r.d_model),
+          Get(e, "kv_dim", source, &r.kv_dim), Get(e, "d_ff", source, &r.d_ff),
+          Get(e, "precision", source, &r.precision),
+          Get(e, "threads", source, &r.threads),
+          Get(e, "block", source, &r.block), Get(e, "layer", source, &r.layer),
+          Get(e, "recompute_rows", source, &r.recompute_rows),
+          Get(e, "recompute_s_per_row", source, &r.recompute_s_per_row),
+          Get(e, "context", source, &r.context),
+          Get(e, "layer_near_s", source, &r.layer_near_s),
+          Get(e, "layer_far_s", source, &r.layer_far_s)}) {
+      if (!s.ok()) return s;
+    }
+    if (!SaneRate(r.recompute_s_per_row) || !SaneRate(r.layer_near_s) ||
+        !SaneRate(r.layer_far_s) || r.block < 1 || r.context < r.block ||
+        r.recompute_rows < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "calibration file ", source, ": the model-path entry of ", r.model,
+          " is out of range (delete it to re-measure)"));
+    }
+    c.model_paths.push_back(r);
   }
   for (const nlohmann::json& e : list("storage")) {
     StorageRate s;
@@ -437,6 +536,109 @@ absl::StatusOr<bool> EnsureModelRates(const ModelConfig& config,
   return measured;
 }
 
+absl::StatusOr<bool> EnsureModelPathRates(const Model& model,
+                                          const CalibrationOptions& options,
+                                          Calibration* calibration) {
+  const ModelConfig& c = model.config();
+  const std::string precision = PrecisionName(model.precision());
+  const int threads = model.pool()->num_threads();
+  if (options.path_block < 1 || options.recompute_rows < 1 ||
+      options.path_repeats < 1 || options.path_context < 1) {
+    return absl::InvalidArgumentError(
+        "calibration: model-path block, rows, context and repeats must be "
+        ">= 1");
+  }
+  const int64_t context = std::min(options.path_context, c.context_length);
+  const int64_t block =
+      std::min(options.path_block, std::max<int64_t>(1, context / 2));
+  const ModelPathRate* have =
+      FindModelPath(*calibration, c, precision, threads, block, context);
+  if (have != nullptr && have->block == block && have->context == context) {
+    return false;
+  }
+  ModelPathRate r;
+  r.model = c.name;
+  r.n_layers = c.n_layers;
+  r.d_model = c.d_model;
+  r.kv_dim = c.kv_dim();
+  r.d_ff = c.d_ff;
+  r.precision = precision;
+  r.threads = threads;
+  r.context = context;
+  r.block = block;
+  r.recompute_rows = std::max(options.recompute_rows, r.block);
+  r.layer = 0;
+  while (r.layer + 1 < c.n_layers && c.layers[r.layer].sliding_window != 0)
+    ++r.layer;
+
+  // Residual-like inputs: any finite values time the same.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> h(r.recompute_rows * c.d_model);
+  for (float& x : h) x = uniform(rng);
+
+  // RecomputeKv in calls of `block` rows, as RebuildKv makes them.
+  KvCache probe = model.NewCache();
+  std::vector<uint8_t> k_out(r.block * probe.row_bytes()), v_out(k_out.size());
+  std::vector<int64_t> positions(r.recompute_rows);
+  for (int64_t i = 0; i < r.recompute_rows; ++i)
+    positions[i] = i % c.context_length;
+  auto recompute_all = [&]() -> absl::Status {
+    for (int64_t p = 0; p < r.recompute_rows; p += r.block) {
+      const int64_t n = std::min(r.block, r.recompute_rows - p);
+      absl::Status s = model.RecomputeKv(r.layer, h.data() + p * c.d_model,
+                                         positions.data() + p, n, k_out.data(),
+                                         v_out.data(), model.pool());
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = recompute_all(); !s.ok()) return s;  // warm-up
+  std::vector<double> times;
+  for (int i = 0; i < options.path_repeats; ++i) {
+    const Clock::time_point t0 = Clock::now();
+    if (absl::Status s = recompute_all(); !s.ok()) return s;
+    times.push_back(Since(t0) / r.recompute_rows);
+  }
+  r.recompute_s_per_row = Median(times);
+
+  // ForwardLayers of one layer over a block at [p, p + block); the cache
+  // holds the layer's rows below p from earlier calls.
+  KvCache cache = model.NewCache();
+  std::vector<float> block_h(r.block * c.d_model);
+  auto layer_block = [&](int64_t p, double* seconds) -> absl::Status {
+    std::copy(h.begin(), h.begin() + block_h.size(), block_h.begin());
+    const Clock::time_point t0 = Clock::now();
+    absl::Status s = model.ForwardLayers(&cache, p, r.block, r.layer,
+                                         r.layer + 1, block_h.data());
+    *seconds = Since(t0);
+    return s;
+  };
+  double unused = 0;
+  const int64_t far = r.context - r.block;
+  for (int64_t p = 0; p <= far; p += r.block) {  // fills rows, warms up
+    if (absl::Status s = layer_block(p, &unused); !s.ok()) return s;
+  }
+  std::vector<double> near, far_times;
+  for (int i = 0; i < options.path_repeats; ++i) {
+    double t = 0;
+    if (absl::Status s = layer_block(0, &t); !s.ok()) return s;
+    near.push_back(t);
+    if (absl::Status s = layer_block(far, &t); !s.ok()) return s;
+    far_times.push_back(t);
+  }
+  r.layer_near_s = Median(near);
+  r.layer_far_s = Median(far_times);
+  if (!SaneRate(r.recompute_s_per_row) || !SaneRate(r.layer_near_s) ||
+      !SaneRate(r.layer_far_s)) {
+    return absl::InternalError(
+        absl::StrCat("calibration: timing ", c.name,
+                     "'s rebuild paths gave a non-positive figure"));
+  }
+  calibration->model_paths.push_back(r);
+  return true;
+}
+
 absl::StatusOr<RebuildRates> RatesAt(const Calibration& calibration,
                                      const ModelConfig& config,
                                      Precision precision, int threads,
@@ -463,6 +665,13 @@ absl::StatusOr<RebuildRates> RatesAt(const Calibration& calibration,
   rates.kv_projection_flops_per_s = *kv;
   rates.layer_gemm_flops_per_s = *layer;
   rates.attention_flops_per_s = a->flops_per_s;
+  if (const ModelPathRate* p = FindModelPath(
+          calibration, config, dtype, threads, m, std::max<int64_t>(1, keys))) {
+    const LayerCost layer = FitLayerCost(*p);
+    rates.recompute_s_per_row = p->recompute_s_per_row;
+    rates.layer_s_per_row = layer.per_row_s;
+    rates.layer_s_per_attention_pair = layer.per_pair_s;
+  }
   return rates;
 }
 

@@ -1,23 +1,32 @@
 // Calibration for the rebuild planner: measured GEMM and attention throughput
-// at a model's shapes and read bandwidth of a storage directory, cached in a
+// at a model's shapes, the measured cost of the model's own rebuild paths
+// (Model::RecomputeKv per row, one layer of Model::ForwardLayers per row and
+// per attention pair), and read bandwidth of a storage directory, cached in a
 // small JSON file so a node measures once and reads the figures at start-up.
 //
-// The file holds three lists; an entry is reused when its key matches
+// The file holds four lists; an entry is reused when its key matches
 // (GEMM: weight dtype, n, k, m, threads; attention: dtype, group, head_dim,
-// keys, threads; storage: directory). EnsureModelRates measures only what is
-// missing, so one file serves several models and thread counts:
+// keys, threads; model path: model name and shape, precision, threads, block;
+// storage: directory). EnsureModelRates / EnsureModelPathRates measure only
+// what is missing, so one file serves several models and thread counts:
 //
 //   Calibration cal;
 //   absl::StatusOr<Calibration> read = ReadCalibrationFile(path);
 //   if (read.ok()) cal = *read;                  // NOT_FOUND: start empty
 //   KVD_ASSIGN_OR_RETURN(bool measured,
 //       EnsureModelRates(config, precision, model->pool(), {}, &cal));
-//   if (measured) KVD_RETURN_IF_ERROR(WriteCalibrationFile(cal, path));
+//   KVD_ASSIGN_OR_RETURN(bool measured_path,
+//       EnsureModelPathRates(*model, {}, &cal));  // needs the loaded model
+//   if (measured || measured_path)
+//     KVD_RETURN_IF_ERROR(WriteCalibrationFile(cal, path));
 //   KVD_ASSIGN_OR_RETURN(RebuildRates rates,
-//       RatesAt(cal, config, precision, threads, /*m=*/256));
+//       RatesAt(cal, config, precision, threads, /*m=*/256, /*keys=*/T));
 //
+// With a model-path entry RatesAt fills the planner's measured per-row costs
+// (the planner then prefers them to its FLOP count); without one (no model
+// loaded, or an old file) they stay 0 and the planner counts FLOPs.
 // Figures are whatever this machine did when measured (shared machines move
-// them by several percent); nothing here asserts a speed.
+// them by several percent, more under load); nothing here asserts a speed.
 //
 // Thread-safety: the measurements use the given pool, so one at a time per
 // pool; the rest are pure functions.
@@ -32,6 +41,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/cpu/thread_pool.h"
 #include "ops/kvdirect/planner.h"
+#include "ops/model/model.h"
 #include "ops/model/model_config.h"
 
 namespace kvd::ops {
@@ -54,6 +64,37 @@ struct AttentionRate {
   double flops_per_s = 0;  // 4 x group x head_dim per (query, key) pair
 };
 
+// The model's own rebuild paths, timed on the loaded model in its precision
+// (EnsureModelPathRates). `layer` is the first global (non-sliding-window)
+// layer, so its attention sees every earlier position.
+struct ModelPathRate {
+  // Key: the model's name and shape, its precision, threads, rows per call.
+  std::string model;
+  int64_t n_layers = 0, d_model = 0, kv_dim = 0, d_ff = 0;
+  std::string precision;  // PrecisionName
+  int threads = 0;
+  int64_t block = 0;  // rows per RecomputeKv / ForwardLayers call
+  int64_t layer = 0;
+  // Model::RecomputeKv of `recompute_rows` rows in calls of `block` rows:
+  // seconds per row, the median of the repeats.
+  int64_t recompute_rows = 0;
+  double recompute_s_per_row = 0;
+  // Model::ForwardLayers of `layer` alone over one block at positions
+  // [0, block) (near) and [context - block, context) (far), seconds (median).
+  int64_t context = 0;
+  double layer_near_s = 0;
+  double layer_far_s = 0;
+};
+
+// A full layer's time for R rows attending P (query, key) pairs, fitted as
+// R x per_row + P x per_pair through a ModelPathRate's two block timings
+// (both coefficients clamped at >= 0 against noise).
+struct LayerCost {
+  double per_row_s = 0;
+  double per_pair_s = 0;
+};
+LayerCost FitLayerCost(const ModelPathRate& rate);
+
 struct StorageRate {
   std::string directory;
   int64_t file_bytes = 0;
@@ -68,12 +109,21 @@ struct Calibration {
   std::vector<GemmRate> gemm;
   std::vector<AttentionRate> attention;
   std::vector<StorageRate> storage;
+  std::vector<ModelPathRate> model_paths;
 };
 
 struct CalibrationOptions {
   std::vector<int64_t> ms = {1, 64, 512};  // GEMM row counts to measure
   int64_t attention_keys = 1024;
   double min_seconds = 0.2;  // timed time per figure (after one warm-up call)
+  // Model paths (EnsureModelPathRates): rows per call (the rebuild's block),
+  // rows recomputed per repeat, the far block's end position (clamped to the
+  // model's context; the session length being planned for is the best
+  // choice) and repeats per figure (the median is kept).
+  int64_t path_block = 256;
+  int64_t recompute_rows = 1024;
+  int64_t path_context = 1024;
+  int path_repeats = 5;
 };
 
 // JSON round trip. INVALID_ARGUMENT names `source` and the bad field.
@@ -115,10 +165,24 @@ absl::StatusOr<bool> EnsureModelRates(const ModelConfig& config,
                                       const CalibrationOptions& options,
                                       Calibration* calibration);
 
+// Times the loaded model's rebuild paths (ModelPathRate) unless `calibration`
+// already has them for this model, precision, thread count,
+// options.path_block and context (options.path_context clamped to the
+// model's). Returns whether it measured (then write the file back). A caller
+// planning for T tokens passes path_context = T: the attention pair cost
+// grows with the context (longer K/V rows fall out of cache).
+// Takes well under a second for SmolLM2 on 2 cores.
+absl::StatusOr<bool> EnsureModelPathRates(const Model& model,
+                                          const CalibrationOptions& options,
+                                          Calibration* calibration);
+
 // The planner's rates at m rows per GEMM, interpolated linearly in log m
 // between the measured row counts (clamped at the ends); attention at the
-// measured key count nearest `keys`. FAILED_PRECONDITION if the calibration
-// lacks the model's shapes for `threads`.
+// measured key count nearest `keys`; the measured path costs from the
+// model-path entry whose block is nearest m and context nearest `keys`, if
+// any (else left 0).
+// FAILED_PRECONDITION if the calibration lacks the model's GEMM or attention
+// shapes for `threads`.
 absl::StatusOr<RebuildRates> RatesAt(const Calibration& calibration,
                                      const ModelConfig& config,
                                      Precision precision, int threads,

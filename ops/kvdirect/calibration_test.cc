@@ -1,6 +1,8 @@
 // Calibration: the file format round-trips and rejects bad files, the
 // measurements return sane (positive, finite) figures -- never a speed
 // threshold -- and RatesAt interpolates as documented (figures by hand).
+// The model-path figures are timed on a tiny model: positive, reused from the
+// file, and what the planner's choice follows.
 #include "ops/kvdirect/calibration.h"
 
 #include <cmath>
@@ -8,6 +10,9 @@
 #include <fstream>
 
 #include "gtest/gtest.h"
+#include "ops/kvdirect/planner.h"
+#include "ops/model/model.h"
+#include "ops/model/testing/tiny_model.h"
 
 namespace kvd::ops {
 namespace {
@@ -159,6 +164,158 @@ TEST(Calibration, RatesInterpolateInLogRows) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(RatesAt(cal, c, Precision::kBf16, 2, 8, 300).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// Two block timings by hand: block 2, context 4. Near block [0, 2): 1 + 2 = 3
+// pairs; far block [2, 4): 3 + 4 = 7 pairs. With 1e-3 s per row and 1e-4 s
+// per pair: near 2e-3 + 3e-4 = 2.3e-3 s, far 2e-3 + 7e-4 = 2.7e-3 s.
+TEST(Calibration, LayerCostFitByHand) {
+  ModelPathRate r;
+  r.block = 2;
+  r.context = 4;
+  r.layer_near_s = 2.3e-3;
+  r.layer_far_s = 2.7e-3;
+  LayerCost cost = FitLayerCost(r);
+  EXPECT_NEAR(cost.per_row_s, 1e-3, 1e-15);
+  EXPECT_NEAR(cost.per_pair_s, 1e-4, 1e-15);
+  // Noise making the far block faster: no negative pair cost; all per row.
+  r.layer_far_s = 2.0e-3;
+  cost = FitLayerCost(r);
+  EXPECT_EQ(cost.per_pair_s, 0);
+  EXPECT_DOUBLE_EQ(cost.per_row_s, 2.3e-3 / 2);
+}
+
+TEST(Calibration, ModelPathJsonRoundTripAndBadEntries) {
+  Calibration c;
+  ModelPathRate r;
+  r.model = "m";
+  r.n_layers = 30;
+  r.d_model = 576;
+  r.kv_dim = 192;
+  r.d_ff = 1536;
+  r.precision = "bf16";
+  r.threads = 2;
+  r.block = 256;
+  r.layer = 0;
+  r.recompute_rows = 1024;
+  r.recompute_s_per_row = 2.5e-6;
+  r.context = 1024;
+  r.layer_near_s = 0.01;
+  r.layer_far_s = 0.02;
+  c.model_paths.push_back(r);
+  absl::StatusOr<Calibration> back =
+      CalibrationFromJson(CalibrationToJson(c), "rt.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->model_paths.size(), 1u);
+  const ModelPathRate& b = back->model_paths[0];
+  EXPECT_EQ(b.model, "m");
+  EXPECT_EQ(b.kv_dim, 192);
+  EXPECT_EQ(b.precision, "bf16");
+  EXPECT_EQ(b.block, 256);
+  EXPECT_EQ(b.recompute_s_per_row, 2.5e-6);
+  EXPECT_EQ(b.layer_far_s, 0.02);
+  // A file from before model paths existed still reads (no list: empty).
+  absl::StatusOr<Calibration> old =
+      CalibrationFromJson("{\"version\": 1, \"gemm\": []}", "old.json");
+  ASSERT_TRUE(old.ok());
+  EXPECT_TRUE(old->model_paths.empty());
+  c.model_paths[0].recompute_s_per_row = -1;
+  absl::StatusOr<Calibration> bad =
+      CalibrationFromJson(CalibrationToJson(c), "bad.json");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("bad.json"), std::string::npos);
+}
+
+// The real paths of a tiny model: the figures are positive, measured once,
+// reach the planner through RatesAt, and steer its choice.
+TEST(Calibration, ModelPathsOnATinyModelSteerThePlanner) {
+  testing::TinyModelSpec spec;
+  absl::StatusOr<std::string> path = testing::WriteTinyModel(spec, TempDir());
+  ASSERT_TRUE(path.ok()) << path.status();
+  LoadOptions load;
+  load.precision = Precision::kBf16;
+  load.num_threads = 2;
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(*path, load);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& config = (*model)->config();
+
+  CalibrationOptions options;
+  options.ms = {1, 64};
+  options.attention_keys = 256;
+  options.min_seconds = 0.005;
+  options.path_block = 64;
+  options.recompute_rows = 256;
+  options.path_context = 256;
+  options.path_repeats = 3;
+  Calibration cal;
+  ASSERT_TRUE(EnsureModelRates(config, Precision::kBf16, (*model)->pool(),
+                               options, &cal)
+                  .ok());
+  absl::StatusOr<bool> measured = EnsureModelPathRates(**model, options, &cal);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  EXPECT_TRUE(*measured);
+  ASSERT_EQ(cal.model_paths.size(), 1u);
+  const ModelPathRate& p = cal.model_paths[0];
+  EXPECT_EQ(p.model, config.name);
+  EXPECT_EQ(p.precision, "bf16");
+  EXPECT_EQ(p.threads, 2);
+  EXPECT_EQ(p.block, 64);
+  EXPECT_EQ(p.context, 256);
+  EXPECT_TRUE(Sane(p.recompute_s_per_row)) << p.recompute_s_per_row;
+  EXPECT_TRUE(Sane(p.layer_near_s));
+  EXPECT_TRUE(Sane(p.layer_far_s));
+  std::cout << "tiny llama bf16: recompute " << p.recompute_s_per_row * 1e9
+            << " ns/row; layer block near " << p.layer_near_s * 1e6
+            << " us, far " << p.layer_far_s * 1e6 << " us\n";
+  // Present: not measured again.
+  measured = EnsureModelPathRates(**model, options, &cal);
+  ASSERT_TRUE(measured.ok());
+  EXPECT_FALSE(*measured);
+  EXPECT_EQ(cal.model_paths.size(), 1u);
+
+  absl::StatusOr<RebuildRates> rates =
+      RatesAt(cal, config, Precision::kBf16, 2, 64, 256);
+  ASSERT_TRUE(rates.ok()) << rates.status();
+  EXPECT_EQ(rates->recompute_s_per_row, p.recompute_s_per_row);
+  const LayerCost layer = FitLayerCost(p);
+  EXPECT_EQ(rates->layer_s_per_row, layer.per_row_s);
+  EXPECT_EQ(rates->layer_s_per_attention_pair, layer.per_pair_s);
+  EXPECT_GT(rates->layer_s_per_row + rates->layer_s_per_attention_pair, 0);
+
+  PlanRequest request;
+  request.config = config;
+  request.precision = Precision::kBf16;
+  request.tokens = 1000;
+  request.read_bytes_per_s = 1e15;  // compute decides
+  request.rates = *rates;
+  request.candidates = {{CheckpointPolicy::Kind::kKvDirect, 1},
+                        {CheckpointPolicy::Kind::kTokens, 1}};
+  absl::StatusOr<RebuildPlan> plan = PlanRebuild(request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const PolicyEstimate& kvd = plan->estimates[0];
+  EXPECT_TRUE(kvd.measured_compute);
+  EXPECT_DOUBLE_EQ(kvd.compute_s,
+                   1000.0 * config.n_layers * p.recompute_s_per_row);
+  // A recompute a million times dearer than measured loses to re-prefilling.
+  request.rates.recompute_s_per_row *= 1e6;
+  plan = PlanRebuild(request);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->estimates[plan->chosen].policy.Name(), "tokens");
+  // And a free one wins.
+  request.rates.recompute_s_per_row = 1e-15;
+  plan = PlanRebuild(request);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->estimates[plan->chosen].policy.Name(), "kv-direct");
+
+  // Without a model-path entry (no model loaded) the planner counts FLOPs.
+  cal.model_paths.clear();
+  rates = RatesAt(cal, config, Precision::kBf16, 2, 64, 256);
+  ASSERT_TRUE(rates.ok());
+  EXPECT_EQ(rates->recompute_s_per_row, 0);
+  request.rates = *rates;
+  plan = PlanRebuild(request);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_FALSE(plan->estimates[0].measured_compute);
 }
 
 }  // namespace

@@ -64,7 +64,8 @@ int32_t Argmax(const float* logits, int64_t n) {
   return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);
 }
 
-// Scores one policy's decode against the reference.
+// Scores one policy's decode against the reference and, free-running, says
+// which token the policy feeds itself next.
 class Scorer {
  public:
   Scorer(std::string policy, int64_t budget, const TokenMatchRun& ref,
@@ -75,14 +76,28 @@ class Scorer {
     start_ = std::chrono::steady_clock::now();
   }
   void Add(int64_t step, const float* logits) {
-    const double kl = KlDivergence(ref_logits_[step].data(), logits, vocab_);
-    result_.matches += Argmax(logits, vocab_) == ref_.reference_tokens[step];
-    result_.mean_kl += kl;
-    result_.max_kl = std::max(result_.max_kl, kl);
+    const int32_t token = Argmax(logits, vocab_);
+    const bool same = token == ref_.reference_tokens[step];
+    // Free-running, the inputs stay the reference's only through the first
+    // diverging step; KL beyond it compares different contexts.
+    if (!ref_.free_running || !diverged_) {
+      const double kl = KlDivergence(ref_logits_[step].data(), logits, vocab_);
+      result_.mean_kl += kl;
+      result_.max_kl = std::max(result_.max_kl, kl);
+      ++result_.kl_steps;
+    }
+    result_.matches += same;
+    if (!same) diverged_ = true;
+    if (!diverged_) ++result_.identical_prefix;
+    result_.tokens.push_back(token);
     ++result_.steps;
   }
+  // The input of step t + 1 (after Add(t)).
+  int32_t NextInput(int64_t t, const std::vector<int32_t>& ref_inputs) const {
+    return ref_.free_running ? result_.tokens[t] : ref_inputs[t + 1];
+  }
   TokenMatchResult Finish() {
-    if (result_.steps > 0) result_.mean_kl /= result_.steps;
+    if (result_.kl_steps > 0) result_.mean_kl /= result_.kl_steps;
     result_.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_)
             .count();
@@ -93,6 +108,7 @@ class Scorer {
   const TokenMatchRun& ref_;
   const std::vector<std::vector<float>>& ref_logits_;
   int64_t vocab_;
+  bool diverged_ = false;
   TokenMatchResult result_;
   std::chrono::steady_clock::time_point start_;
 };
@@ -144,6 +160,7 @@ absl::StatusOr<TokenMatchRun> RunTokenMatch(const Model& model,
 
   TokenMatchRun run;
   run.prompt_tokens = prompt.size();
+  run.free_running = options.free_running;
   const absl::Span<const int32_t> prefix = prompt.subspan(0, prompt.size() - 1);
 
   // Reference: the plain forward pass, residuals kept for kv-direct.
@@ -208,17 +225,19 @@ absl::StatusOr<TokenMatchRun> RunTokenMatch(const Model& model,
         name == kKvDirect ? nullptr : &observed[next_method++];
     for (int64_t budget : options.budgets) {
       Scorer scorer(name, budget, run, ref_logits, c.vocab_size);
+      int32_t input = inputs[0];
       if (base == nullptr) {
         ResidualStore store = prefill_store;
         KvCache cache = prefill_cache;
         ResidualKvSource source(&store, 0, budget);
         for (int64_t t = 0; t < options.steps; ++t) {
-          SequenceStep step{&cache, absl::MakeConstSpan(&inputs[t], 1),
+          SequenceStep step{&cache, absl::MakeConstSpan(&input, 1),
                             LogitsMode::kLast, 0, &source};
           ForwardOutput out;
           KVD_RETURN_IF_ERROR(model.Forward({&step, 1}, &out, &store));
           KVD_RETURN_IF_ERROR(store.status());
           scorer.Add(t, out.Logits(0));
+          input = scorer.NextInput(t, inputs);
         }
       } else {
         EvictionPolicy policy = *base;
@@ -226,10 +245,11 @@ absl::StatusOr<TokenMatchRun> RunTokenMatch(const Model& model,
         KvCache cache = observed_cache;
         for (int64_t t = 0; t < options.steps; ++t) {
           ForwardOutput out;
-          KVD_RETURN_IF_ERROR(ForwardWithEviction(
-              model, &cache, absl::MakeConstSpan(&inputs[t], 1),
-              LogitsMode::kLast, &policy, &out));
+          KVD_RETURN_IF_ERROR(
+              ForwardWithEviction(model, &cache, absl::MakeConstSpan(&input, 1),
+                                  LogitsMode::kLast, &policy, &out));
           scorer.Add(t, out.Logits(0));
+          input = scorer.NextInput(t, inputs);
         }
       }
       run.results.push_back(scorer.Finish());

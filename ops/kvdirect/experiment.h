@@ -17,6 +17,15 @@
 //    decoding keeps it within B (the setting of the H2O, TOVA and SnapKV
 //    papers: the prompt is read whole, the cache is bounded afterwards).
 //
+// With `free_running`, every policy instead decodes greedily on its own: step
+// 0 feeds the prompt's last token, step t the policy's own token t-1. Its N
+// tokens are compared with r_0..r_{N-1} position by position (matches) and up
+// to the first difference (identical_prefix). KL is then averaged only over
+// the steps whose inputs are still the reference's (the identical prefix and
+// the first diverging step): after that the two contexts differ and the
+// distributions are not comparable. kv-direct's claim under test is the same:
+// N of N tokens, with no assumption in the code that it holds.
+//
 //   TokenMatchOptions options;  // policies, budgets {64..1024}, 64 steps
 //   KVD_ASSIGN_OR_RETURN(TokenMatchRun run,
 //                        RunTokenMatch(model, prompt_ids, options));
@@ -45,6 +54,9 @@ struct TokenMatchOptions {
                                        "h2o",       "tova",   "snapkv"};
   std::vector<int64_t> budgets = {64, 128, 256, 512, 1024};  // B, >= 0
   int64_t steps = 64;  // N compared decode steps, > 0
+  // false: teacher-forced (every policy fed the reference tokens); true: each
+  // policy feeds back its own greedy tokens (see the header comment).
+  bool free_running = false;
   // The methods' parameters; method and budget are set per run.
   EvictionOptions eviction;
   // Called after each (policy, budget) run, e.g. for progress; may be empty.
@@ -56,9 +68,16 @@ struct TokenMatchResult {
   int64_t budget = 0;
   int64_t steps = 0;
   int64_t matches = 0;  // steps whose argmax equals the reference token
-  double mean_kl = 0;   // nats, mean over steps
+  // Steps before the first whose argmax differs from the reference's (= steps
+  // if none does). Teacher-forced runs fill it too.
+  int64_t identical_prefix = 0;
+  // Steps KL was averaged over: all of them teacher-forced; free-running, the
+  // identical prefix plus the first diverging step.
+  int64_t kl_steps = 0;
+  double mean_kl = 0;  // nats, mean over kl_steps
   double max_kl = 0;
-  double seconds = 0;  // wall time of the run's decode
+  std::vector<int32_t> tokens;  // the policy's argmax at every step
+  double seconds = 0;           // wall time of the run's decode
   double match_fraction() const {
     return steps > 0 ? static_cast<double>(matches) / steps : 0.0;
   }
@@ -66,6 +85,7 @@ struct TokenMatchResult {
 
 struct TokenMatchRun {
   int64_t prompt_tokens = 0;
+  bool free_running = false;
   std::vector<int32_t> reference_tokens;  // r_0..r_{N-1}
   std::vector<TokenMatchResult> results;  // policies x budgets, in order
 };

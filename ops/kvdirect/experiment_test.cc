@@ -2,7 +2,10 @@
 // models: kv-direct must follow the full cache exactly (every step matches,
 // KL exactly 0) at every budget, and the experiment must be able to tell
 // policies apart: window-only at a small budget must miss somewhere. With a
-// budget above the sequence length every baseline is exact too.
+// budget above the sequence length every baseline is exact too. Free-running
+// (each policy feeds back its own tokens), kv-direct's generated sequence
+// must equal the full cache's token for token, and window-only at a tiny
+// budget must leave it.
 #include "ops/kvdirect/experiment.h"
 
 #include <random>
@@ -75,6 +78,81 @@ INSTANTIATE_TEST_SUITE_P(Families, TokenMatch,
                                   PrecisionName(info.param.precision);
                          });
 
+// Free-running on the tiny llama (the family where a small window changes
+// greedy tokens, see Case::tokens_differ): the sequences themselves are
+// compared, so this checks what a user would see.
+TEST(FreeRunningTokenMatch, KvDirectGeneratesTheSameTokensAndWindowDiverges) {
+  testing::TinyModelSpec spec;
+  absl::StatusOr<std::string> path =
+      testing::WriteTinyModel(spec, ::testing::TempDir());
+  ASSERT_TRUE(path.ok()) << path.status();
+  LoadOptions load;
+  load.precision = Precision::kF32;
+  load.num_threads = 2;
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(*path, load);
+  ASSERT_TRUE(model.ok()) << model.status();
+
+  // The prompt of KvDirectIsExactAndWindowIsNot/llama_fp32, where window B = 8
+  // misses a teacher-forced step; the first such miss is also where the free
+  // run diverges (the inputs are identical up to it).
+  std::mt19937 rng(5);
+  std::vector<int32_t> prompt(200);
+  for (int32_t& t : prompt) t = rng() % spec.vocab_size;
+  TokenMatchOptions options;
+  options.policies = {"kv-direct", "window", "streaming-llm"};
+  options.budgets = {0, 8, 64, 1000};
+  options.steps = 40;
+  options.free_running = true;
+  absl::StatusOr<TokenMatchRun> run = RunTokenMatch(**model, prompt, options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->free_running);
+  ASSERT_EQ(run->results.size(), 3u * 4u);
+  ASSERT_EQ(run->reference_tokens.size(), 40u);
+  bool window_diverged = false;
+  for (const TokenMatchResult& r : run->results) {
+    SCOPED_TRACE(::testing::Message() << r.policy << " B=" << r.budget);
+    ASSERT_EQ(r.tokens.size(), 40u);
+    // The counts are consistent with the sequences themselves.
+    int64_t matches = 0, prefix = 0;
+    bool same_so_far = true;
+    for (size_t t = 0; t < r.tokens.size(); ++t) {
+      const bool same = r.tokens[t] == run->reference_tokens[t];
+      matches += same;
+      same_so_far = same_so_far && same;
+      prefix += same_so_far;
+    }
+    EXPECT_EQ(r.matches, matches);
+    EXPECT_EQ(r.identical_prefix, prefix);
+    EXPECT_EQ(r.kl_steps, std::min<int64_t>(prefix + 1, 40));
+    if (r.policy == "kv-direct" || r.budget == 1000) {
+      EXPECT_EQ(r.tokens, run->reference_tokens);
+      EXPECT_EQ(r.identical_prefix, 40);
+      EXPECT_EQ(r.max_kl, 0.0);
+    }
+    if (r.policy == "window" && r.budget == 8) {
+      EXPECT_LT(r.identical_prefix, 40);
+      EXPECT_GT(r.max_kl, 0.0);
+      window_diverged = r.identical_prefix < 40;
+    }
+  }
+  // Up to its first miss a policy sees the same inputs in both modes, so the
+  // teacher-forced run's first miss is where the free run diverges.
+  ASSERT_TRUE(window_diverged);
+  options.free_running = false;
+  options.policies = {"window"};
+  options.budgets = {8};
+  absl::StatusOr<TokenMatchRun> forced =
+      RunTokenMatch(**model, prompt, options);
+  ASSERT_TRUE(forced.ok()) << forced.status();
+  EXPECT_FALSE(forced->free_running);
+  EXPECT_EQ(forced->reference_tokens, run->reference_tokens);
+  for (const TokenMatchResult& r : run->results) {
+    if (r.policy != "window" || r.budget != 8) continue;
+    EXPECT_EQ(forced->results[0].identical_prefix, r.identical_prefix);
+    EXPECT_EQ(forced->results[0].kl_steps, 40);
+  }
+}
+
 TEST(TokenMatchArgs, BadRequestsAreRefused) {
   testing::TinyModelSpec spec;
   absl::StatusOr<std::string> path =
@@ -91,7 +169,7 @@ TEST(TokenMatchArgs, BadRequestsAreRefused) {
   options.budgets = {-1};
   EXPECT_EQ(RunTokenMatch(**model, prompt, options).status().code(),
             absl::StatusCode::kInvalidArgument);
-  options.budgets = {4};
+  options.budgets = {8};
   EXPECT_EQ(RunTokenMatch(**model, {prompt.data(), 1}, options).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

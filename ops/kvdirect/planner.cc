@@ -36,23 +36,39 @@ double AttentionPairs(int64_t t, int64_t rows, int64_t window) {
 
 struct Flops {
   double kv_projection = 0;  // at the K/V projection's shape
+  double kv_only = 0;        // the part of it outside full layers
   double other_gemm = 0;     // Q, O and the MLP
   double attention = 0;
+  // The same work as rows and pairs, for the measured path costs.
+  double recompute_rows = 0;  // K/V projection alone (RecomputeKv)
+  double layer_rows = 0;      // full layers
+  double layer_pairs = 0;     // their attention's (query, key) pairs
 };
 
 // K/V projection of `rows` tokens at one layer: two GEMMs d_model -> kv_dim.
-void AddKvProjection(const ModelConfig& c, int64_t rows, Flops* f) {
+void AddKvProjectionFlops(const ModelConfig& c, int64_t rows, Flops* f) {
   f->kv_projection += 2.0 * rows * c.d_model * 2 * c.kv_dim();
+}
+
+// A K/V-only recompute of `rows` tokens at one layer.
+void AddKvOnly(const ModelConfig& c, int64_t rows, Flops* f) {
+  const double before = f->kv_projection;
+  AddKvProjectionFlops(c, rows, f);
+  f->kv_only += f->kv_projection - before;
+  f->recompute_rows += rows;
 }
 
 // Layer l in full for the last `rows` of T positions: Q/K/V/O projections,
 // the gated MLP (three d_model x d_ff GEMMs) and causal attention.
 void AddFullLayer(const ModelConfig& c, int64_t l, int64_t t, int64_t rows,
                   Flops* f) {
-  AddKvProjection(c, rows, f);
+  AddKvProjectionFlops(c, rows, f);
   f->other_gemm += 2.0 * rows * c.d_model * c.q_dim() * 2;  // Q and O
   f->other_gemm += 2.0 * rows * c.d_model * c.d_ff * 3;     // gate, up, down
-  f->attention += 4.0 * c.q_dim() * AttentionPairs(t, rows, Window(c, l));
+  const double pairs = AttentionPairs(t, rows, Window(c, l));
+  f->attention += 4.0 * c.q_dim() * pairs;
+  f->layer_rows += rows;
+  f->layer_pairs += pairs;
 }
 
 // Runs layers [s, e) over the last `rows` positions; with `kv_only_tail` the
@@ -61,11 +77,33 @@ void AddSegment(const ModelConfig& c, int64_t s, int64_t e, int64_t t,
                 int64_t rows, bool kv_only_tail, Flops* f) {
   for (int64_t l = s; l < e; ++l) {
     if (kv_only_tail && l == e - 1) {
-      AddKvProjection(c, rows, f);
+      AddKvOnly(c, rows, f);
     } else {
       AddFullLayer(c, l, t, rows, f);
     }
   }
+}
+
+bool NonNegativeFinite(double x) { return std::isfinite(x) && x >= 0; }
+
+// Compute seconds: the measured path costs where the rates carry them, else
+// FLOPs over the measured GEMM and attention rates. Sets *measured when every
+// part of the work had a measured cost.
+double ComputeSeconds(const RebuildRates& r, const Flops& f, bool* measured) {
+  const bool recompute = r.recompute_s_per_row > 0;
+  const bool layer = r.layer_s_per_row > 0 || r.layer_s_per_attention_pair > 0;
+  const double kv_full_flops = f.kv_projection - f.kv_only;
+  const double kv_only_s = recompute ? f.recompute_rows * r.recompute_s_per_row
+                                     : f.kv_only / r.kv_projection_flops_per_s;
+  const double full_s = layer ? f.layer_rows * r.layer_s_per_row +
+                                    f.layer_pairs * r.layer_s_per_attention_pair
+                              : kv_full_flops / r.kv_projection_flops_per_s +
+                                    f.other_gemm / r.layer_gemm_flops_per_s +
+                                    f.attention / r.attention_flops_per_s;
+  *measured = (f.recompute_rows == 0 || recompute) &&
+              (f.layer_rows == 0 || layer) &&
+              (f.recompute_rows + f.layer_rows > 0);
+  return kv_only_s + full_s;
 }
 
 absl::Status CheckRequest(const PlanRequest& r) {
@@ -94,6 +132,14 @@ absl::Status CheckRequest(const PlanRequest& r) {
     return absl::InvalidArgumentError(
         "planner: every compute rate (K/V projection, layer GEMM, attention) "
         "must be a positive, finite FLOP/s figure; calibrate first");
+  }
+  if (!NonNegativeFinite(r.rates.recompute_s_per_row) ||
+      !NonNegativeFinite(r.rates.layer_s_per_row) ||
+      !NonNegativeFinite(r.rates.layer_s_per_attention_pair)) {
+    return absl::InvalidArgumentError(
+        "planner: measured path costs (recompute and layer seconds per row, "
+        "per attention pair) must be finite and >= 0 (0: not measured); "
+        "delete the calibration file to re-measure");
   }
   if (r.budget_bytes_per_token < 0) {
     return absl::InvalidArgumentError(
@@ -139,7 +185,7 @@ absl::StatusOr<PolicyEstimate> EstimateRebuild(const PlanRequest& r,
     case Kind::kKvDirect:
       for (int64_t l = 0; l < c.n_layers; ++l) {
         e.bytes_at_rest += KvRows(c, l, t) * b.residual_row;
-        AddKvProjection(c, KvRows(c, l, t), &f);
+        AddKvOnly(c, KvRows(c, l, t), &f);
       }
       break;
     case Kind::kStride:
@@ -171,9 +217,7 @@ absl::StatusOr<PolicyEstimate> EstimateRebuild(const PlanRequest& r,
   e.gemm_flops = f.kv_projection + f.other_gemm;
   e.attention_flops = f.attention;
   e.read_s = e.bytes_read / r.read_bytes_per_s;
-  e.compute_s = f.kv_projection / r.rates.kv_projection_flops_per_s +
-                f.other_gemm / r.rates.layer_gemm_flops_per_s +
-                f.attention / r.rates.attention_flops_per_s;
+  e.compute_s = ComputeSeconds(r.rates, f, &e.measured_compute);
   e.estimate_s = r.overlap_read_and_compute ? std::max(e.read_s, e.compute_s)
                                             : e.read_s + e.compute_s;
   e.fits_budget = r.budget_bytes_per_token == 0 ||

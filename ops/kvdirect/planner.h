@@ -12,10 +12,14 @@
 //                  runs every layer (a re-prefill);
 //   time           max(read, compute) when reading and computing are
 //                  pipelined (by layer or chunk), read + compute when not,
-//                  with read = bytes / tier bandwidth and compute = FLOPs /
-//                  measured rates (calibration.h).
-// Elementwise work (norms, RoPE, activations) and the pipeline's fill (the
-// first chunk's read) are not counted.
+//                  with read = bytes / tier bandwidth and compute from the
+//                  model's measured rebuild paths when the rates carry them
+//                  (recomputed rows x RecomputeKv's seconds per row; full
+//                  layers' rows x seconds per row + attention pairs x seconds
+//                  per pair, timed with ForwardLayers), else FLOPs / measured
+//                  GEMM and attention rates (calibration.h).
+// The FLOP fallback leaves out elementwise work (norms, RoPE, activations);
+// neither counts the pipeline's fill (the first chunk's read).
 //
 //   PlanRequest request{.config = model.config(), .precision = precision,
 //                       .tokens = 4096, .read_bytes_per_s = 2e9,
@@ -42,6 +46,13 @@ struct RebuildRates {
   double kv_projection_flops_per_s = 0;  // GEMM at the K/V projection's shape
   double layer_gemm_flops_per_s = 0;     // GEMM at the other projections'
   double attention_flops_per_s = 0;      // causal attention (score + value)
+  // Measured on the model's own paths (calibration.h ModelPathRate); 0: not
+  // measured, count FLOPs instead. Seconds per K/V row recomputed from a
+  // residual (Model::RecomputeKv, one layer), and one full layer's seconds
+  // per row and per (query, visible key) pair (Model::ForwardLayers).
+  double recompute_s_per_row = 0;
+  double layer_s_per_row = 0;
+  double layer_s_per_attention_pair = 0;
 };
 
 struct PlanRequest {
@@ -76,6 +87,8 @@ struct PolicyEstimate {
   double read_s = 0;
   double compute_s = 0;
   double estimate_s = 0;  // the modelled rebuild time
+  // Whether compute_s came from the measured path costs (else FLOP counts).
+  bool measured_compute = false;
   bool fits_budget = true;
   double flops() const { return gemm_flops + attention_flops; }
 };
@@ -90,7 +103,8 @@ std::vector<CheckpointPolicy> DefaultCandidates(int64_t n_layers);
 
 // The cost of one policy (fits_budget filled in against the request's
 // budget). INVALID_ARGUMENT for a bad request (T < 1, T beyond the context,
-// a non-positive or non-finite bandwidth or rate, a config without layers).
+// a non-positive or non-finite bandwidth or rate, a negative or non-finite
+// measured cost, a config without layers).
 absl::StatusOr<PolicyEstimate> EstimateRebuild(const PlanRequest& request,
                                                const CheckpointPolicy& policy);
 

@@ -14,6 +14,7 @@
 #include "ops/kvdirect/planner.h"
 
 #include <cmath>
+#include <limits>
 
 #include "gtest/gtest.h"
 
@@ -270,6 +271,65 @@ TEST(Planner, DefaultCandidatesAndBadRequests) {
   r = good;
   r.config.layers.clear();
   EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+}
+
+// Measured path costs (calibration.h ModelPathRate) replace the FLOP count:
+// recompute 1e-3 s per row, a full layer 2e-3 s per row + 1e-5 s per
+// (query, key) pair; T = 10, so a layer's 10 queries see 1 + ... + 10 = 55
+// pairs.
+TEST(Planner, MeasuredPathCostsReplaceTheFlopCount) {
+  PlanRequest r = Request(Toy(1), 1e6);
+  r.rates.recompute_s_per_row = 1e-3;
+  r.rates.layer_s_per_row = 2e-3;
+  r.rates.layer_s_per_attention_pair = 1e-5;
+  // kv-direct: 4 layers x 10 rows x 1e-3 = 0.04 s (read 10.28e-3 s).
+  PolicyEstimate kvd = Estimate(r, "kv-direct");
+  EXPECT_TRUE(kvd.measured_compute);
+  EXPECT_DOUBLE_EQ(kvd.compute_s, 0.04);
+  EXPECT_DOUBLE_EQ(kvd.estimate_s, 0.04);
+  EXPECT_DOUBLE_EQ(kvd.gemm_flops, 163840);  // FLOPs are still reported
+  // tokens: 4 x (10 x 2e-3 + 55 x 1e-5) = 4 x 0.02055 = 0.0822 s; stride:2
+  // runs the same four layers.
+  PolicyEstimate tok = Estimate(r, "tokens");
+  EXPECT_TRUE(tok.measured_compute);
+  EXPECT_DOUBLE_EQ(tok.compute_s, 0.0822);
+  EXPECT_DOUBLE_EQ(Estimate(r, "stride:2").compute_s, 0.0822);
+  // kv reads only.
+  EXPECT_FALSE(Estimate(r, "kv").measured_compute);
+  EXPECT_EQ(Estimate(r, "kv").compute_s, 0);
+  // Trimmed tails: 3 full layers + one K/V-only layer of 10 rows:
+  // 3 x 0.02055 + 10 x 1e-3 = 0.07165 s.
+  r.kv_only_segment_tails = true;
+  EXPECT_DOUBLE_EQ(Estimate(r, "tokens").compute_s, 0.07165);
+  r.kv_only_segment_tails = false;
+
+  // The choice follows the measured costs: kv-direct at 0.04 s beats tokens
+  // at 0.0822 s; a recompute of 1 s per row (40 s) hands it to tokens.
+  r.candidates = {P("kv-direct"), P("tokens")};
+  absl::StatusOr<RebuildPlan> plan = PlanRebuild(r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->estimates[plan->chosen].policy.Name(), "kv-direct");
+  r.rates.recompute_s_per_row = 1.0;
+  plan = PlanRebuild(r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->estimates[plan->chosen].policy.Name(), "tokens");
+
+  // Only the recompute measured: full layers fall back to the FLOP count
+  // (GqaToyByHand: 1.5872e-3 s for tokens) and say so.
+  r.rates.layer_s_per_row = 0;
+  r.rates.layer_s_per_attention_pair = 0;
+  tok = Estimate(r, "tokens");
+  EXPECT_FALSE(tok.measured_compute);
+  EXPECT_DOUBLE_EQ(tok.compute_s, 1.5872e-3);
+
+  // A negative or non-finite measured cost is refused.
+  for (double bad :
+       {-1e-3, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    r.rates.recompute_s_per_row = bad;
+    EXPECT_EQ(EstimateRebuild(r, P("kv-direct")).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 // file, rendered with the model's chat template, it runs every policy at
 // every budget and writes one CSV row per (model, prompt, policy, budget) and
 // a Markdown summary (match % and mean KL per policy and budget, pooled over
-// the prompts' steps).
+// the prompts' steps). With --free_running each policy decodes on its own
+// tokens and the summary gives match % and the mean identical prefix.
 //
 //   bazel run //tools/experiments:token_match -- --csv=/tmp/tm.csv
 //       --markdown=/tmp/tm.md
@@ -13,7 +14,7 @@
 // cached real models), --precision (fp32|bf16, default bf16), --prompts
 // (default tools/experiments/prompts/conversations.json), --max_prompts,
 // --steps (32), --budgets (64,128,256,512,1024), --policies (all six),
-// --threads (2), --csv, --markdown.
+// --threads (2), --free_running, --csv, --markdown.
 #include <unistd.h>
 
 #include <chrono>
@@ -89,6 +90,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   a.Flag("budgets", "64,128,256,512,1024", "K/V budgets B, comma-separated");
   a.Flag("policies", absl::StrJoin(f.options.policies, ","),
          "policies, comma-separated");
+  a.Switch("free_running",
+           "each policy decodes greedily on its own tokens (compare "
+           "sequences) instead of being fed the full cache's");
   a.Flag("csv", "", "write the results as CSV here");
   a.Flag("markdown", "", "write the results as a Markdown table here");
   KVD_RETURN_IF_ERROR(a.Parse(std::vector<std::string>(argv + 1, argv + argc)));
@@ -101,6 +105,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   f.prompts = a.Get("prompts");
   f.csv = a.Get("csv");
   f.markdown = a.Get("markdown");
+  f.options.free_running = a.Has("free_running");
   f.options.policies =
       absl::StrSplit(a.Get("policies"), ',', absl::SkipEmpty());
   KVD_ASSIGN_OR_RETURN(f.max_prompts, a.GetInt("max_prompts"));
@@ -151,7 +156,7 @@ absl::StatusOr<std::vector<Conversation>> ReadPrompts(const std::string& path) {
 
 // Match % and KL pooled over prompts, per (model, policy, budget).
 struct Pooled {
-  int64_t steps = 0, matches = 0;
+  int64_t steps = 0, matches = 0, runs = 0, prefix_sum = 0, kl_steps = 0;
   double kl_sum = 0, max_kl = 0;
 };
 
@@ -172,8 +177,10 @@ absl::Status Run(const Flags& flags) {
     prompts.resize(flags.max_prompts);
 
   std::ostringstream csv, md;
-  csv << "model,precision,prompt,prompt_tokens,policy,budget,steps,matches,"
-         "match_pct,mean_kl,max_kl,seconds\n";
+  const char* mode = flags.options.free_running ? "free" : "forced";
+  csv << "model,precision,mode,prompt,prompt_tokens,policy,budget,steps,"
+         "matches,match_pct,identical_prefix,kl_steps,mean_kl,max_kl,"
+         "seconds\n";
   const auto start = std::chrono::steady_clock::now();
   for (const std::string& path : flags.models) {
     ops::LoadOptions load;
@@ -203,30 +210,41 @@ absl::Status Run(const Flags& flags) {
                    ModelName(path).c_str(), conv.name.c_str(), ids.size());
       ops::TokenMatchOptions options = flags.options;
       options.on_result = [&](const ops::TokenMatchResult& r) {
-        std::fprintf(stderr,
-                     "  %-14s B=%-5lld match %5.1f%%  KL %.4g  (%.1f s)\n",
-                     r.policy.c_str(), static_cast<long long>(r.budget),
-                     100.0 * r.match_fraction(), r.mean_kl, r.seconds);
+        std::fprintf(
+            stderr,
+            "  %-14s B=%-5lld match %5.1f%%  prefix %3lld  KL %.4g  (%.1f s)\n",
+            r.policy.c_str(), static_cast<long long>(r.budget),
+            100.0 * r.match_fraction(),
+            static_cast<long long>(r.identical_prefix), r.mean_kl, r.seconds);
       };
       KVD_ASSIGN_OR_RETURN(ops::TokenMatchRun run,
                            ops::RunTokenMatch(*model, ids, options));
       for (const ops::TokenMatchResult& r : run.results) {
-        csv << absl::StrFormat("%s,%s,%s,%d,%s,%d,%d,%d,%.2f,%.6g,%.6g,%.2f\n",
-                               ModelName(path), flags.precision, conv.name,
-                               run.prompt_tokens, r.policy, r.budget, r.steps,
-                               r.matches, 100.0 * r.match_fraction(), r.mean_kl,
-                               r.max_kl, r.seconds);
+        csv << absl::StrFormat(
+            "%s,%s,%s,%s,%d,%s,%d,%d,%d,%.2f,%d,%d,%.6g,%.6g,%.2f\n",
+            ModelName(path), flags.precision, mode, conv.name,
+            run.prompt_tokens, r.policy, r.budget, r.steps, r.matches,
+            100.0 * r.match_fraction(), r.identical_prefix, r.kl_steps,
+            r.mean_kl, r.max_kl, r.seconds);
         Pooled& p = pooled[{r.policy, r.budget}];
         p.steps += r.steps;
         p.matches += r.matches;
-        p.kl_sum += r.mean_kl * r.steps;
+        ++p.runs;
+        p.prefix_sum += r.identical_prefix;
+        p.kl_steps += r.kl_steps;
+        p.kl_sum += r.mean_kl * r.kl_steps;
         p.max_kl = std::max(p.max_kl, r.max_kl);
       }
     }
     md << "### " << ModelName(path) << " (" << flags.precision << ", "
        << prompts.size() << " prompts of " << absl::StrJoin(lengths, ", ")
-       << " tokens, " << flags.options.steps << " steps each)\n\n"
-       << "token match % / mean KL(full || policy) in nats\n\n| policy |";
+       << " tokens, " << flags.options.steps << " steps each, " << mode
+       << ")\n\n"
+       << (flags.options.free_running
+               ? "free-running: token match % / mean identical prefix "
+                 "(tokens) / mean KL over the steps before divergence\n\n"
+               : "token match % / mean KL(full || policy) in nats\n\n")
+       << "| policy |";
     for (int64_t b : flags.options.budgets) md << " B=" << b << " |";
     md << "\n|---|";
     for (size_t i = 0; i < flags.options.budgets.size(); ++i) md << "---|";
@@ -235,8 +253,15 @@ absl::Status Run(const Flags& flags) {
       md << "| " << policy << " |";
       for (int64_t b : flags.options.budgets) {
         const Pooled& p = pooled[{policy, b}];
-        md << absl::StrFormat(" %.1f / %.3g |", 100.0 * p.matches / p.steps,
-                              p.kl_sum / p.steps);
+        if (flags.options.free_running) {
+          md << absl::StrFormat(" %.1f / %.1f / %.3g |",
+                                100.0 * p.matches / p.steps,
+                                static_cast<double>(p.prefix_sum) / p.runs,
+                                p.kl_steps > 0 ? p.kl_sum / p.kl_steps : 0.0);
+        } else {
+          md << absl::StrFormat(" %.1f / %.3g |", 100.0 * p.matches / p.steps,
+                                p.kl_steps > 0 ? p.kl_sum / p.kl_steps : 0.0);
+        }
       }
       md << "\n";
     }

@@ -1,7 +1,9 @@
 // `kvd plan`: the rebuild planner's table for one model, session length and
-// storage tier (ops/kvdirect/planner.h), from calibrated GEMM and attention
-// rates (ops/kvdirect/calibration.h), optionally next to rebuild times
-// measured on this machine with the real model (--measure).
+// storage tier (ops/kvdirect/planner.h), from the loaded model's measured
+// rebuild paths (RecomputeKv per row, ForwardLayers per row and attention
+// pair) or, with --flops-only, calibrated GEMM and attention rates
+// (ops/kvdirect/calibration.h), optionally next to rebuild times measured on
+// this machine with the real model (--measure).
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -10,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/cpu_features.h"
 #include "ops/kvdirect/calibration.h"
@@ -156,6 +159,16 @@ absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(
       bool cal_changed,
       ops::EnsureModelRates(config, precision, model->pool(), {}, &cal));
+  if (!args.Has("flops-only")) {
+    ops::CalibrationOptions path_options;
+    path_options.path_block = kBlock;
+    // Attention's cost per pair may grow with the context (K/V rows falling
+    // out of cache): time the far block at the session's length.
+    path_options.path_context = std::max<int64_t>(2 * kBlock, tokens);
+    KVD_ASSIGN_OR_RETURN(bool measured_paths,
+                         ops::EnsureModelPathRates(*model, path_options, &cal));
+    cal_changed |= measured_paths;
+  }
   KVD_ASSIGN_OR_RETURN(auto bandwidth, Bandwidth(args, &cal, &cal_changed));
   if (cal_changed && !cal_path.empty()) {
     KVD_RETURN_IF_ERROR(ops::WriteCalibrationFile(cal, cal_path));
@@ -164,6 +177,12 @@ absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(ops::RebuildRates rates,
                        ops::RatesAt(cal, config, precision, pool_threads,
                                     std::min(kBlock, tokens), tokens));
+  if (args.Has("flops-only")) {
+    // Ignore path figures a calibration file may hold.
+    rates.recompute_s_per_row = 0;
+    rates.layer_s_per_row = 0;
+    rates.layer_s_per_attention_pair = 0;
+  }
 
   ops::PlanRequest request;
   request.config = config;
@@ -173,6 +192,12 @@ absl::Status Run(const Args& args) {
   request.rates = rates;
   request.budget_bytes_per_token = budget;
   request.overlap_read_and_compute = !args.Has("no-overlap");
+  for (absl::string_view name :
+       absl::StrSplit(args.Get("policies"), ',', absl::SkipEmpty())) {
+    KVD_ASSIGN_OR_RETURN(ops::CheckpointPolicy p,
+                         ops::ParseCheckpointPolicy(name));
+    request.candidates.push_back(p);
+  }
   KVD_ASSIGN_OR_RETURN(ops::RebuildPlan plan, ops::PlanRebuild(request));
 
   std::vector<double> measured;
@@ -194,15 +219,26 @@ absl::Status Run(const Args& args) {
       rates.kv_projection_flops_per_s / 1e9, rates.layer_gemm_flops_per_s / 1e9,
       static_cast<long long>(std::min(kBlock, tokens)),
       rates.attention_flops_per_s / 1e9);
+  if (rates.recompute_s_per_row > 0) {
+    std::printf(
+        "measured paths: RecomputeKv %.3f us/row; one layer (ForwardLayers) "
+        "%.3f us/row + %.4f ns per attention pair\n",
+        rates.recompute_s_per_row * 1e6, rates.layer_s_per_row * 1e6,
+        rates.layer_s_per_attention_pair * 1e9);
+  } else {
+    std::printf("compute estimated from FLOP counts (no measured paths)\n");
+  }
   std::printf("time = %s\n\n", request.overlap_read_and_compute
                                    ? "max(read, compute): pipelined"
                                    : "read + compute: not overlapped");
   std::printf(
       "| policy | bytes/token at rest | bytes read | rebuild GFLOP | est. read "
-      "s | est. compute s | est. rebuild s |%s chosen |\n",
-      measured.empty() ? "" : " measured compute s | measured + read s |");
-  std::printf("|---|---|---|---|---|---|---|%s---|\n",
-              measured.empty() ? "" : "---|---|");
+      "s | est. compute s | est. from | est. rebuild s |%s chosen |\n",
+      measured.empty() ? ""
+                       : " measured compute s | measured / est. compute | "
+                         "measured + read s |");
+  std::printf("|---|---|---|---|---|---|---|---|%s---|\n",
+              measured.empty() ? "" : "---|---|---|");
   for (size_t i = 0; i < plan.estimates.size(); ++i) {
     const ops::PolicyEstimate& e = plan.estimates[i];
     std::string extra;
@@ -210,15 +246,22 @@ absl::Status Run(const Args& args) {
       const double total = request.overlap_read_and_compute
                                ? std::max(e.read_s, measured[i])
                                : e.read_s + measured[i];
-      extra = absl::StrFormat(" %.4f | %.4f |", measured[i], total);
+      const std::string ratio =
+          e.compute_s > 0 ? absl::StrFormat("%.2f", measured[i] / e.compute_s)
+                          : std::string("-");
+      extra = absl::StrFormat(" %.4f | %s | %.4f |", measured[i], ratio, total);
     }
     const char* mark = static_cast<int>(i) == plan.chosen ? "**<- chosen**"
                        : e.fits_budget                    ? ""
                                                           : "over budget";
-    std::printf("| %s | %.1f | %lld | %.3f | %.4f | %.4f | %.4f |%s %s |\n",
-                e.policy.Name().c_str(), e.bytes_per_token,
-                static_cast<long long>(e.bytes_read), e.flops() / 1e9, e.read_s,
-                e.compute_s, e.estimate_s, extra.c_str(), mark);
+    const char* source = e.measured_compute ? "paths"
+                         : e.compute_s > 0  ? "FLOPs"
+                                            : "-";
+    std::printf(
+        "| %s | %.1f | %lld | %.3f | %.4f | %.4f | %s | %.4f |%s %s |\n",
+        e.policy.Name().c_str(), e.bytes_per_token,
+        static_cast<long long>(e.bytes_read), e.flops() / 1e9, e.read_s,
+        e.compute_s, source, e.estimate_s, extra.c_str(), mark);
   }
   std::printf("\nchosen: %s\n",
               plan.estimates[plan.chosen].policy.Name().c_str());
@@ -261,6 +304,12 @@ int PlanCommand(const std::vector<std::string>& argv) {
   args.Switch("measure",
               "also time RebuildKv per policy with the real model on this "
               "machine");
+  args.Flag("policies", "",
+            "candidate policies, comma-separated (e.g. kv,kv-direct,tokens); "
+            "empty: kv, kv-direct, stride:{2,3,4,6,8,12}, tokens");
+  args.Switch("flops-only",
+              "estimate compute from FLOP counts only (do not time the "
+              "model's RecomputeKv / ForwardLayers)");
   args.Switch("no-overlap",
               "model reading and recomputing as sequential, not pipelined");
   if (absl::Status s = args.Parse(argv); !s.ok()) {
