@@ -184,7 +184,8 @@ int BenchCommand(const std::vector<std::string>& argv) {
             "the CPU engine on "
             "random token ids, in llama-bench's shapes (pp = prompt "
             "processing, tg = text "
-            "generation). Prints a Markdown table.");
+            "generation). Prints a Markdown table. (To load-test a running "
+            "server: kvd bench serve --help.)");
   args.Flag("model", "smollm2",
             "GGUF file, or a cached model name: smollm2, gemma3");
   args.Flag("precision", "fp32,bf16",
@@ -195,19 +196,7 @@ int BenchCommand(const std::vector<std::string>& argv) {
   args.Flag("prompt-tokens", "512", "tokens prefilled in one step");
   args.Flag("gen-tokens", "128", "tokens decoded per sequence");
   args.Flag("repetitions", "3", "runs per figure; the median is reported");
-  if (absl::Status s = args.Parse(argv); !s.ok()) {
-    std::fprintf(stderr, "kvd bench: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (args.help_requested()) {
-    std::fputs(args.Help().c_str(), stdout);
-    return 0;
-  }
-  if (absl::Status s = Run(args); !s.ok()) {
-    std::fprintf(stderr, "kvd bench: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return args.Main(argv, Run);
 }
 
 }  // namespace kvd::cli

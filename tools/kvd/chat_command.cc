@@ -4,8 +4,11 @@
 // later, in another process, after a crash, bit-identically.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -15,12 +18,37 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "tools/kvd/chat_client.h"
 #include "tools/kvd/commands.h"
 #include "tools/kvd/sampling_flags.h"
 #include "tools/kvd/session_runtime.h"
 
 namespace kvd::cli {
 namespace {
+
+// Runs `turn` for each MESSAGE argument, or for each line of stdin (until
+// EOF or /exit). Interactively an error is reported and the chat goes on;
+// otherwise the first error ends it.
+absl::Status ForEachMessage(
+    const Args& args,
+    const std::function<absl::Status(const std::string&)>& turn) {
+  if (!args.positional().empty()) {
+    for (const std::string& m : args.positional()) KVD_RETURN_IF_ERROR(turn(m));
+    return absl::OkStatus();
+  }
+  const bool tty = isatty(STDIN_FILENO);
+  std::string line;
+  while (true) {
+    if (tty) std::cout << "> " << std::flush;
+    if (!std::getline(std::cin, line) || line == "/exit") break;
+    if (line.empty()) continue;
+    if (absl::Status s = turn(line); !s.ok()) {
+      std::fprintf(stderr, "kvd chat: %s\n", std::string(s.message()).c_str());
+      if (!tty) return s;
+    }
+  }
+  return absl::OkStatus();
+}
 
 void DeclareFlags(Args& a) {
   a.Positional("MESSAGE...",
@@ -35,6 +63,16 @@ void DeclareFlags(Args& a) {
   a.Switch("jsonl",
            "print one JSON object per turn (text, token ids, path) instead "
            "of plain text");
+  a.Flag("server", "",
+         "chat with a running 'kvd serve' at this URL (e.g. "
+         "http://127.0.0.1:8080) over HTTP streaming instead of loading the "
+         "model here; each turn sends only the new message with the session "
+         "id. Sent: --max-tokens, --temperature, --top-p, --seed, --stop, "
+         "--ignore-eos (the model, store and session flags are the "
+         "server's)");
+  a.Flag("api-key", "",
+         "with --server: bearer key (default: $KVD_API_KEY); the key's "
+         "tenant owns the session");
   a.Flag("dump-logits", "",
          "append every step's logits (float32, vocab per step) to this file; "
          "for bit-identity checks");
@@ -123,7 +161,100 @@ absl::Status RunTurn(node::NodeRuntime& rt, const Args& args,
   return absl::OkStatus();
 }
 
+// One turn against a running server; the reply is printed as it streams.
+absl::Status RunServerTurn(ChatClient& client, const Args& args,
+                           const ChatCall& base, const std::string& message) {
+  ChatCall call = base;
+  if (args.Has("system"))
+    call.messages.push_back({"system", args.Get("system")});
+  // On a continued session the server uses only the last (user) message, so
+  // the system message matters on the first turn only.
+  call.messages.push_back({"user", message});
+  const bool jsonl = args.Has("jsonl");
+  KVD_ASSIGN_OR_RETURN(ChatCallResult r,
+                       client.Complete(call, [jsonl](absl::string_view s) {
+                         if (!jsonl) std::cout << s << std::flush;
+                       }));
+  if (r.http_status == 429) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "server busy, retry after ", r.retry_after_s >= 0 ? r.retry_after_s : 1,
+        " s (", r.error, ")"));
+  }
+  if (!r.ok()) {
+    if (!jsonl && !r.text.empty()) std::cout << std::endl;
+    return absl::UnavailableError(
+        r.http_status == 200
+            ? absl::StrCat("server error during the reply: ", r.error)
+            : absl::StrCat("server answered HTTP ", r.http_status, ": ",
+                           r.error));
+  }
+  if (jsonl) {
+    nlohmann::json j;
+    j["session"] = call.session_id;
+    j["text"] = r.text;
+    j["finish_reason"] = r.finish_reason;
+    j["prompt_tokens"] = r.prompt_tokens;
+    j["completion_tokens"] = r.completion_tokens;
+    j["ttft_seconds"] = r.ttft_s;
+    j["seconds"] = r.latency_s;
+    std::cout << j.dump(-1, ' ', false,
+                        nlohmann::json::error_handler_t::replace)
+              << std::endl;
+  } else {
+    std::cout << std::endl;
+    const int64_t n = r.output_tokens();
+    const double decode_s = r.latency_s - std::max(0.0, r.ttft_s);
+    std::fprintf(stderr,
+                 "[%s | server | prompt %lld tok | first token %.3f s | %lld "
+                 "tok %.1f tok/s | %s]\n",
+                 call.session_id.c_str(),
+                 static_cast<long long>(r.prompt_tokens), r.ttft_s,
+                 static_cast<long long>(n),
+                 n > 1 && decode_s > 0 ? (n - 1) / decode_s : 0.0,
+                 r.finish_reason.c_str());
+  }
+  return absl::OkStatus();
+}
+
+// `kvd chat --server URL`: the same conversation loop, over HTTP.
+absl::Status RunServer(const Args& args) {
+  KVD_ASSIGN_OR_RETURN(ServerUrl url, ParseServerUrl(args.Get("server")));
+  KVD_ASSIGN_OR_RETURN(engine::GenerateRequest sampling,
+                       SamplingFromFlags(args));
+  if (sampling.max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        "--max-tokens must be >= 1 with --server");
+  }
+  if (args.Has("dump-logits") || args.Has("raw")) {
+    return absl::InvalidArgumentError(
+        "--dump-logits and --raw work in-process only, not with --server");
+  }
+  std::string key = args.Get("api-key");
+  if (key.empty()) {
+    if (const char* k = std::getenv("KVD_API_KEY")) key = k;
+  }
+  ChatClient client(url, key);
+  ChatCall base;
+  // The API requires a model name; ask the server which one it serves.
+  KVD_ASSIGN_OR_RETURN(base.model, client.FirstModelId());
+  base.session_id = args.Get("session");
+  base.max_tokens = sampling.max_tokens;
+  base.temperature = sampling.sampling.temperature;
+  base.top_p = sampling.sampling.top_p;
+  base.seed = static_cast<int64_t>(sampling.sampling.seed);
+  base.stop = sampling.stop;
+  base.ignore_eos = sampling.ignore_eos;
+  base.stream = true;
+  // A refused turn (429) never reached the engine, and the engine commits
+  // only finished turns: the session is as it was, so the user may simply
+  // send the message again.
+  return ForEachMessage(args, [&](const std::string& m) {
+    return RunServerTurn(client, args, base, m);
+  });
+}
+
 absl::Status Run(const Args& args) {
+  if (args.Has("server")) return RunServer(args);
   KVD_ASSIGN_OR_RETURN(engine::GenerateRequest sampling,
                        SamplingFromFlags(args));
   KVD_ASSIGN_OR_RETURN(
@@ -146,25 +277,10 @@ absl::Status Run(const Args& args) {
           "cannot open --dump-logits file ", args.Get("dump-logits")));
     }
   }
-  if (!args.positional().empty()) {
-    for (const std::string& m : args.positional())
-      KVD_RETURN_IF_ERROR(RunTurn(*rt, args, sampling, m, logits.get()));
-    return absl::OkStatus();
-  }
-  const bool tty = isatty(STDIN_FILENO);
-  std::string line;
-  while (true) {
-    if (tty) std::cout << "> " << std::flush;
-    if (!std::getline(std::cin, line) || line == "/exit") break;
-    if (line.empty()) continue;
-    if (absl::Status s = RunTurn(*rt, args, sampling, line, logits.get());
-        !s.ok()) {
-      // The turn committed nothing; the session is as it was before it.
-      std::fprintf(stderr, "kvd chat: %s\n", s.ToString().c_str());
-      if (!tty) return s;
-    }
-  }
-  return absl::OkStatus();
+  // A failed turn committed nothing; the session is as it was before it.
+  return ForEachMessage(args, [&](const std::string& m) {
+    return RunTurn(*rt, args, sampling, m, logits.get());
+  });
 }
 
 }  // namespace
@@ -175,21 +291,10 @@ int ChatCommand(const std::vector<std::string>& argv) {
             "committed to the data directory, so a later 'kvd chat --session "
             "NAME' continues the conversation where it stopped (after a "
             "restart or crash too).\nExample: kvd chat --session trip "
-            "\"Plan a day in Paris\"");
+            "\"Plan a day in Paris\"\n         kvd chat --server "
+            "http://127.0.0.1:8080 --session trip \"And tomorrow?\"");
   DeclareFlags(args);
-  if (absl::Status s = args.Parse(argv); !s.ok()) {
-    std::fprintf(stderr, "kvd chat: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (args.help_requested()) {
-    std::fputs(args.Help().c_str(), stdout);
-    return 0;
-  }
-  if (absl::Status s = Run(args); !s.ok()) {
-    std::fprintf(stderr, "kvd chat: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return args.Main(argv, Run);
 }
 
 }  // namespace kvd::cli

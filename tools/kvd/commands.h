@@ -10,6 +10,8 @@ namespace kvd::cli {
 
 int GenerateCommand(const std::vector<std::string>& args);
 int BenchCommand(const std::vector<std::string>& args);
+// `kvd bench serve`: a load generator against a running server.
+int BenchServeCommand(const std::vector<std::string>& args);
 int PlanCommand(const std::vector<std::string>& args);
 int ChatCommand(const std::vector<std::string>& args);
 int SessionsCommand(const std::vector<std::string>& args);

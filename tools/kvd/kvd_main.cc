@@ -21,6 +21,7 @@ constexpr char kUsage[] =
     "  sessions   list, show, delete, export and import stored sessions\n"
     "  generate   generate text (a chat reply by default) with a local model\n"
     "  bench      measure prefill/decode speed and memory of the CPU engine\n"
+    "             ('kvd bench serve': load-test a running server)\n"
     "  plan       estimate (and measure) K/V rebuild time per checkpoint "
     "policy\n"
     "\n"
@@ -37,6 +38,9 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "generate") return kvd::cli::GenerateCommand(args);
+  if (command == "bench" && !args.empty() && args[0] == "serve") {
+    return kvd::cli::BenchServeCommand({args.begin() + 1, args.end()});
+  }
   if (command == "bench") return kvd::cli::BenchCommand(args);
   if (command == "plan") return kvd::cli::PlanCommand(args);
   if (command == "chat") return kvd::cli::ChatCommand(args);

@@ -312,19 +312,7 @@ int PlanCommand(const std::vector<std::string>& argv) {
               "model's RecomputeKv / ForwardLayers)");
   args.Switch("no-overlap",
               "model reading and recomputing as sequential, not pipelined");
-  if (absl::Status s = args.Parse(argv); !s.ok()) {
-    std::fprintf(stderr, "kvd plan: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (args.help_requested()) {
-    std::fputs(args.Help().c_str(), stdout);
-    return 0;
-  }
-  if (absl::Status s = Run(args); !s.ok()) {
-    std::fprintf(stderr, "kvd plan: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return args.Main(argv, Run);
 }
 
 }  // namespace kvd::cli
