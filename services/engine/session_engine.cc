@@ -441,6 +441,12 @@ void SessionEngine::CountRestore(StatePath path) {
   stats_.restores_by_path[StatePathName(path)]++;
 }
 
+bool SessionEngine::IsHot(const std::string& tenant,
+                          const std::string& session) const {
+  absl::MutexLock lock(&mu_);
+  return hot_.contains(Key(tenant, session));
+}
+
 void SessionEngine::Suspend(const std::string& tenant,
                             const std::string& session) {
   Drop({tenant, session});

@@ -157,6 +157,9 @@ class SessionEngine {
   absl::StatusOr<v1::SessionManifest> GetSession(const std::string& tenant,
                                                  const std::string& session);
 
+  // Whether the session's K/V are in memory (its next turn needs no restore).
+  bool IsHot(const std::string& tenant, const std::string& session) const;
+
   // Drops the session's hot state (its checkpoint stays in the tiers).
   void Suspend(const std::string& tenant, const std::string& session);
   // Removes the session everywhere. NOT_FOUND if unknown.

@@ -408,6 +408,12 @@ void HttpServerImpl::HandleChat(const httplib::Request& req,
           PrepareGeneration(*runtime_, options_.default_max_tokens, *job);
       !s.ok())
     return SendError(res, s);
+  // A cold session starts loading into the DRAM tier now, while the request
+  // may still wait for a slot; its turn then restores from memory.
+  if (!job->session.empty() &&
+      !runtime_->engine().IsHot(job->tenant, job->session)) {
+    runtime_->store().Prefetch(job->tenant, job->session);
+  }
   absl::StatusOr<Admission::Permit> permit = admission_.Acquire();
   if (!permit.ok()) {
     metrics_->Add("kvd_http_rejected_total", {});
