@@ -1,6 +1,7 @@
 #include "services/node/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -183,10 +184,23 @@ absl::Status HttpServerImpl::Start() {
                             secs(options_.read_timeout).second);
   server_->set_write_timeout(secs(options_.write_timeout).first,
                              secs(options_.write_timeout).second);
+  // httplib closes a kept-alive connection after 5 requests by default, and
+  // a client that has already sent its next POST on it sees a read error.
+  server_->set_keep_alive_max_count(1000);
   server_->set_keep_alive_timeout(
       std::max<time_t>(1, absl::ToInt64Seconds(options_.keep_alive_timeout)));
   server_->set_payload_max_length(options_.limits.max_body_bytes);
   Routes();
+  // Debian's compiled cpp-httplib listens with a backlog of 5, so a burst of
+  // clients connecting at once overflowed it and some requests failed with a
+  // read error before reaching a handler (seen with 32 users in the load
+  // test). Remember the listening socket as it is created and listen again
+  // with room for SOMAXCONN pending connections.
+  int listen_fd = -1;
+  server_->set_socket_options([&listen_fd](int sock) {
+    httplib::default_socket_options(sock);
+    if (listen_fd < 0) listen_fd = sock;
+  });
   port_ =
       options_.port == 0
           ? server_->bind_to_any_port(options_.host)
@@ -196,6 +210,11 @@ absl::Status HttpServerImpl::Start() {
     return absl::UnavailableError(
         absl::StrCat("HTTP server: cannot bind ", options_.host, ":",
                      options_.port, " (in use, or not a local address?)"));
+  }
+  if (listen_fd >= 0 && ::listen(listen_fd, SOMAXCONN) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("HTTP server: cannot enlarge the listen backlog on ",
+                     options_.host, ":", port_));
   }
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   // The socket is bound and listening already (connections queue in its

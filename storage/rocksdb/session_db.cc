@@ -20,6 +20,7 @@
 #include "rocksdb/rate_limiter.h"
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
+#include "rocksdb/write_buffer_manager.h"
 #include "storage/checkpoint/codec.h"
 #include "storage/rocksdb/keys.h"
 
@@ -291,9 +292,16 @@ absl::Status SessionDb::Impl::Open() {
   }
   block_cache = rocksdb::NewLRUCache(
       static_cast<size_t>(std::max<int64_t>(options.block_cache_bytes, 0)));
+  // Memtables hold whole residual chunks until a flush moves them to blob
+  // files; without a cap the four families could keep up to 4 x 2 x 64 MiB.
+  const size_t memtables =
+      static_cast<size_t>(std::max<int64_t>(options.memtable_bytes, 1 << 20));
+  db_opts.write_buffer_manager =
+      std::make_shared<rocksdb::WriteBufferManager>(memtables);
 
   auto cf_options = [&](Cf cf) {
     rocksdb::ColumnFamilyOptions o;
+    o.write_buffer_size = memtables / 2;
     rocksdb::BlockBasedTableOptions table;
     table.block_cache = block_cache;
     table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));

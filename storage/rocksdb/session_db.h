@@ -49,6 +49,10 @@ struct SessionDbOptions {
   std::string path;  // directory; created if missing
   Durability durability = Durability::kSync;
   int64_t block_cache_bytes = 64 << 20;
+  // Cap on all column families' memtables together (RocksDB's
+  // WriteBufferManager): with the block cache, what the database may hold
+  // in memory.
+  int64_t memtable_bytes = 64 << 20;
   // Residual chunks are stored uncompressed unless this is set (then ZSTD in
   // the blob files: about 19% fewer bytes for bf16 rows at roughly a third
   // less write/read throughput; LZ4 saves nothing). docs/BENCHMARKS.md has

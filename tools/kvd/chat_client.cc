@@ -126,7 +126,11 @@ ChatClient::ChatClient(const ServerUrl& url, std::string api_key,
   http_->set_connection_timeout(t);
   http_->set_read_timeout(t);
   http_->set_write_timeout(t);
-  http_->set_keep_alive(true);
+  // A fresh connection per request: a POST sent on a kept-alive connection
+  // the server is closing fails with a read error and cannot safely be
+  // retried (the turn may have been committed). Connecting costs
+  // microseconds next to a generation.
+  http_->set_keep_alive(false);
 }
 
 ChatClient::~ChatClient() = default;
