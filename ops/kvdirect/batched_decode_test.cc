@@ -48,13 +48,8 @@ TEST_P(BatchedDecode, MixedBatchBitIdenticalToEachSequenceAloneWithPlainCache) {
   testing::TinyModelSpec spec;
   spec.family = GetParam().family;
   if (spec.family == "gemma3") spec.n_layers = 6;  // 5 local + 1 global
-  absl::StatusOr<std::string> path =
-      testing::WriteTinyModel(spec, ::testing::TempDir());
-  ASSERT_TRUE(path.ok()) << path.status();
-  LoadOptions opts;
-  opts.precision = GetParam().precision;
-  opts.num_threads = 2;
-  absl::StatusOr<std::unique_ptr<Model>> loaded = Model::Load(*path, opts);
+  absl::StatusOr<std::unique_ptr<Model>> loaded =
+      testing::LoadTinyModel(spec, GetParam().precision);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const Model& model = **loaded;
   const ModelConfig& c = model.config();

@@ -68,13 +68,7 @@ class SchedulerTest : public ::testing::TestWithParam<FamilyCase> {
     spec.family = GetParam().family;
     spec.n_layers = 3;
     spec.sliding_window = 24;  // gemma3: windows slide within the prompts
-    absl::StatusOr<std::string> path =
-        ops::testing::WriteTinyModel(spec, ::testing::TempDir());
-    ASSERT_TRUE(path.ok()) << path.status();
-    ops::LoadOptions opts;
-    opts.precision = GetParam().precision;
-    opts.num_threads = 2;
-    auto m = ops::Model::Load(*path, opts);
+    auto m = ops::testing::LoadTinyModel(spec, GetParam().precision);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m);
     auto t = ops::TokenizerFromGguf(model_->file());

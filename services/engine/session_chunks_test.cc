@@ -23,14 +23,8 @@ class SessionChunksTest : public ::testing::TestWithParam<FamilyCase> {
   void SetUp() override {
     ops::testing::TinyModelSpec spec;
     spec.family = GetParam().family;
-    absl::StatusOr<std::string> path =
-        ops::testing::WriteTinyModel(spec, ::testing::TempDir());
-    ASSERT_TRUE(path.ok()) << path.status();
-    ops::LoadOptions opts;
-    opts.precision = GetParam().precision;
-    opts.num_threads = 1;
     absl::StatusOr<std::unique_ptr<ops::Model>> m =
-        ops::Model::Load(*path, opts);
+        ops::testing::LoadTinyModel(spec, GetParam().precision, 1);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m);
   }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "gtest/gtest.h"
 #include "ops/gguf/gguf_writer.h"
 
 namespace kvd::ops::testing {
@@ -123,6 +124,17 @@ absl::StatusOr<std::string> WriteTinyModel(const TinyModelSpec& s,
   const std::string path = absl::StrCat(dir, "/tiny-", a, "-", s.seed, ".gguf");
   KVD_RETURN_IF_ERROR(w.WriteToFile(path));
   return path;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadTinyModel(const TinyModelSpec& spec,
+                                                     Precision precision,
+                                                     int threads) {
+  KVD_ASSIGN_OR_RETURN(std::string path,
+                       WriteTinyModel(spec, ::testing::TempDir()));
+  LoadOptions options;
+  options.precision = precision;
+  options.num_threads = threads;
+  return Model::Load(path, options);
 }
 
 }  // namespace kvd::ops::testing

@@ -10,9 +10,11 @@
 #define KVD_OPS_MODEL_TESTING_TINY_MODEL_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "ops/model/model.h"
 
 namespace kvd::ops::testing {
 
@@ -34,6 +36,12 @@ struct TinyModelSpec {
 // Writes the model to `dir`/tiny-<family>-<seed>.gguf and returns the path.
 absl::StatusOr<std::string> WriteTinyModel(const TinyModelSpec& spec,
                                            const std::string& dir);
+
+// Writes the model under ::testing::TempDir() and loads it through
+// Model::Load in `precision` with `threads` worker threads.
+absl::StatusOr<std::unique_ptr<Model>> LoadTinyModel(const TinyModelSpec& spec,
+                                                     Precision precision,
+                                                     int threads = 2);
 
 }  // namespace kvd::ops::testing
 
