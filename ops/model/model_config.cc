@@ -10,6 +10,13 @@ const char* PrecisionName(Precision p) {
   return p == Precision::kF32 ? "fp32" : "bf16";
 }
 
+absl::StatusOr<Precision> ParsePrecision(absl::string_view name) {
+  if (name == "fp32") return Precision::kF32;
+  if (name == "bf16") return Precision::kBf16;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "precision must be fp32 or bf16, not '", std::string(name), "'"));
+}
+
 float ModelConfig::attn_scale() const {
   return attention_scale != 0.0f
              ? attention_scale

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/cpu/elementwise.h"
 
 namespace kvd::ops {
@@ -21,6 +23,8 @@ enum class Activation { kSilu, kGeluTanh };
 // (DESIGN.md section 3). Accumulation is always fp32.
 enum class Precision { kF32, kBf16 };
 const char* PrecisionName(Precision p);
+// The inverse of PrecisionName: "fp32" or "bf16", else INVALID_ARGUMENT.
+absl::StatusOr<Precision> ParsePrecision(absl::string_view name);
 
 struct LayerConfig {
   int64_t sliding_window =

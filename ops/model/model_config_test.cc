@@ -49,5 +49,14 @@ TEST(ModelConfigValidate, AcceptsARealShapeAndRejectsCorruptOnes) {
   }
 }
 
+TEST(PrecisionTest, ParsesTheNamesFlagsUse) {
+  EXPECT_EQ(*ParsePrecision("fp32"), Precision::kF32);
+  EXPECT_EQ(*ParsePrecision("bf16"), Precision::kBf16);
+  EXPECT_EQ(ParsePrecision("fp16").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParsePrecision("").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace kvd::ops

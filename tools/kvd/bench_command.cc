@@ -132,14 +132,9 @@ absl::Status Run(const Args& args) {
   std::vector<ops::Precision> precisions;
   for (absl::string_view p :
        absl::StrSplit(args.Get("precision"), ',', absl::SkipEmpty())) {
-    if (p == "fp32") {
-      precisions.push_back(ops::Precision::kF32);
-    } else if (p == "bf16") {
-      precisions.push_back(ops::Precision::kBf16);
-    } else {
-      return absl::InvalidArgumentError(
-          "--precision wants fp32 and/or bf16, comma-separated");
-    }
+    KVD_ASSIGN_OR_RETURN(const ops::Precision precision,
+                         ops::ParsePrecision(p));
+    precisions.push_back(precision);
   }
   std::printf("model: %s\nISA: %s\n\n", path.c_str(),
               kernels::cpu::IsaName(kernels::cpu::ActiveIsa()));

@@ -45,14 +45,8 @@ absl::Status Run(const Args& args) {
                          kernels::cpu::ParseIsa(args.Get("isa")));
     KVD_RETURN_IF_ERROR(kernels::cpu::SetIsa(isa));
   }
-  ops::Precision precision;
-  if (args.Get("precision") == "fp32") {
-    precision = ops::Precision::kF32;
-  } else if (args.Get("precision") == "bf16") {
-    precision = ops::Precision::kBf16;
-  } else {
-    return absl::InvalidArgumentError("--precision must be fp32 or bf16");
-  }
+  KVD_ASSIGN_OR_RETURN(const ops::Precision precision,
+                       ops::ParsePrecision(args.Get("precision")));
   const bool quiet = args.Has("quiet");
   KVD_ASSIGN_OR_RETURN(std::string path, ResolveModel(args.Get("model")));
   KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));

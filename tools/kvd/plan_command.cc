@@ -44,12 +44,6 @@ constexpr Tier kTiers[] = {
     {"net", 1e9, "network, ~1 GB/s (about 10 GbE)"},
 };
 
-absl::StatusOr<ops::Precision> ParsePrecision(const std::string& s) {
-  if (s == "fp32") return ops::Precision::kF32;
-  if (s == "bf16") return ops::Precision::kBf16;
-  return absl::InvalidArgumentError("--precision wants fp32 or bf16");
-}
-
 // The storage tier's read bandwidth and where the figure came from.
 absl::StatusOr<std::pair<double, std::string>> Bandwidth(const Args& args,
                                                          ops::Calibration* cal,
@@ -135,7 +129,7 @@ absl::StatusOr<std::vector<double>> MeasureRebuilds(
 absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(std::string path, ResolveModel(args.Get("model")));
   KVD_ASSIGN_OR_RETURN(ops::Precision precision,
-                       ParsePrecision(args.Get("precision")));
+                       ops::ParsePrecision(args.Get("precision")));
   KVD_ASSIGN_OR_RETURN(int64_t tokens, args.GetInt("tokens"));
   KVD_ASSIGN_OR_RETURN(int64_t budget, args.GetInt("budget"));
   KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));

@@ -77,13 +77,7 @@ absl::StatusOr<node::NodeOptions> NodeOptionsFromFlags(const Args& args) {
 namespace {
 
 absl::Status AddModelAndSessionFlags(const Args& args, node::NodeOptions& o) {
-  if (args.Get("precision") == "fp32") {
-    o.precision = ops::Precision::kF32;
-  } else if (args.Get("precision") == "bf16") {
-    o.precision = ops::Precision::kBf16;
-  } else {
-    return absl::InvalidArgumentError("--precision must be fp32 or bf16");
-  }
+  KVD_ASSIGN_OR_RETURN(o.precision, ops::ParsePrecision(args.Get("precision")));
   KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));
   if (threads < 0 || threads > 1024)
     return absl::InvalidArgumentError("--threads must be between 0 and 1024");
