@@ -2,11 +2,15 @@
 // pointers with INVALID_ARGUMENT before touching the CUDA runtime, and treats
 // an empty batch as a no-op.
 #include <cstdint>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/dequant.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kv_recompute.h"
+#include "kernels/quant/ggml_type.h"
 
 namespace kvd::kernels::cuda {
 namespace {
@@ -107,6 +111,97 @@ TEST(CudaArgumentChecks, Attention) {
   EXPECT_EQ(Attention(a, nullptr).code(), absl::StatusCode::kInvalidArgument);
   a.nq = 0;
   EXPECT_TRUE(Attention(a, nullptr).ok());
+}
+
+TEST(CudaArgumentChecks, Dequantize) {
+  const void* src = reinterpret_cast<const void*>(0x5000);
+  uint16_t* dst = reinterpret_cast<uint16_t*>(0x6000);
+  auto code = [&](GgmlType t, int64_t row_bytes, int64_t rows, int64_t cols,
+                  int64_t ld, const void* s = nullptr, uint16_t* d = nullptr) {
+    return DequantizeToBf16(t, s ? s : src, row_bytes, rows, cols, d ? d : dst,
+                            ld, nullptr)
+        .code();
+  };
+  // Q4_K: 256 elements in 144 bytes.
+  EXPECT_EQ(code(GgmlType::kQ2_K, 84, 1, 256, 256),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(code(GgmlType::kIQ4_XS, 136, 1, 256, 256),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(code(GgmlType::kQ4_K, 144, 1, 255, 256),
+            absl::StatusCode::kInvalidArgument);  // not whole blocks
+  EXPECT_EQ(code(GgmlType::kQ4_K, 143, 1, 256, 256),
+            absl::StatusCode::kInvalidArgument);  // row_bytes too small
+  EXPECT_EQ(code(GgmlType::kQ4_K, 144, 1, 256, 255),
+            absl::StatusCode::kInvalidArgument);  // ld < cols
+  EXPECT_EQ(code(GgmlType::kQ4_K, 144, -1, 256, 256),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      DequantizeToBf16(GgmlType::kQ8_0, nullptr, 34, 1, 32, dst, 32, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      DequantizeToBf16(GgmlType::kQ8_0, src, 34, 1, 32, nullptr, 32, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(DequantizeToBf16(GgmlType::kQ8_0, src, 34, 0, 32, dst, 32,
+                               nullptr)
+                  .ok());  // nothing to do, nothing launched
+  // The upload helper checks the byte count against the shape.
+  std::vector<uint8_t> host(34 * 2);
+  EXPECT_EQ(UploadDequantizedBf16(GgmlType::kQ8_0, host.data(), host.size(), 3,
+                                  32, dst, 32, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(UploadDequantizedBf16(GgmlType::kQ6_K, host.data(), host.size(), 1,
+                                  32, dst, 32, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CudaArgumentChecks, RecomputeKv) {
+  KvRecomputeArgs a;
+  a.residual = kFakeW;
+  a.rows = 4;
+  a.d_model = 64;
+  a.ld_residual = 64;
+  a.wk = kFakeW;
+  a.wv = kFakeW;
+  a.n_kv_heads = 4;
+  a.head_dim = 16;
+  a.head_begin = 1;
+  a.head_end = 3;
+  a.rot_dim = 16;
+  a.positions = reinterpret_cast<const int32_t*>(0x4000);
+  a.k_out = reinterpret_cast<uint16_t*>(0x7000);
+  a.v_out = reinterpret_cast<uint16_t*>(0x8000);
+  a.ld_out = 32;
+  a.workspace = kFakeY;
+  auto code = [](KvRecomputeArgs b) { return RecomputeKv(b, nullptr).code(); };
+  KvRecomputeArgs b = a;
+  b.head_end = 5;  // past n_kv_heads
+  EXPECT_EQ(code(b), absl::StatusCode::kInvalidArgument);
+  b = a;
+  b.head_end = b.head_begin;  // empty shard
+  EXPECT_EQ(code(b), absl::StatusCode::kInvalidArgument);
+  b = a;
+  b.ld_out = 31;  // < 2 heads x 16
+  EXPECT_EQ(code(b), absl::StatusCode::kInvalidArgument);
+  b = a;
+  b.rot_dim = 15;  // odd
+  EXPECT_EQ(code(b), absl::StatusCode::kInvalidArgument);
+  b = a;
+  b.ld_residual = 63;
+  EXPECT_EQ(code(b), absl::StatusCode::kInvalidArgument);
+  b = a;
+  b.workspace = nullptr;
+  EXPECT_EQ(code(b), absl::StatusCode::kInvalidArgument);
+  b = a;
+  b.positions = nullptr;
+  EXPECT_EQ(code(b), absl::StatusCode::kInvalidArgument);
+  b = a;
+  b.rows = 0;
+  EXPECT_EQ(code(b), absl::StatusCode::kOk);
+  EXPECT_EQ(KvRecomputeWorkspaceFloats(4, 64, 32), 4 * 64 + 2 * 4 * 32);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ struct Case {
 class AttentionTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AttentionTest, MatchesFloat64AndIsBatchInvariant) {
+  KVD_REQUIRE_GPU();
   const Case c = GetParam();
   std::mt19937_64 rng(testing::TestSeed());
   const int64_t q_width = c.n_heads * c.head_dim;

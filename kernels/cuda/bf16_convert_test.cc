@@ -13,12 +13,14 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/internal/test_util.h"
 
 namespace {
 
 #define CUDA_OK(expr) ASSERT_EQ(static_cast<int>(expr), 0) << #expr
 
 TEST(CudaBf16, MatchesCpuBitForBit) {
+  KVD_REQUIRE_GPU();
   std::vector<float> x(1 << 20);
   std::mt19937 rng(std::random_device{}());
   for (float& v : x) {

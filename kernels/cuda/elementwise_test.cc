@@ -18,6 +18,7 @@ namespace {
 using testing::DeviceBuffer;
 
 TEST(CudaRmsNorm, MatchesFloat64AndIsRowInvariant) {
+  KVD_REQUIRE_GPU();
   std::mt19937_64 rng(testing::TestSeed());
   for (int64_t n : {1, 31, 576, 640, 4096, 5000}) {
     SCOPED_TRACE(n);
@@ -76,6 +77,7 @@ TEST(CudaRmsNorm, MatchesFloat64AndIsRowInvariant) {
 }
 
 TEST(CudaGatedActivation, SiluAndGeluMatchFloat64) {
+  KVD_REQUIRE_GPU();
   std::mt19937_64 rng(testing::TestSeed());
   const int64_t rows = 9, n = 1537, ld = 1600;
   const std::vector<float> g = testing::RandomFloats(rows * ld, &rng, -12, 12);
@@ -119,6 +121,7 @@ TEST(CudaGatedActivation, SiluAndGeluMatchFloat64) {
 }
 
 TEST(CudaRope, BothStylesMatchFloat64) {
+  KVD_REQUIRE_GPU();
   std::mt19937_64 rng(testing::TestSeed());
   const int64_t rows = 11, n_heads = 5, head_dim = 64, rot_dim = 48;
   const int64_t ld = n_heads * head_dim + 4;

@@ -45,6 +45,7 @@ std::vector<double> Reference(const std::vector<float>& x, int64_t ldx,
 class GemmTest : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(GemmTest, MatchesFloat64ReferenceWithEveryTileAndDtype) {
+  KVD_REQUIRE_GPU();
   const Shape s = GetParam();
   std::mt19937_64 rng(testing::TestSeed());
   const int64_t ldx = s.k + 8, ldw = s.k + 16, ldy = s.n + 3;
@@ -119,6 +120,7 @@ INSTANTIATE_TEST_SUITE_P(
 // m = 1), in a 37-row batch at another offset, and through the unaligned
 // scalar load path: bit for bit.
 TEST(GemmBatchInvariance, RowBitsDoNotDependOnBatch) {
+  KVD_REQUIRE_GPU();
   std::mt19937_64 rng(testing::TestSeed());
   const int64_t m = 64, n = 4096 + 64 + 8, k = 2048;
   const std::vector<float> x = testing::RandomFloats(m * k + 8, &rng);

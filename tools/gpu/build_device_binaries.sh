@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the CUDA device tests and benchmark HERE (no GPU needed) as
+# Builds the CUDA device tests and benchmarks HERE (no GPU needed) as
 # self-contained x86-64 executables for sm_90a, for carrying to the lent GPU
 # machine, which has nvcc but neither Bazel nor Debian's Abseil/GoogleTest.
+# Also cuts dequant_fixture.bin (real GGUF tensors, ~4 MB) from the cached
+# models for dequant_test (tools/gpu/make_dequant_fixture.py).
 #
 #   tools/gpu/build_device_binaries.sh            # -> tools/gpu/bin/ (git-ignored)
 #   tools/gpu/build_device_binaries.sh /some/dir  # -> elsewhere
@@ -38,14 +40,23 @@ CXX_FLAGS=(-std=c++17 -O2 -I. -I"$CUDA/include" -Wall -Wextra -Werror
 
 CU_SRCS=(kernels/cuda/gemm.cu kernels/cuda/elementwise.cu
          kernels/cuda/attention.cu kernels/cuda/bandwidth_probe.cu
-         kernels/cuda/bf16_convert.cu)
+         kernels/cuda/bf16_convert.cu kernels/cuda/dequant.cu
+         kernels/cuda/kv_recompute.cu kernels/cuda/internal/bench_kernels.cu)
 pids=()
 for src in "${CU_SRCS[@]}"; do
   "$NVCC" "${NVCC_FLAGS[@]}" -c "$src" -o "$OBJ/$(basename "$src").o" &
   pids+=($!)
 done
+# The CPU dequantizer is dequant_test's reference; built as Bazel builds it
+# (kernels/quant/BUILD: -ffp-contract=off).
+for src in kernels/quant/dequant.cc kernels/quant/ggml_type.cc; do
+  "$CXX" "${CXX_FLAGS[@]}" -ffp-contract=off -c "$src" \
+    -o "$OBJ/quant_$(basename "$src").o" &
+  pids+=($!)
+done
 for p in "${pids[@]}"; do wait "$p"; done
 CU_OBJS=("$OBJ"/*.cu.o)
+QUANT_OBJS=("$OBJ"/quant_*.o)
 
 # Every Abseil archive inside one --start-group: the linker takes only the
 # members that are referenced, and the group resolves their order.
@@ -64,20 +75,39 @@ link() {  # link NAME CC_SOURCE [extra static libs...]
   strip "$OUT_DIR/$name"
 }
 
-for t in gemm_test elementwise_test attention_test argument_checks_test; do
+for t in gemm_test elementwise_test attention_test argument_checks_test \
+         kv_recompute_test; do
   link "$t" "kernels/cuda/$t.cc" "${GTEST_LIBS[@]}" &
 done
 # bf16_convert_test's reference is the inline kernels/cpu/elementwise.h
 # FloatToBf16: header only, nothing from kernels/cpu to link.
 link bf16_convert_test kernels/cuda/bf16_convert_test.cc "${GTEST_LIBS[@]}" &
+link dequant_test kernels/cuda/dequant_test.cc "${QUANT_OBJS[@]}" \
+  "${GTEST_LIBS[@]}" &
 link kernels_benchmark kernels/cuda/kernels_benchmark.cc &
+link model_benchmark kernels/cuda/model_benchmark.cc &
 wait_all_ok=0
 for j in $(jobs -p); do wait "$j" || wait_all_ok=1; done
 [[ $wait_all_ok -eq 0 ]] || { echo "link failed" >&2; exit 1; }
 
+# Real tensors for dequant_test (the model files are too big to carry).
+MODELS="${KVD_MODEL_DIR:-$HOME/.cache/kvd/models}"
+if python3 -c "import gguf" 2>/dev/null &&
+   [[ -f "$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf" &&
+      -f "$MODELS/gemma-3-270m-q4_k_m.gguf" ]]; then
+  python3 tools/gpu/make_dequant_fixture.py "$OUT_DIR/dequant_fixture.bin" \
+    "$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf" \
+    "$MODELS/gemma-3-270m-q4_k_m.gguf" >/dev/null
+else
+  echo "warning: no models in $MODELS or no python gguf: dequant_test's" \
+       "real-tensor case will skip (tools/fetch_models.sh all)" >&2
+  rm -f "$OUT_DIR/dequant_fixture.bin"
+fi
+
 # Self-containment checks.
 status=0
 for b in "$OUT_DIR"/*; do
+  [[ "$b" == *.bin ]] && continue  # data, not an executable
   needed=$(readelf -d "$b" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p')
   for lib in $needed; do
     case "$lib" in

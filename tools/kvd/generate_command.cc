@@ -12,6 +12,7 @@
 #include "ops/tokenizer/gguf_tokenizer.h"
 #include "services/engine/generator.h"
 #include "tools/kvd/args.h"
+#include "tools/kvd/backend_flag.h"
 #include "tools/kvd/commands.h"
 #include "tools/kvd/model_source.h"
 #include "tools/kvd/progress.h"
@@ -32,6 +33,7 @@ void DeclareFlags(Args& a) {
   a.Flag("precision", "bf16",
          "fp32 (reference) or bf16 (half the memory traffic)");
   a.Flag("threads", "0", "worker threads; 0 = all cores");
+  DeclareBackendFlag(a);
   a.Flag("isa", "",
          "force a kernel ISA: scalar, avx2, avx512 (default: best available)");
   DeclareSamplingFlags(a);
@@ -49,6 +51,7 @@ absl::Status Run(const Args& args) {
                        ops::ParsePrecision(args.Get("precision")));
   const bool quiet = args.Has("quiet");
   KVD_ASSIGN_OR_RETURN(std::string path, ResolveModel(args.Get("model")));
+  KVD_RETURN_IF_ERROR(ApplyBackendFlag(args, args.Get("model")));
   KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));
 
   KVD_ASSIGN_OR_RETURN(engine::GenerateRequest req, SamplingFromFlags(args));

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "ops/kvdirect/checkpoint_policy.h"
+#include "tools/kvd/backend_flag.h"
 #include "tools/kvd/model_source.h"
 #include "tools/kvd/progress.h"
 
@@ -24,6 +25,7 @@ void DeclareModelFlags(Args& a) {
   a.Flag("precision", "bf16",
          "fp32 (reference) or bf16 (half the memory traffic)");
   a.Flag("threads", "0", "worker threads; 0 = all cores");
+  DeclareBackendFlag(a);
 }
 
 void DeclareStoreFlags(Args& a) {
@@ -120,6 +122,7 @@ absl::StatusOr<std::unique_ptr<node::NodeRuntime>> OpenSessionRuntime(
     const Args& args, bool show_progress) {
   KVD_ASSIGN_OR_RETURN(node::NodeOptions o, NodeOptionsFromFlags(args));
   KVD_RETURN_IF_ERROR(AddModelAndSessionFlags(args, o));
+  KVD_RETURN_IF_ERROR(ApplyBackendFlag(args, o.model_id));
   ProgressBar bar("loading " + o.model_path, show_progress);
   KVD_ASSIGN_OR_RETURN(std::unique_ptr<node::NodeRuntime> rt,
                        node::NodeRuntime::Open(o, [&bar](int done, int total) {

@@ -24,7 +24,7 @@ namespace kvd::cli {
 // $KVD_DATA_DIR, else $XDG_DATA_HOME/kvd, else ~/.local/share/kvd.
 std::string DefaultDataDir();
 
-// --model, --precision, --threads.
+// --model, --precision, --threads, --backend.
 void DeclareModelFlags(Args& args);
 // --data-dir, --tenant, --durability, --dram-budget-mb.
 void DeclareStoreFlags(Args& args);

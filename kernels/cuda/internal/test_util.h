@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -22,6 +23,26 @@ namespace kvd::kernels::cuda::testing {
     const cudaError_t kvd_err_ = (expr);                  \
     ASSERT_EQ(kvd_err_, cudaSuccess)                      \
         << #expr << ": " << cudaGetErrorString(kvd_err_); \
+  } while (0)
+
+// Skips the test, with the reason, where the CUDA runtime sees no device (no
+// GPU, or no driver): device tests then pass as skipped, never as run.
+inline bool CudaDeviceAvailable(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(err);
+    cudaGetLastError();
+    return false;
+  }
+  if (n == 0) *why = "cudaGetDeviceCount: 0 devices";
+  return n > 0;
+}
+#define KVD_REQUIRE_GPU()                                               \
+  do {                                                                  \
+    std::string kvd_why_;                                               \
+    if (!::kvd::kernels::cuda::testing::CudaDeviceAvailable(&kvd_why_)) \
+      GTEST_SKIP() << "no CUDA device (" << kvd_why_ << ")";            \
   } while (0)
 
 // Synchronizes and fails the test on any asynchronous fault of earlier

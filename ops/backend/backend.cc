@@ -1,0 +1,59 @@
+#include "ops/backend/backend.h"
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvd::ops {
+
+const char* BackendName(Backend backend) {
+  return backend == Backend::kCuda ? "cuda" : "cpu";
+}
+
+absl::StatusOr<BackendRequest> ParseBackendRequest(absl::string_view text) {
+  if (text == "auto") return BackendRequest::kAuto;
+  if (text == "cpu") return BackendRequest::kCpu;
+  if (text == "cuda") return BackendRequest::kCuda;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend must be auto, cpu or cuda, not '", text, "'"));
+}
+
+CudaModelSupport CudaServingSupport(absl::string_view model_name) {
+  CudaModelSupport s;
+  s.can_serve = false;
+  s.reason = absl::StrCat(
+      "CUDA backend not yet able to serve ", model_name,
+      " (the CUDA kernels exist, the engine's CUDA model path does not yet: "
+      "issue 6)");
+  return s;
+}
+
+absl::StatusOr<BackendChoice> SelectBackend(BackendRequest request,
+                                            const DeviceProbe& probe,
+                                            const CudaModelSupport& support) {
+  BackendChoice choice;
+  if (request == BackendRequest::kCpu) return choice;
+  std::string why_not;
+  if (probe.device_count <= 0) {
+    why_not = absl::StrCat("no CUDA device (", probe.detail, ")");
+  } else if (!support.can_serve) {
+    why_not = support.reason;
+  }
+  if (why_not.empty()) {
+    choice.backend = Backend::kCuda;
+    choice.notice = absl::StrCat("kvd: using the CUDA backend on ",
+                                 probe.device_name, " (", probe.detail, ")");
+    return choice;
+  }
+  if (request == BackendRequest::kCuda) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--backend cuda: ", why_not,
+        "; run on a machine with a supported NVIDIA GPU, or pass "
+        "--backend auto (falls back to the CPU) or --backend cpu"));
+  }
+  choice.notice = absl::StrCat("kvd: ", why_not, "; using the CPU backend");
+  return choice;
+}
+
+}  // namespace kvd::ops

@@ -1,0 +1,77 @@
+// Which compute backend runs the model: the CPU kernels (kernels/cpu) or the
+// CUDA kernels (kernels/cuda), and the one rule that picks between them.
+//
+// `--backend auto` (the default) takes CUDA only when a CUDA device exists AND
+// the CUDA backend can serve the model; otherwise it falls back to the CPU and
+// says why in one line. `--backend cuda` never falls back: it fails with the
+// reason, so a deployment that expects a GPU does not silently run on the CPU.
+// `--backend cpu` never probes the device at all.
+//
+// SelectBackend is a pure function of its inputs (tested without a GPU);
+// ChooseBackend (choose_backend.h) feeds it the real device probe.
+//
+//   KVD_ASSIGN_OR_RETURN(BackendRequest req, ParseBackendRequest("auto"));
+//   KVD_ASSIGN_OR_RETURN(BackendChoice c, SelectBackend(req, probe, support));
+//   if (!c.notice.empty()) std::fprintf(stderr, "%s\n", c.notice.c_str());
+//
+// Thread-safety: pure functions.
+#ifndef KVD_OPS_BACKEND_BACKEND_H_
+#define KVD_OPS_BACKEND_BACKEND_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace kvd::ops {
+
+enum class Backend { kCpu, kCuda };
+enum class BackendRequest { kAuto, kCpu, kCuda };
+
+// "cpu" or "cuda".
+const char* BackendName(Backend backend);
+
+// "auto", "cpu" or "cuda"; INVALID_ARGUMENT naming the flag otherwise.
+absl::StatusOr<BackendRequest> ParseBackendRequest(absl::string_view text);
+
+// What the device probe saw (cuda_probe.h).
+struct DeviceProbe {
+  // Usable CUDA devices; 0 when none (or when kvd was built without CUDA).
+  int device_count = 0;
+  // Name of device 0 when device_count > 0 ("NVIDIA H200").
+  std::string device_name;
+  // Why there is no device (the CUDA call and its error), or a short
+  // description of the device(s) found. Never empty.
+  std::string detail;
+};
+
+// Whether the CUDA backend can serve a given model, and if not, why.
+struct CudaModelSupport {
+  bool can_serve = false;
+  std::string reason;  // set when !can_serve
+};
+
+// Today's answer for every model: the CUDA kernels exist (kernels/cuda) but
+// the engine has no CUDA model path yet (issue 6), so nothing can be served.
+CudaModelSupport CudaServingSupport(absl::string_view model_name);
+
+struct BackendChoice {
+  Backend backend = Backend::kCpu;
+  // One line for the user when the choice is not what was asked for or needs
+  // saying ("kvd: no CUDA device (...); using the CPU backend"); empty when
+  // the CPU was asked for explicitly.
+  std::string notice;
+};
+
+// kCpu: the CPU, no notice. kAuto: CUDA if probe.device_count > 0 and
+// support.can_serve; otherwise the CPU with a notice naming the reason.
+// kCuda: CUDA under the same conditions; otherwise FAILED_PRECONDITION with
+// the reason and what to do (run on a GPU machine, or pass --backend auto or
+// cpu).
+absl::StatusOr<BackendChoice> SelectBackend(BackendRequest request,
+                                            const DeviceProbe& probe,
+                                            const CudaModelSupport& support);
+
+}  // namespace kvd::ops
+
+#endif  // KVD_OPS_BACKEND_BACKEND_H_

@@ -1,0 +1,113 @@
+#include "ops/backend/backend.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvd::ops {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+DeviceProbe NoDevice() {
+  DeviceProbe p;
+  p.detail = "cudaGetDeviceCount: cudaErrorNoDevice: no CUDA-capable device";
+  return p;
+}
+
+DeviceProbe OneH200() {
+  DeviceProbe p;
+  p.device_count = 1;
+  p.device_name = "NVIDIA H200";
+  p.detail = "1 device(s)";
+  return p;
+}
+
+CudaModelSupport Serves() { return {true, ""}; }
+
+TEST(ParseBackendRequest, AcceptsTheThreeNames) {
+  EXPECT_EQ(*ParseBackendRequest("auto"), BackendRequest::kAuto);
+  EXPECT_EQ(*ParseBackendRequest("cpu"), BackendRequest::kCpu);
+  EXPECT_EQ(*ParseBackendRequest("cuda"), BackendRequest::kCuda);
+}
+
+TEST(ParseBackendRequest, RejectsOthersNamingTheFlag) {
+  for (const char* bad : {"", "gpu", "CUDA", "auto ", "metal"}) {
+    absl::StatusOr<BackendRequest> r = ParseBackendRequest(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(r.status().message(), HasSubstr("--backend"));
+  }
+}
+
+TEST(SelectBackend, CpuRequestIsCpuWithoutNoticeWhateverTheDevice) {
+  for (const DeviceProbe& p : {NoDevice(), OneH200()}) {
+    absl::StatusOr<BackendChoice> c =
+        SelectBackend(BackendRequest::kCpu, p, Serves());
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c->backend, Backend::kCpu);
+    EXPECT_EQ(c->notice, "");
+  }
+}
+
+TEST(SelectBackend, AutoWithoutDeviceFallsBackAndSaysWhy) {
+  absl::StatusOr<BackendChoice> c =
+      SelectBackend(BackendRequest::kAuto, NoDevice(), Serves());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->backend, Backend::kCpu);
+  EXPECT_EQ(c->notice,
+            "kvd: no CUDA device (cudaGetDeviceCount: cudaErrorNoDevice: no "
+            "CUDA-capable device); using the CPU backend");
+}
+
+TEST(SelectBackend, AutoWithDeviceButUnservableModelFallsBack) {
+  const CudaModelSupport s = CudaServingSupport("smollm2");
+  EXPECT_FALSE(s.can_serve);
+  absl::StatusOr<BackendChoice> c =
+      SelectBackend(BackendRequest::kAuto, OneH200(), s);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->backend, Backend::kCpu);
+  EXPECT_THAT(c->notice,
+              HasSubstr("CUDA backend not yet able to serve smollm2"));
+  EXPECT_THAT(c->notice, HasSubstr("using the CPU backend"));
+}
+
+TEST(SelectBackend, AutoTakesCudaWhenDeviceAndModelAllow) {
+  absl::StatusOr<BackendChoice> c =
+      SelectBackend(BackendRequest::kAuto, OneH200(), Serves());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->backend, Backend::kCuda);
+  EXPECT_THAT(c->notice, HasSubstr("NVIDIA H200"));
+}
+
+TEST(SelectBackend, CudaRequestFailsInsteadOfFallingBack) {
+  absl::StatusOr<BackendChoice> no_dev =
+      SelectBackend(BackendRequest::kCuda, NoDevice(), Serves());
+  ASSERT_FALSE(no_dev.ok());
+  EXPECT_EQ(no_dev.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(no_dev.status().message(), HasSubstr("no CUDA device"));
+  EXPECT_THAT(no_dev.status().message(), HasSubstr("cudaErrorNoDevice"));
+  EXPECT_THAT(no_dev.status().message(), HasSubstr("--backend auto"));
+
+  absl::StatusOr<BackendChoice> no_model = SelectBackend(
+      BackendRequest::kCuda, OneH200(), CudaServingSupport("gemma3"));
+  ASSERT_FALSE(no_model.ok());
+  EXPECT_EQ(no_model.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(no_model.status().message(), HasSubstr("gemma3"));
+  EXPECT_THAT(no_model.status().message(), Not(HasSubstr("no CUDA device")));
+}
+
+TEST(SelectBackend, CudaRequestSucceedsWhenPossible) {
+  absl::StatusOr<BackendChoice> c =
+      SelectBackend(BackendRequest::kCuda, OneH200(), Serves());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->backend, Backend::kCuda);
+}
+
+TEST(BackendName, Names) {
+  EXPECT_STREQ(BackendName(Backend::kCpu), "cpu");
+  EXPECT_STREQ(BackendName(Backend::kCuda), "cuda");
+}
+
+}  // namespace
+}  // namespace kvd::ops
