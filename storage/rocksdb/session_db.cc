@@ -679,6 +679,10 @@ int64_t SessionDb::TenantBytes(absl::string_view tenant) const {
   return it == impl_->tenant_bytes.end() ? 0 : it->second;
 }
 
+int64_t SessionDb::QuotaBytes(absl::string_view tenant) const {
+  return impl_->QuotaOf(std::string(tenant));
+}
+
 int64_t SessionDb::DiskBytes() const {
   std::error_code ec;
   int64_t total = 0;

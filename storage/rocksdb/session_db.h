@@ -132,8 +132,14 @@ class SessionDb {
   // commits while it runs.
   absl::StatusOr<SweepStats> SweepOrphans();
 
-  // Stored payload bytes of a tenant (sum of its manifests' stored_bytes).
+  // Stored payload bytes of a tenant (sum of its manifests' stored_bytes,
+  // plus any commit's reservation while it is being written): what
+  // QuotaBytes limits. Rebuilt from the manifests at Open.
   int64_t TenantBytes(absl::string_view tenant) const;
+  // The tenant's quota on TenantBytes (SessionDbOptions), 0 = unlimited.
+  // A tier above this one (TieredStore's kMemory commits) checks its own
+  // not-yet-written bytes against it before acknowledging a turn.
+  int64_t QuotaBytes(absl::string_view tenant) const;
 
   // Bytes of the database directory's files (SST, blob, WAL): what the
   // process actually occupies on disk.

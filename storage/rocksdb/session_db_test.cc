@@ -248,6 +248,10 @@ TEST_F(SessionDbTest, QuotaIsEnforcedAndSurvivesReopen) {
   EXPECT_TRUE(db_->CommitTurn(g.AppendTurn(20)).ok());
 
   Reopen();  // quota accounting rebuilt from disk
+  EXPECT_EQ(db_->TenantBytes("acme"), 36 * 8);
+  EXPECT_EQ(db_->TenantBytes("globex"), 36 * 20);
+  EXPECT_EQ(db_->QuotaBytes("acme"), 360);
+  EXPECT_EQ(db_->QuotaBytes("globex"), 0);  // no default: unlimited
   EXPECT_EQ(db_->CommitTurn(over).code(), absl::StatusCode::kResourceExhausted);
   ASSERT_TRUE(db_->DeleteSession("acme", "chat-1").ok());
   EXPECT_EQ(db_->TenantBytes("acme"), 0);
@@ -255,6 +259,15 @@ TEST_F(SessionDbTest, QuotaIsEnforcedAndSurvivesReopen) {
   o2.session = "chat-2";
   SyntheticSession s2(o2);
   EXPECT_TRUE(db_->CommitTurn(s2.AppendTurn(10)).ok());
+}
+
+TEST_F(SessionDbTest, QuotaBytesFallsBackToTheDefault) {
+  options_.tenant_quota_bytes["acme"] = 100;
+  options_.default_quota_bytes = 7000;
+  Reopen();
+  EXPECT_EQ(db_->QuotaBytes("acme"), 100);
+  EXPECT_EQ(db_->QuotaBytes("globex"), 7000);
+  EXPECT_EQ(db_->TenantBytes("globex"), 0);
 }
 
 TEST_F(SessionDbTest, FlippedResidualByteIsReportedByChunk) {

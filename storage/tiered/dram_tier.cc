@@ -1,6 +1,8 @@
 #include "storage/tiered/dram_tier.h"
 
 #include <algorithm>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -65,8 +67,52 @@ void DramTier::RemoveLocked(const Key& key) {
   entries_.erase(it);
 }
 
+absl::Status DramTier::AdmitLocked(const Key& key, int64_t lower,
+                                   int64_t previous, int64_t latest,
+                                   const AdmitFn& admit) const {
+  if (admit == nullptr) return absl::OkStatus();
+  auto t = tenant_unspilled_.find(key.first);
+  int64_t after = t != tenant_unspilled_.end() ? t->second : 0;
+  auto u = unspilled_.find(key);
+  if (u != unspilled_.end()) {
+    after -= u->second.latest_stored - u->second.lower_stored;
+    lower = u->second.lower_stored;
+  }
+  return admit(latest - previous, after + latest - lower);
+}
+
+void DramTier::SetUnspilledLocked(const Key& key, int64_t lower,
+                                  int64_t latest) {
+  Unspilled& u = unspilled_[key];
+  tenant_unspilled_[key.first] +=
+      (latest - lower) - (u.latest_stored - u.lower_stored);
+  u.lower_stored = lower;
+  u.latest_stored = latest;
+}
+
+void DramTier::RefreshUnspilledLocked(const Key& key) {
+  auto e = entries_.find(key);
+  if ((e != entries_.end() && e->second.dirty) || pending_.contains(key)) {
+    return;
+  }
+  auto u = unspilled_.find(key);
+  if (u == unspilled_.end()) return;
+  auto t = tenant_unspilled_.find(key.first);
+  t->second -= u->second.latest_stored - u->second.lower_stored;
+  if (t->second == 0) tenant_unspilled_.erase(t);
+  unspilled_.erase(u);
+}
+
 absl::Status DramTier::ApplyLocked(Entry* entry, const TurnUpdate& update,
-                                   bool dirty) {
+                                   bool dirty, const AdmitFn& admit) {
+  const Key key = *entry->lru;
+  const int64_t previous = entry->checkpoint->manifest().stored_bytes();
+  if (dirty) {
+    // A clean entry holds what the lower tier holds.
+    absl::Status a = AdmitLocked(key, previous, previous,
+                                 update.manifest.stored_bytes(), admit);
+    if (!a.ok()) return a;
+  }
   // Copy-on-write: a reader or the spill thread may hold this snapshot (all
   // copies of the pointer are made under mu_, so a count of 1 is exact).
   std::shared_ptr<SessionCheckpoint> target = entry->checkpoint;
@@ -81,6 +127,16 @@ absl::Status DramTier::ApplyLocked(Entry* entry, const TurnUpdate& update,
   entry->checkpoint = std::move(target);
   entry->seq = next_seq_++;
   entry->dirty = entry->dirty || dirty;
+  const int64_t latest = entry->checkpoint->manifest().stored_bytes();
+  auto u = unspilled_.find(key);
+  if (dirty) {
+    SetUnspilledLocked(
+        key, u != unspilled_.end() ? u->second.lower_stored : previous, latest);
+  } else if (u != unspilled_.end()) {
+    // The caller committed this state to the lower tier itself.
+    SetUnspilledLocked(key, latest, latest);
+    RefreshUnspilledLocked(key);
+  }
   return absl::OkStatus();
 }
 
@@ -128,6 +184,7 @@ void DramTier::EvictLocked(Lock& lock) {
       }
     }
     RemoveLocked(key);
+    RefreshUnspilledLocked(key);
     ++counters_.evictions;
   }
 }
@@ -211,8 +268,14 @@ void DramTier::Put(SessionCheckpoint checkpoint, bool dirty) {
   const Key key(checkpoint.manifest().tenant(),
                 checkpoint.manifest().session_id());
   auto cp = std::make_shared<SessionCheckpoint>(std::move(checkpoint));
+  const int64_t stored = cp->manifest().stored_bytes();
   Lock lock(mu_);
   InvalidateFillsLocked(key);
+  auto old = entries_.find(key);
+  // What the lower tier holds, if the tier knows it: a clean entry's bytes.
+  const int64_t lower = old != entries_.end() && !old->second.dirty
+                            ? old->second.checkpoint->manifest().stored_bytes()
+                            : 0;
   RemoveLocked(key);
   if (!dirty) {
     // The caller wrote these bytes to the lower tier itself; an older
@@ -226,6 +289,14 @@ void DramTier::Put(SessionCheckpoint checkpoint, bool dirty) {
     }
   }
   InsertLocked(key, std::move(cp), dirty);
+  auto u = unspilled_.find(key);
+  if (dirty) {
+    SetUnspilledLocked(
+        key, u != unspilled_.end() ? u->second.lower_stored : lower, stored);
+  } else if (u != unspilled_.end()) {
+    SetUnspilledLocked(key, stored, stored);
+    RefreshUnspilledLocked(key);
+  }
   EvictLocked(lock);
 }
 
@@ -242,12 +313,13 @@ absl::StatusOr<bool> DramTier::ApplyIfCached(const TurnUpdate& update,
   return true;
 }
 
-absl::Status DramTier::ApplyDirty(const TurnUpdate& update) {
+absl::Status DramTier::ApplyDirty(const TurnUpdate& update,
+                                  const AdmitFn& admit) {
   const Key key(update.manifest.tenant(), update.manifest.session_id());
   Lock lock(mu_);
   InvalidateFillsLocked(key);
   if (Entry* e = FindLocked(key)) {
-    absl::Status s = ApplyLocked(e, update, /*dirty=*/true);
+    absl::Status s = ApplyLocked(e, update, /*dirty=*/true, admit);
     EvictLocked(lock);
     return s;
   }
@@ -264,12 +336,21 @@ absl::Status DramTier::ApplyDirty(const TurnUpdate& update) {
   InvalidateFillsLocked(key);
   absl::Status s;
   if (Entry* e = FindLocked(key)) {  // a prefetch brought it in meanwhile
-    s = ApplyLocked(e, update, /*dirty=*/true);
+    s = ApplyLocked(e, update, /*dirty=*/true, admit);
   } else {
+    const int64_t lower = base.ok() ? base->manifest().stored_bytes() : 0;
+    s = AdmitLocked(key, lower, lower, update.manifest.stored_bytes(), admit);
+    if (!s.ok()) return s;
     auto cp = base.ok() ? std::make_shared<SessionCheckpoint>(*std::move(base))
                         : std::make_shared<SessionCheckpoint>();
     s = cp->Apply(update);
-    if (s.ok()) InsertLocked(key, std::move(cp), /*dirty=*/true);
+    if (s.ok()) {
+      const int64_t latest = cp->manifest().stored_bytes();
+      InsertLocked(key, std::move(cp), /*dirty=*/true);
+      auto u = unspilled_.find(key);
+      SetUnspilledLocked(
+          key, u != unspilled_.end() ? u->second.lower_stored : lower, latest);
+    }
   }
   EvictLocked(lock);
   return s;
@@ -315,6 +396,7 @@ bool DramTier::Erase(absl::string_view tenant, absl::string_view session) {
     changed_.notify_all();
     break;
   }
+  RefreshUnspilledLocked(key);
   return held;
 }
 
@@ -361,6 +443,43 @@ absl::Status DramTier::Flush() {
   return absl::OkStatus();
 }
 
+std::vector<v1::SessionManifest> DramTier::UnspilledManifests(
+    absl::string_view tenant, absl::string_view after) const {
+  std::map<std::string, const v1::SessionManifest*> found;
+  Lock lock(mu_);
+  auto wanted = [&](const Key& key) {
+    return key.first == tenant && key.second > after;
+  };
+  for (const auto& [key, p] : pending_) {
+    if (wanted(key)) found[key.second] = &p.checkpoint->manifest();
+  }
+  // A resident entry is the newest version (a revived pending one included).
+  for (const auto& [key, e] : entries_) {
+    if (wanted(key) && (e.dirty || pending_.contains(key))) {
+      found[key.second] = &e.checkpoint->manifest();
+    }
+  }
+  std::vector<v1::SessionManifest> out;
+  out.reserve(found.size());
+  for (const auto& [id, m] : found) out.push_back(*m);
+  return out;
+}
+
+int64_t DramTier::UnspilledStoredBytes(absl::string_view tenant) const {
+  Lock lock(mu_);
+  auto t = tenant_unspilled_.find(std::string(tenant));
+  return t != tenant_unspilled_.end() ? t->second : 0;
+}
+
+int64_t DramTier::UnspilledStoredBytes(absl::string_view tenant,
+                                       absl::string_view session) const {
+  Lock lock(mu_);
+  auto u = unspilled_.find(Key(tenant, session));
+  return u != unspilled_.end()
+             ? u->second.latest_stored - u->second.lower_stored
+             : 0;
+}
+
 DramTierStats DramTier::stats() const {
   Lock lock(mu_);
   DramTierStats s = counters_;
@@ -403,6 +522,12 @@ void DramTier::SpillLoop() {
       if (done.seq == seq && !done.queued) {
         pending_bytes_ -= done.bytes;
         pending_.erase(key);
+      }
+      auto u = unspilled_.find(key);
+      if (u != unspilled_.end()) {
+        SetUnspilledLocked(key, cp->manifest().stored_bytes(),
+                           u->second.latest_stored);
+        RefreshUnspilledLocked(key);
       }
     } else {
       ++counters_.spill_failures;

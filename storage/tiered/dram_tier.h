@@ -32,12 +32,14 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -106,10 +108,20 @@ class DramTier {
   // write-through commit; `dirty` false). Returns whether there was.
   // INVALID_ARGUMENT from SessionCheckpoint::Apply; nothing changes then.
   absl::StatusOr<bool> ApplyIfCached(const TurnUpdate& update, bool dirty);
+  // Decides whether a kMemory turn may be applied, under the tier's lock (so
+  // no other dirty apply runs in between): `turn_bytes` is how much the turn
+  // grows the session's manifest stored_bytes (may be <= 0), and
+  // `unspilled_bytes_after` what UnspilledStoredBytes(tenant) would be with
+  // the turn applied. A non-OK status refuses the turn; it must not call
+  // back into the tier.
+  using AdmitFn = std::function<absl::Status(int64_t turn_bytes,
+                                             int64_t unspilled_bytes_after)>;
   // Applies a turn held only in DRAM (kMemory commit), loading the session
   // from the lower tier first if it is not cached (NOT_FOUND there: a new
-  // session). The entry is dirty afterwards.
-  absl::Status ApplyDirty(const TurnUpdate& update);
+  // session). The entry is dirty afterwards. If `admit` refuses, its status
+  // is returned and nothing changes.
+  absl::Status ApplyDirty(const TurnUpdate& update,
+                          const AdmitFn& admit = nullptr);
 
   // Returns once the lower tier holds the session's latest DRAM state: a
   // dirty entry is written now (ahead of the queue), a pending spill is
@@ -123,6 +135,24 @@ class DramTier {
 
   // Loads the session in the background unless it is cached; never blocks.
   void Prefetch(absl::string_view tenant, absl::string_view session);
+
+  // Manifests of `tenant`'s sessions whose latest state only DRAM has (dirty
+  // entries and sessions still on their way to the lower tier), with
+  // session id > `after`, ordered by session id: what a listing of the lower
+  // tier misses or shows stale.
+  std::vector<v1::SessionManifest> UnspilledManifests(
+      absl::string_view tenant, absl::string_view after) const;
+
+  // Per tenant, how far the manifests' stored_bytes of its sessions that
+  // only DRAM holds (dirty or spill pending) exceed what the lower tier holds
+  // for them (0 for a session it lacks): what the tenant's stored bytes grow
+  // by once everything is spilled. Negative if turns shrank sessions.
+  // A session that Put(dirty=true) made dirty without the tier knowing the
+  // lower copy counts whole (as if the lower tier lacked it).
+  int64_t UnspilledStoredBytes(absl::string_view tenant) const;
+  // The part of it that is one session's.
+  int64_t UnspilledStoredBytes(absl::string_view tenant,
+                               absl::string_view session) const;
 
   // Writes every dirty session to the lower tier (retrying failed spills)
   // and waits for queued prefetches; returns the first spill error.
@@ -161,12 +191,28 @@ class DramTier {
     uint64_t generation = 0;
   };
 
+  // A session with state only DRAM has: the stored_bytes of its manifest in
+  // the lower tier (as far as the tier knows) and of its newest version.
+  struct Unspilled {
+    int64_t lower_stored = 0;
+    int64_t latest_stored = 0;
+  };
+
   Entry* FindLocked(const Key& key);
   // Entry pointers are valid only until the next insertion or wait.
   Entry* InsertLocked(const Key& key, std::shared_ptr<SessionCheckpoint> cp,
                       bool dirty, uint64_t seq = 0);
   void RemoveLocked(const Key& key);
-  absl::Status ApplyLocked(Entry* entry, const TurnUpdate& update, bool dirty);
+  absl::Status ApplyLocked(Entry* entry, const TurnUpdate& update, bool dirty,
+                           const AdmitFn& admit = nullptr);
+  // Asks `admit` about a dirty turn taking the key from `lower` (if the key
+  // has no Unspilled record yet) to `latest` stored bytes.
+  absl::Status AdmitLocked(const Key& key, int64_t lower, int64_t previous,
+                           int64_t latest, const AdmitFn& admit) const;
+  // Keeps unspilled_ and tenant_unspilled_ in step: Set records the key's
+  // bytes; Refresh drops the record once nothing of the key is unspilled.
+  void SetUnspilledLocked(const Key& key, int64_t lower, int64_t latest);
+  void RefreshUnspilledLocked(const Key& key);
   void EvictLocked(Lock& lock);
   void QueueSpillLocked(const Key& key, std::shared_ptr<SessionCheckpoint> cp,
                         int64_t bytes, uint64_t seq, bool urgent);
@@ -196,6 +242,10 @@ class DramTier {
   int64_t pending_bytes_ = 0;
   int spills_in_flight_ = 0;
   absl::flat_hash_map<Key, Fill> fills_;
+  // Invariant: a key has a record iff it has a dirty entry or a Pending;
+  // tenant_unspilled_ sums latest - lower over each tenant's records.
+  absl::flat_hash_map<Key, Unspilled> unspilled_;
+  absl::flat_hash_map<std::string, int64_t> tenant_unspilled_;
   std::deque<Key> prefetch_queue_;
   int prefetches_in_flight_ = 0;
   bool stop_prefetch_ = false;

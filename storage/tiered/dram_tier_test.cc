@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -196,6 +198,76 @@ TEST(DramTierTest, DestructorSpillsDirtyEntries) {
     dram.Put(Session("a"), true);
   }
   EXPECT_TRUE(lower.Has("t", "a"));
+}
+
+// MakeTurn's sessions store 260 bytes per token (256-byte row + token id).
+constexpr int64_t kStoredPerToken = 260;
+
+// UnspilledStoredBytes counts what the lower tier lacks (the growth over
+// its copy), through dirty, spilling, spilled and erased states; a refused
+// admission changes nothing.
+TEST(DramTierTest, UnspilledStoredBytesFollowDirtyStateAndAdmission) {
+  InMemoryLowerTierDouble lower;
+  ASSERT_TRUE(lower.Store(Expected({MakeTurn("t", "a", 0, 9)})).ok());
+  DramTier dram(Options(4), &lower);
+  EXPECT_EQ(dram.UnspilledStoredBytes("t"), 0);
+
+  ASSERT_TRUE(dram.ApplyDirty(MakeTurn("t", "a", 9, 16)).ok());
+  EXPECT_EQ(dram.UnspilledStoredBytes("t"), 7 * kStoredPerToken);
+
+  std::vector<std::pair<int64_t, int64_t>> asked;
+  auto refuse = [&](int64_t turn_bytes, int64_t after) {
+    asked.emplace_back(turn_bytes, after);
+    return absl::ResourceExhaustedError("no room");
+  };
+  absl::Status s = dram.ApplyDirty(MakeTurn("t", "b", 0, 8), refuse);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(dram.Get("t", "b"), nullptr);
+  s = dram.ApplyDirty(MakeTurn("t", "a", 16, 20), refuse);  // cached session
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(dram.Get("t", "a")->manifest().token_count(), 16);
+  EXPECT_THAT(asked,
+              ::testing::ElementsAre(
+                  std::make_pair(8 * kStoredPerToken, 15 * kStoredPerToken),
+                  std::make_pair(4 * kStoredPerToken, 11 * kStoredPerToken)));
+  EXPECT_EQ(dram.UnspilledStoredBytes("t"), 7 * kStoredPerToken);
+
+  auto admit = [](int64_t, int64_t) { return absl::OkStatus(); };
+  ASSERT_TRUE(dram.ApplyDirty(MakeTurn("t", "b", 0, 8), admit).ok());
+  ASSERT_TRUE(dram.ApplyDirty(MakeTurn("u", "c", 0, 5)).ok());
+  EXPECT_EQ(dram.UnspilledStoredBytes("t"), 15 * kStoredPerToken);
+  EXPECT_EQ(dram.UnspilledStoredBytes("u"), 5 * kStoredPerToken);
+
+  // Still counted while being written; gone once written.
+  lower.BlockStores();
+  std::thread flush([&] { EXPECT_TRUE(dram.Flush().ok()); });
+  ASSERT_TRUE(lower.AwaitStoresStarted(2));  // 1 store above + the first
+  EXPECT_EQ(dram.UnspilledStoredBytes("t"), 15 * kStoredPerToken);
+  lower.UnblockStores();
+  flush.join();
+  EXPECT_EQ(dram.UnspilledStoredBytes("t"), 0);
+  EXPECT_EQ(dram.UnspilledStoredBytes("u"), 0);
+
+  // A turn on a spilled session counts its growth only; Erase forgets it.
+  ASSERT_TRUE(dram.ApplyDirty(MakeTurn("t", "a", 16, 20)).ok());
+  EXPECT_EQ(dram.UnspilledStoredBytes("t"), 4 * kStoredPerToken);
+  EXPECT_TRUE(dram.Erase("t", "a"));
+  EXPECT_EQ(dram.UnspilledStoredBytes("t"), 0);
+}
+
+// A dirty entry evicted to the spill queue stays counted until written.
+TEST(DramTierTest, UnspilledStoredBytesCountEvictedSpillsUntilWritten) {
+  InMemoryLowerTierDouble lower;
+  lower.BlockStores();
+  DramTier dram(Options(1), &lower);
+  ASSERT_TRUE(dram.ApplyDirty(MakeTurn("t", "a", 0, 16)).ok());
+  ASSERT_TRUE(dram.ApplyDirty(MakeTurn("t", "b", 0, 16)).ok());  // evicts a
+  ASSERT_TRUE(lower.AwaitStoresStarted(1));
+  EXPECT_EQ(dram.stats().entries, 1);
+  EXPECT_EQ(dram.UnspilledStoredBytes("t"), 32 * kStoredPerToken);
+  lower.UnblockStores();
+  ASSERT_TRUE(dram.Flush().ok());
+  EXPECT_EQ(dram.UnspilledStoredBytes("t"), 0);
 }
 
 }  // namespace

@@ -8,10 +8,19 @@
 //     process crash), then to the DRAM copy if one is cached.
 //   kMemory: the turn is applied in DRAM only and acknowledged at once; it
 //     reaches RocksDB when the session is evicted (background spill) or on
-//     Flush. A crash loses every kMemory turn not yet spilled, and sessions
-//     held only in DRAM are not listed by List until they are. For clients
-//     that can replay a turn, in exchange for no disk write on the critical
-//     path.
+//     Flush. A crash loses every kMemory turn not yet spilled (List shows
+//     them meanwhile, from DRAM). For clients that can replay a turn, in
+//     exchange for no disk write on the critical path.
+//
+// Tenant quotas (SessionDbOptions::tenant_quota_bytes) cover both modes: a
+// kMemory turn is refused up front (RESOURCE_EXHAUSTED, the session stays
+// at its previous turn) when the tenant's bytes in RocksDB plus its
+// not-yet-spilled kMemory bytes, this turn included, would exceed the
+// quota, so a spill never fails for quota after the turn was acknowledged.
+// Write-through commits and imports count the unspilled bytes too. While a
+// spill is being written its bytes may count twice for a moment (RocksDB
+// has reserved them, DRAM not yet released them): near the quota a turn can
+// then be refused that would fit a moment later, never the reverse.
 //
 //   TieredStoreOptions opts;
 //   opts.dram.budget_bytes = int64_t{8} << 30;
@@ -66,7 +75,8 @@ class TieredStore {
 
   // Commits one turn in the configured mode, or in `mode`. Errors as
   // SessionDb::CommitTurn / SessionCheckpoint::Apply (INVALID_ARGUMENT for
-  // a bad update, RESOURCE_EXHAUSTED for a quota, UNAVAILABLE for I/O).
+  // a bad update, RESOURCE_EXHAUSTED for a quota (see above), UNAVAILABLE
+  // for I/O); nothing of a refused turn is applied.
   absl::Status CommitTurn(const TurnUpdate& update);
   absl::Status CommitTurn(const TurnUpdate& update, CommitMode mode);
 
@@ -90,7 +100,9 @@ class TieredStore {
   // Removes the session from both tiers. NOT_FOUND if neither had it.
   absl::Status Delete(absl::string_view tenant, absl::string_view session);
 
-  // SessionDb::ListSessions: sessions in RocksDB (see kMemory above).
+  // Sessions of a tenant ordered by id, as SessionDb::ListSessions pages
+  // them (same tokens and bounds), including kMemory sessions that only
+  // DRAM holds yet, with their latest manifest.
   absl::StatusOr<SessionListPage> List(absl::string_view tenant,
                                        absl::string_view page_token,
                                        int64_t page_size);
@@ -100,6 +112,11 @@ class TieredStore {
   absl::Status Flush();
 
   TierBytes bytes() const;
+  // Bytes the tenant's kMemory turns will add to SessionDb::TenantBytes once
+  // spilled (DramTier::UnspilledStoredBytes).
+  int64_t UnspilledBytes(absl::string_view tenant) const {
+    return dram_.UnspilledStoredBytes(tenant);
+  }
   DramTierStats dram_stats() const { return dram_.stats(); }
   SessionDb& db() { return *db_; }
 
@@ -120,6 +137,9 @@ class TieredStore {
   };
 
   TieredStore(std::unique_ptr<SessionDb> db, TieredStoreOptions options);
+  // The quota check a write of `m` to RocksDB needs beyond SessionDb's own:
+  // the tenant's unspilled kMemory bytes of other sessions must fit too.
+  absl::Status CheckQuotaBeforeWrite(const v1::SessionManifest& m);
 
   const TieredStoreOptions options_;
   std::unique_ptr<SessionDb> db_;

@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -16,6 +17,7 @@ namespace {
 using ::kvd::storage::testing::Expected;
 using ::kvd::storage::testing::MakeTurn;
 using ::kvd::storage::testing::SameBytes;
+using ::testing::HasSubstr;
 
 const int64_t kSessionBytes = Expected({MakeTurn("t", "a", 0, 16)}).bytes();
 
@@ -35,6 +37,7 @@ class TieredStoreTest : public ::testing::Test {
     SessionDbOptions db_options;
     db_options.path = path_;
     db_options.durability = Durability::kWal;  // the test never loses power
+    db_options.tenant_quota_bytes = quota_bytes_;
     auto db = SessionDb::Open(db_options);
     EXPECT_TRUE(db.ok()) << db.status();
     TieredStoreOptions options;
@@ -47,7 +50,11 @@ class TieredStoreTest : public ::testing::Test {
   }
 
   std::string path_;
+  absl::flat_hash_map<std::string, int64_t> quota_bytes_;  // per tenant
 };
+
+// MakeTurn's sessions store 260 bytes per token (256-byte row + token id).
+constexpr int64_t kStoredPerToken = 260;
 
 TEST_F(TieredStoreTest, LruAndBudgetAcrossTiers) {
   auto store = Open(2);
@@ -223,6 +230,199 @@ TEST_F(TieredStoreTest, MalformedNamesAreRefused) {
   EXPECT_EQ(store->CommitTurn(MakeTurn("t/x", "a", 0, 4)).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store->Delete("", "a").code(), absl::StatusCode::kInvalidArgument);
+}
+
+// kMemory sessions are listed before they reach RocksDB, with their latest
+// manifest, in id order and across pages, per tenant.
+TEST_F(TieredStoreTest, ListIncludesSessionsOnlyInDram) {
+  auto store = Open(8, CommitMode::kMemory);
+  for (const char* id : {"b", "d"}) {
+    ASSERT_TRUE(
+        store->CommitTurn(MakeTurn("t", id, 0, 9), CommitMode::kWriteThrough)
+            .ok());
+  }
+  for (const char* id : {"a", "c", "e"}) {
+    ASSERT_TRUE(store->CommitTurn(MakeTurn("t", id, 0, 9)).ok());
+  }
+  ASSERT_TRUE(store->CommitTurn(MakeTurn("t", "d", 9, 16)).ok());  // newer
+  ASSERT_TRUE(store->CommitTurn(MakeTurn("other", "z", 0, 9)).ok());
+  ASSERT_EQ(store->dram_stats().spills, 0);
+
+  auto list = [&](int64_t page_size) {
+    std::vector<std::pair<std::string, int64_t>> got;
+    std::string token;
+    for (int pages = 0; pages < 10; ++pages) {
+      absl::StatusOr<SessionListPage> page = store->List("t", token, page_size);
+      EXPECT_TRUE(page.ok()) << page.status();
+      if (!page.ok()) break;
+      EXPECT_LE(static_cast<int64_t>(page->sessions.size()), page_size);
+      for (const v1::SessionManifest& m : page->sessions) {
+        got.emplace_back(m.session_id(), m.token_count());
+      }
+      token = page->next_page_token;
+      if (token.empty()) break;
+    }
+    return got;
+  };
+  const std::vector<std::pair<std::string, int64_t>> want = {
+      {"a", 9}, {"b", 9}, {"c", 9}, {"d", 16}, {"e", 9}};
+  for (int64_t page_size : {1, 2, 3, 5, 100}) {
+    EXPECT_EQ(list(page_size), want) << "page size " << page_size;
+  }
+  // The same once everything is in RocksDB.
+  ASSERT_TRUE(store->Flush().ok());
+  EXPECT_EQ(list(2), want);
+  ASSERT_TRUE(store->Delete("t", "c").ok());
+  ASSERT_TRUE(store->CommitTurn(MakeTurn("t", "f", 0, 9)).ok());
+  EXPECT_EQ(list(2), (std::vector<std::pair<std::string, int64_t>>{
+                         {"a", 9}, {"b", 9}, {"d", 16}, {"e", 9}, {"f", 9}}));
+}
+
+// A kMemory turn that would take the tenant over its quota is refused when
+// committed, not when it spills: nothing of it is applied, the session stays
+// at its previous turn, and everything acknowledged spills without error.
+TEST_F(TieredStoreTest, MemoryTurnsOverQuotaAreRefusedBeforeSpilling) {
+  quota_bytes_["t"] = 40 * kStoredPerToken;   // 10400
+  auto store = Open(8, CommitMode::kMemory);  // DRAM holds all: no spills
+  ASSERT_TRUE(store->CommitTurn(MakeTurn("t", "a", 0, 16)).ok());
+  ASSERT_TRUE(store->CommitTurn(MakeTurn("t", "b", 0, 16)).ok());
+  EXPECT_EQ(store->UnspilledBytes("t"), 32 * kStoredPerToken);
+  EXPECT_EQ(store->db().TenantBytes("t"), 0);
+
+  absl::Status s = store->CommitTurn(MakeTurn("t", "c", 0, 9));  // 41 tokens
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("tenant t would store 10660 bytes"));
+  EXPECT_THAT(s.message(), HasSubstr("0 in RocksDB, 10660 in memory-mode"));
+  EXPECT_THAT(s.message(), HasSubstr("quota of 10400 bytes"));
+  EXPECT_THAT(s.message(), HasSubstr("delete sessions or raise"));
+  EXPECT_EQ(store->Load("t", "c").status().code(), absl::StatusCode::kNotFound);
+
+  ASSERT_TRUE(store->CommitTurn(MakeTurn("t", "a", 16, 24)).ok());  // = quota
+  s = store->CommitTurn(MakeTurn("t", "a", 24, 25));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(store->Load("t", "a")->checkpoint->manifest().token_count(), 24);
+  EXPECT_EQ(store->UnspilledBytes("t"), 40 * kStoredPerToken);
+  // Other tenants have no quota here.
+  EXPECT_TRUE(store->CommitTurn(MakeTurn("u", "a", 0, 64)).ok());
+  EXPECT_EQ(store->dram_stats().spills, 0);
+
+  ASSERT_TRUE(store->Flush().ok());
+  EXPECT_EQ(store->dram_stats().spill_failures, 0);
+  EXPECT_EQ(store->db().TenantBytes("t"), 40 * kStoredPerToken);
+  EXPECT_EQ(store->UnspilledBytes("t"), 0);
+  EXPECT_TRUE(SameBytes(
+      *store->db().Load("t", "a"),
+      Expected({MakeTurn("t", "a", 0, 16), MakeTurn("t", "a", 16, 24)})));
+  s = store->CommitTurn(MakeTurn("t", "c", 0, 1));  // full in RocksDB now
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("10400 in RocksDB, 260 in memory-mode"));
+}
+
+// Under the quota, kMemory turns succeed and spill (on eviction here); a
+// turn on a session RocksDB already holds counts only what it adds.
+TEST_F(TieredStoreTest, MemoryTurnsUnderQuotaSpillAndCountOnlyTheirGrowth) {
+  quota_bytes_["t"] = 40 * kStoredPerToken;
+  auto store = Open(1, CommitMode::kMemory);
+  ASSERT_TRUE(
+      store->CommitTurn(MakeTurn("t", "a", 0, 16), CommitMode::kWriteThrough)
+          .ok());
+  EXPECT_EQ(store->db().TenantBytes("t"), 16 * kStoredPerToken);
+  // 16 in RocksDB + 8 more for a: 24 <= 40 (not 16 + 24).
+  ASSERT_TRUE(store->CommitTurn(MakeTurn("t", "a", 16, 24)).ok());
+  EXPECT_EQ(store->UnspilledBytes("t"), 8 * kStoredPerToken);
+  ASSERT_TRUE(store->CommitTurn(MakeTurn("t", "b", 0, 16)).ok());  // evicts a
+  ASSERT_TRUE(store->Flush().ok());
+  EXPECT_GE(store->dram_stats().spills, 2);
+  EXPECT_EQ(store->dram_stats().spill_failures, 0);
+  EXPECT_EQ(store->db().TenantBytes("t"), 40 * kStoredPerToken);
+  EXPECT_EQ(store->UnspilledBytes("t"), 0);
+  EXPECT_EQ(store->db().GetManifest("t", "a")->token_count(), 24);
+  EXPECT_EQ(store->db().GetManifest("t", "b")->token_count(), 16);
+}
+
+// Deleting a session frees its quota for kMemory turns, whether its bytes
+// were only in DRAM or already in RocksDB.
+TEST_F(TieredStoreTest, DeletingASessionFreesQuotaForMemoryTurns) {
+  quota_bytes_["t"] = 20 * kStoredPerToken;
+  auto store = Open(4, CommitMode::kMemory);
+  ASSERT_TRUE(store->CommitTurn(MakeTurn("t", "a", 0, 16)).ok());
+  EXPECT_EQ(store->CommitTurn(MakeTurn("t", "b", 0, 8)).code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(store->Delete("t", "a").ok());  // never reached RocksDB
+  EXPECT_EQ(store->UnspilledBytes("t"), 0);
+  ASSERT_TRUE(store->CommitTurn(MakeTurn("t", "b", 0, 16)).ok());
+
+  ASSERT_TRUE(store->Flush().ok());  // b in RocksDB now
+  EXPECT_EQ(store->db().TenantBytes("t"), 16 * kStoredPerToken);
+  EXPECT_EQ(store->CommitTurn(MakeTurn("t", "c", 0, 8)).code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(store->Delete("t", "b").ok());
+  EXPECT_EQ(store->db().TenantBytes("t"), 0);
+  EXPECT_TRUE(store->CommitTurn(MakeTurn("t", "c", 0, 8)).ok());
+}
+
+// After a restart the quota counts what was spilled (the destructor flushes)
+// and DRAM counts nothing.
+TEST_F(TieredStoreTest, QuotaCountsAreRightAfterReopen) {
+  quota_bytes_["t"] = 40 * kStoredPerToken;
+  {
+    auto store = Open(4, CommitMode::kMemory);
+    ASSERT_TRUE(store->CommitTurn(MakeTurn("t", "a", 0, 16)).ok());
+    ASSERT_TRUE(store->CommitTurn(MakeTurn("t", "b", 0, 16)).ok());
+  }
+  auto store = Open(4, CommitMode::kMemory);
+  EXPECT_EQ(store->db().TenantBytes("t"), 32 * kStoredPerToken);
+  EXPECT_EQ(store->UnspilledBytes("t"), 0);
+  EXPECT_EQ(store->CommitTurn(MakeTurn("t", "c", 0, 9)).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(store->CommitTurn(MakeTurn("t", "c", 0, 8)).ok());
+  EXPECT_EQ(store->CommitTurn(MakeTurn("t", "a", 16, 17)).code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(store->Flush().ok());
+  EXPECT_EQ(store->db().TenantBytes("t"), 40 * kStoredPerToken);
+}
+
+// Write-through commits and imports leave room for the tenant's unspilled
+// kMemory turns, so those still spill.
+TEST_F(TieredStoreTest, WriteThroughAndImportCountUnspilledMemoryTurns) {
+  quota_bytes_["t"] = 40 * kStoredPerToken;
+  auto store = Open(4, CommitMode::kMemory);
+  ASSERT_TRUE(store->CommitTurn(MakeTurn("t", "a", 0, 32)).ok());
+  absl::Status s =
+      store->CommitTurn(MakeTurn("t", "b", 0, 9), CommitMode::kWriteThrough);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("2340 in RocksDB, 8320 in memory-mode"));
+  EXPECT_EQ(store->PutSession(Expected({MakeTurn("t", "b", 0, 9)})).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store->db().GetManifest("t", "b").status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(
+      store->CommitTurn(MakeTurn("t", "b", 0, 8), CommitMode::kWriteThrough)
+          .ok());
+  ASSERT_TRUE(store->Flush().ok());
+  EXPECT_EQ(store->dram_stats().spill_failures, 0);
+  EXPECT_EQ(store->db().TenantBytes("t"), 40 * kStoredPerToken);
+}
+
+// A refused import leaves the session it would replace as it was, its
+// unspilled kMemory turns included; the import's own session does not count
+// twice.
+TEST_F(TieredStoreTest, RefusedImportKeepsTheMemorySession) {
+  quota_bytes_["t"] = 40 * kStoredPerToken;
+  auto store = Open(4, CommitMode::kMemory);
+  ASSERT_TRUE(store->CommitTurn(MakeTurn("t", "a", 0, 24)).ok());
+  ASSERT_TRUE(store->CommitTurn(MakeTurn("t", "b", 0, 8)).ok());
+  absl::Status s = store->PutSession(Expected({MakeTurn("t", "b", 0, 17)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(store->Load("t", "b")->checkpoint->manifest().token_count(), 8);
+  EXPECT_EQ(store->UnspilledBytes("t"), 32 * kStoredPerToken);
+  const SessionCheckpoint imported = Expected({MakeTurn("t", "b", 0, 16)});
+  ASSERT_TRUE(store->PutSession(imported).ok());  // 24 + 16 = quota
+  EXPECT_EQ(store->UnspilledBytes("t"), 24 * kStoredPerToken);
+  ASSERT_TRUE(store->Flush().ok());
+  EXPECT_EQ(store->dram_stats().spill_failures, 0);
+  EXPECT_EQ(store->db().TenantBytes("t"), 40 * kStoredPerToken);
+  EXPECT_TRUE(SameBytes(*store->db().Load("t", "b"), imported));
 }
 
 }  // namespace
