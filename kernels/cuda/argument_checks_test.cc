@@ -10,6 +10,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kv_recompute.h"
+#include "kernels/cuda/paged_attention.h"
 #include "kernels/quant/ggml_type.h"
 
 namespace kvd::kernels::cuda {
@@ -202,6 +203,124 @@ TEST(CudaArgumentChecks, RecomputeKv) {
   b.rows = 0;
   EXPECT_EQ(code(b), absl::StatusCode::kOk);
   EXPECT_EQ(KvRecomputeWorkspaceFloats(4, 64, 32), 4 * 64 + 2 * 4 * 32);
+}
+
+PagedAttentionArgs ValidPaged() {
+  PagedAttentionArgs a;
+  a.q = kFakeX;
+  a.nq = 1;
+  a.q_stride = 512;
+  a.n_heads = 4;
+  a.n_kv_heads = 2;
+  a.head_dim = 128;
+  a.kv = PagedKv{kFakeW, reinterpret_cast<const int32_t*>(0x5000), 8, 64, 256};
+  a.last = reinterpret_cast<const int32_t*>(0x4000);
+  a.out = kFakeY;
+  a.out_stride = 512;
+  return a;
+}
+
+TEST(CudaArgumentChecks, PagedAttention) {
+  auto code = [](const PagedAttentionArgs& a) {
+    return PagedAttention(a, nullptr).code();
+  };
+  PagedAttentionArgs a = ValidPaged();
+  a.kv.block_rows = 48;  // not a multiple of the chunk: chunks would straddle
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  const absl::Status s = PagedAttention(a, nullptr);
+  EXPECT_NE(s.message().find("block_rows=48"), absl::string_view::npos) << s;
+  a = ValidPaged();
+  a.kv.block_rows = 0;
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a = ValidPaged();
+  a.kv.table_stride = 0;
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a = ValidPaged();
+  a.kv.kv_stride = 255;
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a = ValidPaged();
+  a.n_kv_heads = 3;
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a = ValidPaged();
+  a.kv.block_table = nullptr;
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a = ValidPaged();
+  a.nq = 70000;
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a = ValidPaged();
+  a.nq = 0;
+  a.kv.pool = nullptr;
+  EXPECT_TRUE(PagedAttention(a, nullptr).ok());
+}
+
+TEST(CudaArgumentChecks, PagedAttentionRecompute) {
+  const int64_t hot[2] = {64, 0};
+  const uint16_t* const residual[2] = {kFakeW, nullptr};
+  auto valid = [&] {
+    PagedRecomputeArgs r;
+    r.attn = ValidPaged();
+    r.attn.nq = 0;  // everything valid: returns before any CUDA call
+    r.n_seqs = 2;
+    r.hot_begin = hot;
+    r.residual = residual;
+    r.ld_residual = 512;
+    r.d_model = 512;
+    r.wk = kFakeW;
+    r.wv = kFakeW;
+    r.rot_dim = 128;
+    r.group_rows = 64;
+    r.workspace = reinterpret_cast<void*>(0x6000);
+    r.workspace_bytes =
+        PagedRecomputeWorkspaceBytes(0, 4, 2, 128, 2, 512, 64, 64);
+    return r;
+  };
+  auto code = [](const PagedRecomputeArgs& r) {
+    return PagedAttentionRecompute(r, nullptr).code();
+  };
+  EXPECT_TRUE(PagedAttentionRecompute(valid(), nullptr).ok());
+  PagedRecomputeArgs r = valid();
+  const int64_t unaligned[2] = {48, 0};
+  r.hot_begin = unaligned;
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  const absl::Status s = PagedAttentionRecompute(r, nullptr);
+  EXPECT_NE(s.message().find("hot_begin[0]=48"), absl::string_view::npos) << s;
+  r = valid();
+  const int64_t negative[2] = {0, -32};
+  r.hot_begin = negative;
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  r = valid();
+  const uint16_t* const no_residual[2] = {nullptr, nullptr};
+  r.residual = no_residual;  // sequence 0 has cold positions
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  r = valid();
+  r.group_rows = 40;
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  r = valid();
+  r.ld_residual = 100;
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  r = valid();
+  r.wv = nullptr;
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  r = valid();
+  r.rot_dim = 129;
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  r = valid();
+  r.workspace_bytes -= 1;
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  r = valid();
+  r.attn.nq = 3;  // no query_seq: query i reads sequence i, but only 2
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  r = valid();
+  r.attn.kv.block_rows = 16;
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  // The workspace does not grow with the cached context beyond the scratch
+  // block table (4 bytes per group of positions): 1M positions vs 256.
+  const int64_t small =
+      PagedRecomputeWorkspaceBytes(1, 32, 8, 128, 1, 4096, 256, 256);
+  const int64_t big =
+      PagedRecomputeWorkspaceBytes(1, 32, 8, 128, 1, 4096, 256, 1 << 20);
+  EXPECT_GT(big, small);
+  EXPECT_LE(big - small, (1 << 20) / 256 * 4 + 256);
 }
 
 }  // namespace

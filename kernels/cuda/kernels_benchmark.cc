@@ -19,6 +19,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/bandwidth_probe.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/paged_attention.h"
 
 namespace kvd::kernels::cuda {
 namespace {
@@ -218,6 +219,78 @@ int Main(int argc, char** argv) {
   }
   BENCH_CHECK(cudaFree(k));
   BENCH_CHECK(cudaFree(v));
+
+  // Paged decode attention at 8k context: one sequence per query, 32-row
+  // blocks scattered over the pool in a random order (the CPU engine's
+  // default block size), next to the contiguous kernel on one sequence.
+  const int64_t ctx = 8192, block_rows = 32, kv_stride = n_kv * hd;
+  const int64_t seq_blocks = ctx / block_rows;
+  for (int64_t nq : {int64_t{1}, int64_t{64}}) {
+    const int64_t blocks = nq * seq_blocks;
+    const size_t pool_elems =
+        static_cast<size_t>(blocks * 2 * block_rows * kv_stride);
+    uint16_t* pool = RandomDevice(pool_elems, wblock);
+    std::vector<int32_t> table(blocks);
+    for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
+    std::shuffle(table.begin(), table.end(), std::mt19937_64(7));
+    int32_t* dtable = nullptr;
+    int32_t* last = nullptr;
+    float* out = nullptr;
+    BENCH_CHECK(cudaMalloc(&dtable, blocks * sizeof(int32_t)));
+    BENCH_CHECK(
+        cudaMemcpy(dtable, table.data(), blocks * 4, cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMalloc(&last, nq * sizeof(int32_t)));
+    const std::vector<int32_t> hl(nq, static_cast<int32_t>(ctx - 1));
+    BENCH_CHECK(cudaMemcpy(last, hl.data(), nq * 4, cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMalloc(&out, nq * n_heads * hd * sizeof(float)));
+    float* q = RandomDevice(static_cast<size_t>(nq * n_heads * hd), xblock);
+    PagedAttentionArgs a;
+    a.q = q;
+    a.nq = nq;
+    a.q_stride = n_heads * hd;
+    a.n_heads = n_heads;
+    a.n_kv_heads = n_kv;
+    a.head_dim = hd;
+    a.scale = 0.088f;
+    a.kv = PagedKv{pool, dtable, seq_blocks, block_rows, kv_stride};
+    a.last = last;
+    a.out = out;
+    a.out_stride = n_heads * hd;
+    const double t =
+        MedianSeconds(reps, [&](int) { BENCH_OK(PagedAttention(a, nullptr)); });
+    const std::string name = "paged_attn_decode_ctx8192_b" + std::to_string(nq);
+    Result(name + "_us", t * 1e6, "us",
+           "block_rows 32, shuffled; K/V bytes " +
+               std::to_string(pool_elems * 2 >> 20) + " MiB");
+    Result(name + "_gbs", pool_elems * 2.0 / t / 1e9, "GB/s",
+           "unique K+V bytes / time");
+    if (nq == 1) {
+      // The same sequence's rows contiguous: the paging overhead.
+      AttentionArgs c;
+      c.q = q;
+      c.nq = 1;
+      c.q_stride = n_heads * hd;
+      c.n_heads = n_heads;
+      c.n_kv_heads = n_kv;
+      c.head_dim = hd;
+      c.scale = 0.088f;
+      c.k = pool;
+      c.v = pool + ctx * kv_stride;
+      c.kv_stride = kv_stride;
+      c.last = last;
+      c.out = out;
+      c.out_stride = n_heads * hd;
+      const double tc =
+          MedianSeconds(reps, [&](int) { BENCH_OK(Attention(c, nullptr)); });
+      Result("attn_decode_ctx8192_b1_contiguous_us", tc * 1e6, "us",
+             "same shape, one contiguous K and V");
+    }
+    BENCH_CHECK(cudaFree(pool));
+    BENCH_CHECK(cudaFree(dtable));
+    BENCH_CHECK(cudaFree(last));
+    BENCH_CHECK(cudaFree(out));
+    BENCH_CHECK(cudaFree(q));
+  }
   return 0;
 }
 

@@ -41,7 +41,8 @@ CXX_FLAGS=(-std=c++17 -O2 -I. -I"$CUDA/include" -Wall -Wextra -Werror
 CU_SRCS=(kernels/cuda/gemm.cu kernels/cuda/elementwise.cu
          kernels/cuda/attention.cu kernels/cuda/bandwidth_probe.cu
          kernels/cuda/bf16_convert.cu kernels/cuda/dequant.cu
-         kernels/cuda/kv_recompute.cu kernels/cuda/internal/bench_kernels.cu)
+         kernels/cuda/kv_recompute.cu kernels/cuda/paged_attention.cu
+         kernels/cuda/internal/bench_kernels.cu)
 pids=()
 for src in "${CU_SRCS[@]}"; do
   "$NVCC" "${NVCC_FLAGS[@]}" -c "$src" -o "$OBJ/$(basename "$src").o" &
@@ -76,7 +77,7 @@ link() {  # link NAME CC_SOURCE [extra static libs...]
 }
 
 for t in gemm_test elementwise_test attention_test argument_checks_test \
-         kv_recompute_test; do
+         kv_recompute_test paged_attention_test paged_recompute_test; do
   link "$t" "kernels/cuda/$t.cc" "${GTEST_LIBS[@]}" &
 done
 # bf16_convert_test's reference is the inline kernels/cpu/elementwise.h

@@ -35,7 +35,8 @@ cap() {
 # dequant_test's real-tensor case reads this (tools/gpu/make_dequant_fixture.py).
 [[ -f "$BIN/dequant_fixture.bin" ]] && export KVD_DEQUANT_FIXTURE="$BIN/dequant_fixture.bin"
 TESTS=(argument_checks_test bf16_convert_test elementwise_test attention_test
-       gemm_test dequant_test kv_recompute_test)
+       gemm_test dequant_test kv_recompute_test paged_attention_test
+       paged_recompute_test)
 
 if [[ ! -x "$BIN/gemm_test" ]]; then
   echo "no binaries in $BIN: run tools/gpu/build_device_binaries.sh here and carry tools/gpu/bin" >&2
