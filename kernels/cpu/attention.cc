@@ -10,10 +10,9 @@
 namespace kvd::kernels::cpu {
 namespace {
 
-const void* RowPtr(const KvRows& rows, int64_t r) {
-  const size_t elem = rows.type == WeightType::kBf16 ? 2 : 4;
-  return static_cast<const char*>(rows.data) + r * rows.stride * elem;
-}
+// Row r of `rows`. Callers only step from a resolved row to the others of
+// its canonical chunk, which share a block when the store is paged.
+const void* RowPtr(const KvRows& rows, int64_t r) { return rows.Row(r); }
 
 }  // namespace
 
@@ -31,7 +30,7 @@ void OnlineSoftmax::AddChunk(const float* q, const KvRows& k, const KvRows& v,
                              int64_t n) {
   if (n <= 0) return;
   // scores[i][j] = q_i . k_j, canonical dot per element (batch-invariant GEMM).
-  const WeightView kw{k.type, k.data, n, head_dim_, k.stride};
+  const WeightView kw{k.type, RowPtr(k, 0), n, head_dim_, k.stride};
   Gemm(q, group_, head_dim_, kw, scores_.data(), kAttentionChunk, nullptr);
   Fold(v, n);
 }

@@ -27,12 +27,39 @@ namespace kvd::kernels::cpu {
 // Key positions per chunk of the canonical attention order.
 inline constexpr int64_t kAttentionChunk = 32;
 
-// Rows of K or V: row r's head_dim values start at data + r * stride
-// (elements).
+// Rows of K or V. Contiguous (blocks null): row r's head_dim values start at
+// data + r * stride (elements). Paged (blocks set): row r starts at
+// blocks[r / block_rows] + offset_bytes + (r % block_rows) * stride elements,
+// and data is unused. block_rows must be a multiple of kAttentionChunk, so
+// the rows of one canonical chunk are contiguous at `stride` inside one block
+// and the kernels read them exactly as from a contiguous store.
 struct KvRows {
   WeightType type = WeightType::kF32;  // fp32 or bf16 storage
   const void* data = nullptr;
   int64_t stride = 0;
+  const uint8_t* const* blocks = nullptr;
+  int64_t block_rows = 0;
+  size_t offset_bytes = 0;
+
+  // Address of row r.
+  const void* Row(int64_t r) const {
+    const size_t elem = type == WeightType::kBf16 ? 2 : 4;
+    if (blocks == nullptr)
+      return static_cast<const char*>(data) + r * stride * elem;
+    return blocks[r / block_rows] + offset_bytes +
+           (r % block_rows) * stride * elem;
+  }
+  // The same rows, `elements` further into each (e.g. one K/V head's slice).
+  KvRows Shifted(int64_t elements) const {
+    const size_t bytes = elements * (type == WeightType::kBf16 ? 2 : 4);
+    KvRows r = *this;
+    if (blocks == nullptr) {
+      r.data = static_cast<const char*>(data) + bytes;
+    } else {
+      r.offset_bytes += bytes;
+    }
+    return r;
+  }
 };
 
 class OnlineSoftmax {
@@ -41,8 +68,9 @@ class OnlineSoftmax {
   // by `scale`.
   OnlineSoftmax(int64_t group, int64_t head_dim, float scale);
 
-  // Folds in n <= kAttentionChunk consecutive keys/values. q holds group x
-  // head_dim values.
+  // Folds in n <= kAttentionChunk consecutive keys/values (rows 0..n-1 of k
+  // and v; paged rows must not cross a block). q holds group x head_dim
+  // values.
   void AddChunk(const float* q, const KvRows& k, const KvRows& v, int64_t n);
 
   // As AddChunk, with the raw scores q_i . k_j already computed by the
@@ -68,8 +96,9 @@ class OnlineSoftmax {
   void Fold(const KvRows& v, int64_t n);
 };
 
-// Attention for one query position over keys [first, last] of a contiguous K/V
-// store (rows indexed by absolute position), visiting them in canonical chunks.
+// Attention for one query position over keys [first, last] of a K/V store
+// (rows indexed by absolute position, contiguous or paged), visiting them in
+// canonical chunks.
 void AttendRange(const float* q, int64_t group, int64_t head_dim, float scale,
                  const KvRows& k, const KvRows& v, int64_t first, int64_t last,
                  float* out);

@@ -55,6 +55,7 @@ absl::Status RecomputeHot(const Model& model, const RebuildSpec& spec,
   const ModelConfig& c = model.config();
   std::vector<float> h;
   std::vector<int64_t> positions;
+  std::vector<uint8_t> k_rows, v_rows;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const int64_t first = KeepBegin(model, *cache, l, hot, length);
     if (first < length &&
@@ -65,18 +66,22 @@ absl::Status RecomputeHot(const Model& model, const RebuildSpec& spec,
           " but the hot window starts at ", first));
     }
     cache->DropBelow(l, first);
-    cache->ReserveLayer(l, length, KvCache::Growth::kWindow);
+    KVD_RETURN_IF_ERROR(cache->ReserveLayer(l, length));
     for (int64_t p = first; p < length; p += spec.block) {
       const int64_t n = std::min(spec.block, length - p);
       h.resize(n * c.d_model);
       positions.resize(n);
+      k_rows.resize(n * cache->row_bytes());
+      v_rows.resize(n * cache->row_bytes());
       for (int64_t i = 0; i < n; ++i) positions[i] = p + i;
       KVD_RETURN_IF_ERROR(
           spec.checkpoint->ReadRows(spec.sequence_id, l, p, n, h.data()));
-      // The hot rows are contiguous in the cache: recompute in place.
-      KVD_RETURN_IF_ERROR(model.RecomputeKv(
-          l, h.data(), positions.data(), n, cache->MutableKeyBytes(l, p),
-          cache->MutableValueBytes(l, p), model.pool()));
+      // One projection for the whole segment, then stored block by block
+      // (cache rows are consecutive only within a block).
+      KVD_RETURN_IF_ERROR(model.RecomputeKv(l, h.data(), positions.data(), n,
+                                            k_rows.data(), v_rows.data(),
+                                            model.pool()));
+      cache->WriteRows(l, p, n, k_rows.data(), v_rows.data());
     }
   }
   return absl::OkStatus();

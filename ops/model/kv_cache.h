@@ -1,13 +1,20 @@
 // The K/V cache of one sequence: per layer, one row of n_kv_heads * head_dim
 // values per position, in the precision mode's dtype (fp32 or bf16).
 //
+// Storage is paged: each layer has a block table indexed by position /
+// block_rows, whose blocks (fixed size, K rows then V rows) come from a
+// KvBlockPool (ops/model/kv_block_pool.h). A cache made without a pool gets
+// a private unlimited one; caches made with Model::NewCache(pool) share that
+// pool and its byte budget. Blocks are a multiple of the canonical attention
+// chunk, so every chunk attention reads is one run of rows at a fixed stride
+// inside one block, exactly the layout a contiguous cache had: paging cannot
+// change a bit of any result.
+//
 // Rows are addressed by absolute position. Each layer keeps the rows from its
-// first_kept(layer) up to length(); DropBelow() frees older ones (KV-Direct's
-// hot window: attention rebuilds them from residual checkpoints), so a
-// windowed cache holds about window + one attention chunk rows however long
-// the session grows. Kept rows are contiguous in memory, so a canonical
-// attention chunk is always one block of rows; dropped prefixes are reclaimed
-// by moving the kept rows to the front when room runs out.
+// first_kept(layer) up to length(); DropBelow() releases the blocks wholly
+// below (KV-Direct's hot window: attention rebuilds them from residual
+// checkpoints), so a windowed cache holds about window + a block or two of
+// rows however long the session grows, with no copying.
 //
 // Sliding-window (local) layers never read keys older than their window, so
 // by default Model::Forward also drops a local layer's rows below
@@ -16,8 +23,9 @@
 // turns that off for tests that compare rows at every position.
 //
 // Rows are appended by Model::Forward; Truncate() rolls back (e.g. to drop an
-// unfinished turn). Thread-safety: a cache belongs to one sequence and is used
-// by one forward pass at a time.
+// unfinished turn) and releases the blocks past the new end. Thread-safety: a
+// cache belongs to one sequence and is used by one forward pass at a time;
+// its pool is thread-safe, so caches of one pool may run in parallel.
 //
 //   KvCache cache = model->NewCache();   // Forward appends rows
 //   cache.DropBelow(cache.length() - 64);
@@ -26,9 +34,14 @@
 #define KVD_OPS_MODEL_KV_CACHE_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/cpu/attention.h"
+#include "ops/model/kv_block_pool.h"
 #include "ops/model/model_config.h"
 
 namespace kvd::ops {
@@ -41,23 +54,43 @@ int64_t WindowStart(int64_t sliding_window, int64_t length);
 
 class KvCache {
  public:
+  // Bytes of one K (or V) row for this model and precision.
+  static size_t RowBytes(const ModelConfig& config, Precision precision);
+
+  // A cache with its own unlimited pool of default-size blocks.
   KvCache(const ModelConfig& config, Precision precision);
+  // A cache drawing blocks from `pool` (not owned; must outlive the cache).
+  // INVALID_ARGUMENT if the pool's rows are not this model's K/V rows.
+  static absl::StatusOr<KvCache> InPool(const ModelConfig& config,
+                                        Precision precision, KvBlockPool* pool);
+  // A deep copy in a private unlimited pool (a snapshot for tests and
+  // experiments: it never competes for the original's budget).
+  KvCache(const KvCache& other);
+  KvCache& operator=(const KvCache& other);
+  KvCache(KvCache&& other) noexcept;
+  KvCache& operator=(KvCache&& other) noexcept;
+  ~KvCache();
 
   int64_t length() const { return length_; }
   int64_t n_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t row_size() const { return row_size_; }  // values per row
   Precision precision() const { return precision_; }
+  KvBlockPool* pool() const { return pool_; }
+  int64_t block_rows() const { return block_rows_; }
   // Bytes of the K and V rows held (kept positions of every layer).
   size_t size_bytes() const;
-  // Bytes of K and V storage allocated for all layers (>= size_bytes()).
+  // Bytes of the blocks held: blocks x pool()->block_bytes() (>=
+  // size_bytes()).
   size_t allocated_bytes() const;
+  int64_t blocks_held() const;
 
   // First position whose rows `layer` still holds (0 unless rows were
   // dropped; may equal length() when the layer holds none).
   int64_t first_kept(int64_t layer) const { return layers_[layer].first_kept; }
-  // Frees the rows of `layer` (or of every layer) below `position`, clamped
-  // to [first_kept, length()]. Dropped rows cannot come back: reading them
-  // again takes a rebuild (ops/kvdirect/rebuild.h).
+  // Forgets the rows of `layer` (or of every layer) below `position`, clamped
+  // to [first_kept, length()], and releases the blocks wholly below it.
+  // Dropped rows cannot come back: reading them again takes a rebuild
+  // (ops/kvdirect/rebuild.h).
   void DropBelow(int64_t layer, int64_t position);
   void DropBelow(int64_t position);
 
@@ -67,36 +100,48 @@ class KvCache {
   bool trims_past_windows() const { return trims_past_windows_; }
   void KeepRowsPastWindows() { trims_past_windows_ = false; }
 
+  // Rolls back to `length` tokens, releasing the blocks past it.
   void Truncate(int64_t length);
-  // Empties the cache and sets its length to `length` with every position
-  // below it dropped: where a rebuild starts writing its hot window.
+  // Empties the cache (every block released) and sets its length to `length`
+  // with every position below it dropped: where a rebuild starts writing its
+  // hot window.
   void Reset(int64_t length);
-  // How a layer's storage grows when positions up to `length` do not fit.
-  enum class Growth {
-    kGeometric,  // doubles: a cache that keeps every row
-    kWindow,     // exactly the kept rows + one attention chunk: rows below
-                 // keep being dropped, so the kept range stays bounded
-  };
-  // Makes room for positions up to `length` at every layer (kGeometric) or at
-  // one layer; existing kept rows are kept.
-  void Reserve(int64_t length);
-  void ReserveLayer(int64_t layer, int64_t length, Growth growth);
+  // Makes room for positions up to `length` at every layer (all or nothing)
+  // or at one layer; existing kept rows stay. RESOURCE_EXHAUSTED when the
+  // pool's budget cannot cover it, with the cache unchanged.
+  absl::Status Reserve(int64_t length);
+  absl::Status ReserveLayer(int64_t layer, int64_t length);
 
-  // Rows of `layer` indexed by absolute position (row p is position p), the
-  // layout AttendCausalBlock reads; only rows in [first_kept(layer), length())
-  // may be read. With dropped rows, `data` points before the allocation and is
-  // valid only offset into the kept range.
+  // Model::Forward's two-phase step preparation, so a step that cannot get
+  // its blocks fails before any cache changes: BlocksToPrepare counts the
+  // blocks Prepare will take from the pool to drop each layer l's rows below
+  // keep[l] and then hold positions up to `length` (blocks it releases are
+  // reused first); the caller reserves that many from pool() and then calls
+  // Prepare, which cannot fail.
+  int64_t BlocksToPrepare(absl::Span<const int64_t> keep, int64_t length) const;
+  void Prepare(absl::Span<const int64_t> keep, int64_t length);
+
+  // Rows of `layer` indexed by absolute position (row p is position p) through
+  // the block table, the layout AttendCausalBlock reads; only rows in
+  // [first_kept(layer), length()) may be read. Valid until the next call that
+  // adds or releases blocks.
   kernels::cpu::KvRows Keys(int64_t layer) const;
   kernels::cpu::KvRows Values(int64_t layer) const;
   // Writes fp32 `row` (row_size values) at `position` (>= first_kept, room
   // reserved), converting to the dtype.
   void WriteKey(int64_t layer, int64_t position, const float* row);
   void WriteValue(int64_t layer, int64_t position, const float* row);
+  // Copies `n` rows already in the cache's dtype (row_bytes() each) to
+  // positions [position, position + n) of `layer` (room reserved), across
+  // block boundaries: where a rebuild stores recomputed rows.
+  void WriteRows(int64_t layer, int64_t position, int64_t n,
+                 const uint8_t* keys, const uint8_t* values);
   // Raw bytes of one stored row (position in [first_kept(layer), reserved
-  // end)); rows of consecutive positions are consecutive in memory.
+  // end)). Rows of consecutive positions are consecutive in memory only
+  // within a block, hence within one attention chunk.
   const uint8_t* KeyBytes(int64_t layer, int64_t position) const;
   const uint8_t* ValueBytes(int64_t layer, int64_t position) const;
-  // The same rows, writable: where a rebuild recomputes rows in place.
+  // The same row, writable.
   uint8_t* MutableKeyBytes(int64_t layer, int64_t position);
   uint8_t* MutableValueBytes(int64_t layer, int64_t position);
   size_t row_bytes() const { return row_size_ * elem_bytes_; }
@@ -105,23 +150,41 @@ class KvCache {
   void SetLength(int64_t length) { length_ = length; }
 
  private:
-  struct LayerRows {
-    std::vector<uint8_t> keys, values;  // `capacity` rows each
-    int64_t begin = 0;                  // position of storage row 0
-    int64_t first_kept = 0;             // >= begin
-    int64_t end = 0;                    // one past the last position reserved
-    int64_t capacity = 0;               // rows allocated
+  KvCache(const ModelConfig& config, Precision precision, KvBlockPool* pool,
+          std::shared_ptr<KvBlockPool> own_pool);
+  struct LayerBlocks {
+    // blocks[i] holds positions [i * block_rows, (i + 1) * block_rows): non
+    // null exactly for first_kept / block_rows <= i < blocks.size().
+    std::vector<uint8_t*> blocks;
+    int64_t first_kept = 0;
   };
-  void Resize(LayerRows& rows, int64_t capacity);
-  void Write(std::vector<uint8_t>& store, int64_t index, const float* row);
+  // Where `position` would be clamped to by DropBelow.
+  int64_t ClampDrop(const LayerBlocks& l, int64_t position) const;
+  // Blocks DropBelow(l, position) would release / blocks growing to
+  // `length` would add after it.
+  int64_t BlocksBelow(const LayerBlocks& l, int64_t position) const;
+  int64_t BlocksToGrow(const LayerBlocks& l, int64_t first_kept,
+                       int64_t length) const;
+  // Drops, handing released blocks to `spare` (or the pool when null).
+  void Drop(LayerBlocks& l, int64_t position, std::vector<uint8_t*>* spare);
+  // Adds the blocks up to `length`, from `spare` first, then the pool's
+  // reservation.
+  void Grow(LayerBlocks& l, int64_t length, std::vector<uint8_t*>* spare);
+  void ReleaseAll();
+  uint8_t* Row(const LayerBlocks& l, int64_t position, bool value) const;
+  void Write(uint8_t* dst, const float* row);
   kernels::cpu::WeightType type() const;
 
   Precision precision_;
   int64_t row_size_;
   size_t elem_bytes_;
+  // A private pool (shared_ptr so a moved cache keeps it alive) or null.
+  std::shared_ptr<KvBlockPool> own_pool_;
+  KvBlockPool* pool_;
+  int64_t block_rows_;
   int64_t length_ = 0;
   bool trims_past_windows_ = true;
-  std::vector<LayerRows> layers_;
+  std::vector<LayerBlocks> layers_;
 };
 
 }  // namespace kvd::ops

@@ -123,12 +123,19 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
     total += step.tokens.size();
   }
 
+  // Every block the step needs is reserved before any cache changes, so an
+  // exhausted pool fails the whole step cleanly.
+  std::vector<std::vector<int64_t>> keep(batch.size());
+  for (size_t s = 0; s < batch.size(); ++s) keep[s] = KeepBegins(batch[s]);
+  KVD_RETURN_IF_ERROR(ReserveBlocks(batch, keep));
+
   // Flatten the batch: row r is token row_pos[r] of sequence row_seq[r].
   std::vector<int64_t> row_seq, row_pos;
   row_seq.reserve(total);
   row_pos.reserve(total);
   for (size_t s = 0; s < batch.size(); ++s) {
-    PrepareCache(batch[s]);
+    batch[s].cache->Prepare(keep[s],
+                            batch[s].cache->length() + batch[s].tokens.size());
     for (size_t i = 0; i < batch[s].tokens.size(); ++i) {
       row_seq.push_back(s);
       row_pos.push_back(batch[s].cache->length() + i);
@@ -213,29 +220,50 @@ absl::Status Model::CheckKeptRows(const SequenceStep& step) const {
   return absl::OkStatus();
 }
 
-void Model::PrepareCache(const SequenceStep& step) const {
-  KvCache& cache = *step.cache;
+std::vector<int64_t> Model::KeepBegins(const SequenceStep& step) const {
+  const KvCache& cache = *step.cache;
   const int64_t length = cache.length();
-  const int64_t end = length + step.tokens.size();
   // Rows below the KvSource's hot window, and a local layer's rows below its
-  // window, are never read again, so they are freed; a layer whose next step
-  // will drop rows again grows only to what it keeps instead of doubling.
+  // window, are never read again, so they are freed.
+  std::vector<int64_t> keep(config_.n_layers, 0);
   for (int64_t l = 0; l < config_.n_layers; ++l) {
-    int64_t keep = 0, keep_next = 0;
-    if (step.kv_source != nullptr) {
-      keep = step.kv_source->HotBegin(l, length);
-      keep_next = step.kv_source->HotBegin(l, end);
-    }
+    if (step.kv_source != nullptr)
+      keep[l] = step.kv_source->HotBegin(l, length);
     if (cache.trims_past_windows()) {
-      const int64_t window = config_.layers[l].sliding_window;
-      keep = std::max(keep, WindowStart(window, length));
-      keep_next = std::max(keep_next, WindowStart(window, end));
+      keep[l] = std::max(keep[l],
+                         WindowStart(config_.layers[l].sliding_window, length));
     }
-    if (keep > 0 || step.kv_source != nullptr) cache.DropBelow(l, keep);
-    cache.ReserveLayer(
-        l, end,
-        keep_next > 0 ? KvCache::Growth::kWindow : KvCache::Growth::kGeometric);
   }
+  return keep;
+}
+
+absl::Status Model::ReserveBlocks(
+    absl::Span<const SequenceStep> batch,
+    const std::vector<std::vector<int64_t>>& keep) const {
+  // Per pool, in first-seen order; caches of one pool reserve together.
+  std::vector<std::pair<KvBlockPool*, int64_t>> need;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const KvCache& cache = *batch[s].cache;
+    const int64_t n = cache.BlocksToPrepare(
+        keep[s], cache.length() + static_cast<int64_t>(batch[s].tokens.size()));
+    auto it = std::find_if(need.begin(), need.end(), [&](const auto& p) {
+      return p.first == cache.pool();
+    });
+    if (it == need.end()) {
+      need.emplace_back(cache.pool(), n);
+    } else {
+      it->second += n;
+    }
+  }
+  for (size_t i = 0; i < need.size(); ++i) {
+    if (absl::Status s = need[i].first->Reserve(need[i].second); !s.ok()) {
+      for (size_t j = 0; j < i; ++j) need[j].first->Unreserve(need[j].second);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("forward step of ", batch.size(), " sequence(s) needs ",
+                       need[i].second, " more K/V blocks: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Model::RunLayers(int64_t first, int64_t end,
@@ -297,7 +325,7 @@ absl::Status Model::ForwardLayers(KvCache* cache, int64_t position, int64_t n,
   }
   if (n == 0 || first_layer == end_layer) return absl::OkStatus();
   for (int64_t l = first_layer; l < end_layer; ++l)
-    cache->ReserveLayer(l, position + n, KvCache::Growth::kGeometric);
+    KVD_RETURN_IF_ERROR(cache->ReserveLayer(l, position + n));
   const SequenceStep step{cache, {}, LogitsMode::kNone, sequence_id};
   std::vector<int64_t> row_seq(n, 0), row_pos(n);
   for (int64_t i = 0; i < n; ++i) row_pos[i] = position + i;
@@ -417,7 +445,6 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
   }
   const int64_t group = c.n_heads / c.n_kv_heads;
   const float scale = c.attn_scale();
-  const size_t elem = precision_ == Precision::kF32 ? 4 : 2;
   auto attend = [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const Task& task = tasks[t];
@@ -429,9 +456,8 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
         continue;
       }
       const KvCache* cache = step.cache;
-      cpu::KvRows keys = cache->Keys(l), values = cache->Values(l);
-      keys.data = static_cast<const char*>(keys.data) + task.g * hd * elem;
-      values.data = static_cast<const char*>(values.data) + task.g * hd * elem;
+      const cpu::KvRows keys = cache->Keys(l).Shifted(task.g * hd);
+      const cpu::KvRows values = cache->Values(l).Shifted(task.g * hd);
       const int64_t offset = task.row * qd + task.g * group * hd;
       cpu::AttendCausalBlock(q.data() + offset, qd, task.n, group, hd, scale,
                              keys, values, row_pos[task.row], lc.sliding_window,

@@ -163,11 +163,23 @@ class Model {
   const ModelWeights& weights() const { return weights_; }
   kernels::cpu::ThreadPool* pool() const { return pool_.get(); }
 
+  // A cache with its own unlimited block pool.
   KvCache NewCache() const { return KvCache(config_, precision_); }
+  // A cache drawing from `pool` (shared with other caches, must outlive
+  // them). INVALID_ARGUMENT if the pool was made for other rows.
+  absl::StatusOr<KvCache> NewCache(KvBlockPool* pool) const {
+    return KvCache::InPool(config_, precision_, pool);
+  }
+  // A block pool whose rows fit this model's caches.
+  absl::StatusOr<std::unique_ptr<KvBlockPool>> NewBlockPool(
+      const KvBlockPool::Options& options) const {
+    return KvBlockPool::Create(KvCache::RowBytes(config_, precision_), options);
+  }
 
   // Runs one step over `batch`. INVALID_ARGUMENT for out-of-range token ids or
-  // a sequence that would exceed the context length; nothing is written to any
-  // cache in that case.
+  // a sequence that would exceed the context length, RESOURCE_EXHAUSTED when
+  // a cache's block pool cannot hold the step's rows; nothing is written to
+  // any cache in those cases.
   absl::Status Forward(absl::Span<const SequenceStep> batch, ForwardOutput* out,
                        ResidualObserver* observer = nullptr,
                        ResidualPatcher* patcher = nullptr) const;
@@ -255,8 +267,15 @@ class Model {
   absl::Status CheckKeySelection(const SequenceStep& step) const;
   // FAILED_PRECONDITION if attention would need rows the cache dropped.
   absl::Status CheckKeptRows(const SequenceStep& step) const;
-  // Frees rows below the KvSource's hot window and makes room for the step.
-  void PrepareCache(const SequenceStep& step) const;
+  // Per layer, the first position the step's cache keeps: rows below the
+  // KvSource's hot window and below a local layer's window are released.
+  std::vector<int64_t> KeepBegins(const SequenceStep& step) const;
+  // Reserves, per block pool, the blocks every cache of the batch needs for
+  // the step (KvCache::BlocksToPrepare), all or nothing: RESOURCE_EXHAUSTED
+  // with no reservation held otherwise.
+  absl::Status ReserveBlocks(
+      absl::Span<const SequenceStep> batch,
+      const std::vector<std::vector<int64_t>>& keep) const;
   // Layers [first, end) over the flattened rows, with the patcher and
   // observer hooks at each layer's input.
   void RunLayers(int64_t first, int64_t end,
