@@ -1,5 +1,6 @@
 #include "services/engine/generator.h"
 
+#include <iterator>
 #include <memory>
 
 #include "base/status_macros.h"
@@ -19,13 +20,22 @@ const char* FinishReasonName(FinishReason r) {
   return "unknown";
 }
 
-absl::StatusOr<GenerateResult> Generate(
-    const ops::Model& model, const ops::Tokenizer& tokenizer,
-    const GenerateRequest& request, ops::KvCache* cache,
-    const std::function<void(std::string_view)>& on_text) {
+void GenerateDelta::Append(GenerateDelta&& next) {
+  text += next.text;
+  tokens.insert(tokens.end(), next.tokens.begin(), next.tokens.end());
+  logprobs.insert(logprobs.end(),
+                  std::make_move_iterator(next.logprobs.begin()),
+                  std::make_move_iterator(next.logprobs.end()));
+}
+
+absl::StatusOr<GenerateResult> Generate(const ops::Model& model,
+                                        const ops::Tokenizer& tokenizer,
+                                        const GenerateRequest& request,
+                                        ops::KvCache* cache,
+                                        const DeltaCallback& on_delta) {
   KVD_ASSIGN_OR_RETURN(
       std::unique_ptr<Sequence> seq,
-      Sequence::Create(model, tokenizer, request, cache, on_text));
+      Sequence::Create(model, tokenizer, request, cache, on_delta));
   ops::ForwardOutput out;
   while (!seq->PollCancelled()) {
     ops::SequenceStep step = seq->NextStep(request.prefill_chunk);

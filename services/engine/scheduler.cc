@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "services/engine/sequence.h"
 
@@ -41,12 +42,13 @@ struct Scheduler::Job {
   std::unique_ptr<Sequence> seq;
   ops::ResidualObserver* observer = nullptr;
   int64_t sequence_id = 0;
-  bool closed = false;    // scheduler thread only: FinishJob ran
+  ops::KvCache* cache = nullptr;  // the caller's, while Run waits
+  bool closed = false;            // scheduler thread only: FinishJob ran
   bool admitted = false;  // scheduler thread only: counted in running_count_
 
   absl::Mutex mu;
   absl::CondVar cv;
-  std::string pending_text ABSL_GUARDED_BY(mu);  // not yet given to on_text
+  GenerateDelta pending ABSL_GUARDED_BY(mu);  // not yet given to on_delta
   bool finished ABSL_GUARDED_BY(mu) = false;
   absl::Status status ABSL_GUARDED_BY(mu);
   GenerateResult result ABSL_GUARDED_BY(mu);
@@ -81,20 +83,22 @@ SchedulerStats Scheduler::stats() const {
   return s;
 }
 
-absl::StatusOr<GenerateResult> Scheduler::Run(
-    const ops::Tokenizer& tokenizer, const GenerateRequest& request,
-    ops::KvCache* cache, const std::function<void(std::string_view)>& on_text) {
+absl::StatusOr<GenerateResult> Scheduler::Run(const ops::Tokenizer& tokenizer,
+                                              const GenerateRequest& request,
+                                              ops::KvCache* cache,
+                                              const DeltaCallback& on_delta) {
   auto job = std::make_shared<Job>();
   job->observer = request.observer;
   job->sequence_id = request.sequence_id;
+  job->cache = cache;
   Job* j = job.get();
-  KVD_ASSIGN_OR_RETURN(
-      job->seq, Sequence::Create(model_, tokenizer, request, cache,
-                                 [j](std::string_view s) {
-                                   absl::MutexLock lock(&j->mu);
-                                   j->pending_text.append(s.data(), s.size());
-                                   j->cv.Signal();
-                                 }));
+  KVD_ASSIGN_OR_RETURN(job->seq,
+                       Sequence::Create(model_, tokenizer, request, cache,
+                                        [j](const GenerateDelta& d) {
+                                          absl::MutexLock lock(&j->mu);
+                                          j->pending.Append(GenerateDelta(d));
+                                          j->cv.Signal();
+                                        }));
   {
     absl::MutexLock lock(&mu_);
     if (stop_) {
@@ -113,20 +117,21 @@ absl::StatusOr<GenerateResult> Scheduler::Run(
     waiting_.push_back(job);
     work_cv_.Signal();
   }
-  // Relay text to the caller's thread until the sequence is finished.
-  std::string text;
+  // Relay deltas to the caller's thread until the sequence is finished; a
+  // caller slower than the batch gets the deltas it missed merged into one.
+  GenerateDelta delta;
   j->mu.Lock();
   while (true) {
-    while (!j->finished && j->pending_text.empty()) j->cv.Wait(&j->mu);
-    if (!j->pending_text.empty()) {
-      text.swap(j->pending_text);
+    while (!j->finished && j->pending.empty()) j->cv.Wait(&j->mu);
+    if (!j->pending.empty()) {
+      std::swap(delta, j->pending);
       j->mu.Unlock();
-      if (on_text) on_text(text);
-      text.clear();
+      on_delta(delta);
+      delta = GenerateDelta();
       j->mu.Lock();
       continue;
     }
-    break;  // finished, and every piece of text was delivered
+    break;  // finished, and every delta was delivered
   }
   absl::Status status = j->status;
   GenerateResult result = std::move(j->result);
@@ -152,7 +157,6 @@ void Scheduler::FinishJob(Job& job, absl::Status status) {
 
 void Scheduler::Loop() {
   std::vector<std::shared_ptr<Job>> running;
-  const size_t max_running = std::max<int64_t>(1, options_.max_running);
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -162,13 +166,9 @@ void Scheduler::Loop() {
         waiting_.clear();
         break;
       }
-      while (running.size() < max_running && !waiting_.empty()) {
-        running.push_back(std::move(waiting_.front()));
-        waiting_.pop_front();
-        running.back()->admitted = true;
-        running_count_++;
-      }
     }
+    Admit(running);
+    if (running.empty()) continue;  // a refused prompt; look again
     Step(running);
     running.erase(
         std::remove_if(running.begin(), running.end(),
@@ -180,6 +180,63 @@ void Scheduler::Loop() {
     FinishJob(*job, absl::UnavailableError(
                         "the engine shut down before the request finished; "
                         "nothing of it was kept"));
+  }
+}
+
+absl::Status Scheduler::PoolFull(absl::string_view why) const {
+  const ops::KvBlockPool& pool = *options_.kv_pool;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "K/V pool of %.0f MiB is full (%d of %d blocks in use): %s; raise "
+      "--kv-pool-mb or lower --max-running",
+      pool.budget_bytes() / (1024.0 * 1024.0), pool.stats().blocks_in_use,
+      pool.capacity_blocks(), std::string(why)));
+}
+
+int64_t Scheduler::PromptBlocks(const Job& job) const {
+  const ops::KvCache& cache = *job.cache;
+  std::vector<int64_t> keep(cache.n_layers());
+  for (int64_t l = 0; l < cache.n_layers(); ++l) keep[l] = cache.first_kept(l);
+  return cache.BlocksToPrepare(keep,
+                               cache.length() + job.seq->prefill_remaining());
+}
+
+void Scheduler::Admit(std::vector<std::shared_ptr<Job>>& running) {
+  const size_t max_running = std::max<int64_t>(1, options_.max_running);
+  ops::KvBlockPool* pool = options_.kv_pool;
+  while (running.size() < max_running) {
+    std::shared_ptr<Job> next;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_ || waiting_.empty()) return;
+      next = waiting_.front();  // only this thread pops
+    }
+    if (pool != nullptr && pool->capacity_blocks() > 0) {
+      // Blocks the admitted prompts still need are spoken for.
+      int64_t promised = 0;
+      for (const std::shared_ptr<Job>& job : running) {
+        if (!job->closed && job->seq->prefilling())
+          promised += PromptBlocks(*job);
+      }
+      const int64_t need = PromptBlocks(*next);
+      if (pool->available_blocks() < promised + need) {
+        if (options_.reclaim_kv && options_.reclaim_kv()) continue;
+        if (!running.empty()) return;  // waits for running ones to finish
+        {
+          absl::MutexLock lock(&mu_);
+          waiting_.pop_front();
+        }
+        FinishJob(*next, PoolFull(absl::StrCat(
+                             "the prompt needs ", need,
+                             " more blocks and only ", pool->available_blocks(),
+                             " are free with nothing running")));
+        continue;
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    waiting_.pop_front();
+    next->admitted = true;
+    running_count_++;
+    running.push_back(std::move(next));
   }
 }
 
@@ -213,7 +270,30 @@ void Scheduler::Step(std::vector<std::shared_ptr<Job>>& running) {
       absl::MutexLock lock(&model_mu_);
       status = model_.Forward(steps, &out, mux.any() ? &mux : nullptr);
     }
-    if (status.ok()) {
+    // A full pool: free idle blocks elsewhere, else fail the youngest member
+    // (its cache emptied, so its blocks go back) and retry without it. The
+    // refused Forward touched no cache, so the others' bits are unaffected.
+    while (options_.kv_pool != nullptr &&
+           status.code() == absl::StatusCode::kResourceExhausted &&
+           !steps.empty()) {
+      if (!options_.reclaim_kv || !options_.reclaim_kv()) {
+        Job& youngest = *members.back();
+        youngest.cache->Reset(0);
+        FinishJob(youngest, PoolFull(absl::StrCat(
+                                "a step of ", steps.size(),
+                                " sequences could not get its blocks; the "
+                                "youngest sequence was stopped")));
+        steps.pop_back();
+        members.pop_back();
+        mux.routes.pop_back();
+        if (steps.empty()) break;
+      }
+      absl::MutexLock lock(&model_mu_);
+      status = model_.Forward(steps, &out, mux.any() ? &mux : nullptr);
+    }
+    if (steps.empty()) {
+      // Every member was stopped; nothing ran.
+    } else if (status.ok()) {
       for (size_t i = 0; i < steps.size(); ++i) {
         members[i]->seq->OnStepDone(steps[i].logits == ops::LogitsMode::kNone
                                         ? nullptr

@@ -14,14 +14,19 @@
 // at most `max_waiting` wait for a place; Run returns RESOURCE_EXHAUSTED at
 // once beyond that (the front ends map it to HTTP 429 / gRPC
 // RESOURCE_EXHAUSTED). `Saturated()` lets a caller refuse before doing any
-// work of its own (e.g. restoring a session).
+// work of its own (e.g. restoring a session). With a K/V block pool
+// (SchedulerOptions::kv_pool) memory is admitted too: a waiting sequence
+// enters the batch only when the pool's free blocks cover its prompt, and a
+// step the pool cannot serve first reclaims idle blocks (reclaim_kv), then
+// stops the youngest sequence of the batch with RESOURCE_EXHAUSTED; the
+// refused Forward wrote nothing, so the others continue bit-identically.
 //
 //   Scheduler scheduler(model, {.max_running = 16});
 //   KvCache cache = model.NewCache();
 //   KVD_ASSIGN_OR_RETURN(GenerateResult r,
-//                        scheduler.Run(tokenizer, request, &cache, on_text));
+//                        scheduler.Run(tokenizer, request, &cache, on_delta));
 //
-// Threads: Run blocks its caller until the sequence finishes; `on_text` is
+// Threads: Run blocks its caller until the sequence finishes; `on_delta` is
 // called on the caller's thread (a slow client never stalls the batch), while
 // the request's `on_logits` and `cancelled` are called on the scheduler thread
 // and must be quick. Any other use of the model's thread pool (restoring a
@@ -40,6 +45,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "ops/model/model.h"
 #include "ops/tokenizer/tokenizer.h"
@@ -57,6 +63,17 @@ struct SchedulerOptions {
   // Prompt tokens all prefilling sequences together may run per iteration
   // (>= 1): bounds how long decoding sequences wait for each new token.
   int64_t prefill_tokens_per_step = 256;
+  // The K/V block pool every Run cache draws from (not owned; outlives the
+  // scheduler), or null for no pool-aware admission. With a pool, a waiting
+  // sequence is admitted only when the pool's free blocks cover its prompt
+  // (on top of what admitted prompts still need); a step that cannot get
+  // its blocks first calls reclaim_kv, then fails the youngest running
+  // sequence with RESOURCE_EXHAUSTED while the others continue.
+  ops::KvBlockPool* kv_pool = nullptr;
+  // Frees pool blocks held outside the scheduler (an engine demoting one
+  // idle hot session); true if it freed something. Called on the scheduler
+  // thread with no scheduler lock held. Optional.
+  std::function<bool()> reclaim_kv;
 };
 
 struct SchedulerStats {
@@ -82,14 +99,16 @@ class Scheduler {
   // Runs `request` (its prompt follows what `cache` holds; its observer and
   // kv_source, if any, are used with its sequence_id) in the shared batch and
   // returns when it finishes. INVALID_ARGUMENT for a bad request (before
-  // anything runs), RESOURCE_EXHAUSTED if the queue is full (nothing ran),
+  // anything runs), RESOURCE_EXHAUSTED if the queue is full (nothing ran) or
+  // the K/V pool is (a prompt refused at admission leaves `cache` alone; a
+  // sequence stopped in the batch has `cache` emptied, its blocks returned),
   // UNAVAILABLE if the scheduler is shutting down, or Forward's error. A
   // cancelled sequence returns OK with finish_reason kCancelled, like
   // Generate. `cache` and the tokenizer must stay alive until Run returns.
-  absl::StatusOr<GenerateResult> Run(
-      const ops::Tokenizer& tokenizer, const GenerateRequest& request,
-      ops::KvCache* cache,
-      const std::function<void(std::string_view)>& on_text);
+  absl::StatusOr<GenerateResult> Run(const ops::Tokenizer& tokenizer,
+                                     const GenerateRequest& request,
+                                     ops::KvCache* cache,
+                                     const DeltaCallback& on_delta);
 
   // True when Run would refuse a new sequence right now.
   bool Saturated() const;
@@ -103,8 +122,16 @@ class Scheduler {
  private:
   struct Job;
   void Loop();
+  // Moves waiting jobs into `running` (FIFO) while there is room and, with a
+  // pool, blocks for their prompts; fails a prompt that cannot fit even
+  // with nothing running.
+  void Admit(std::vector<std::shared_ptr<Job>>& running);
+  // Blocks `job`'s prompt still needs from the pool (no drops counted).
+  int64_t PromptBlocks(const Job& job) const;
   // One Forward batch over `running`; finishes the jobs that are done.
   void Step(std::vector<std::shared_ptr<Job>>& running);
+  // RESOURCE_EXHAUSTED for a sequence the full pool cannot serve.
+  absl::Status PoolFull(absl::string_view why) const;
   void FinishJob(Job& job, absl::Status status);
 
   const ops::Model& model_;

@@ -18,8 +18,7 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 
 absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(
     const ops::Model& model, const ops::Tokenizer& tokenizer,
-    GenerateRequest request, ops::KvCache* cache,
-    std::function<void(std::string_view)> on_text) {
+    GenerateRequest request, ops::KvCache* cache, DeltaCallback on_delta) {
   if (request.prompt.empty()) {
     // The prompt's last token yields the first logits, so even a session
     // that holds tokens needs at least one new one.
@@ -46,18 +45,18 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(
                        ops::StopMatcher::Create(request.stop));
   return std::unique_ptr<Sequence>(
       new Sequence(model, tokenizer, std::move(request), cache,
-                   std::move(on_text), std::move(sampler), std::move(stop)));
+                   std::move(on_delta), std::move(sampler), std::move(stop)));
 }
 
 Sequence::Sequence(const ops::Model& model, const ops::Tokenizer& tokenizer,
                    GenerateRequest request, ops::KvCache* cache,
-                   std::function<void(std::string_view)> on_text,
-                   ops::Sampler sampler, ops::StopMatcher stop)
+                   DeltaCallback on_delta, ops::Sampler sampler,
+                   ops::StopMatcher stop)
     : model_(model),
       tokenizer_(tokenizer),
       request_(std::move(request)),
       cache_(cache),
-      on_text_(std::move(on_text)),
+      on_delta_(std::move(on_delta)),
       sampler_(std::move(sampler)),
       stop_(std::move(stop)) {
   result_.prompt_tokens = request_.prompt.size();
@@ -107,6 +106,10 @@ void Sequence::OnStepDone(const float* logits) {
   const int32_t token = sampler_.Sample(logits, vocab, history_);
   result_.tokens.push_back(token);
   history_.push_back(token);
+  if (request_.logprobs) {
+    result_.logprobs.push_back(
+        ops::ComputeLogProbs(logits, vocab, token, request_.top_logprobs));
+  }
   if (!request_.ignore_eos && tokenizer_.IsEog(token))
     return Finish(FinishReason::kStop);
   const ops::StopMatcher::Result r = stop_.Feed(tokenizer_.TokenToPiece(token));
@@ -127,16 +130,29 @@ void Sequence::Cancel() {
   Finish(FinishReason::kCancelled);
 }
 
-void Sequence::Emit(const std::string& s) {
-  if (s.empty()) return;
+void Sequence::Emit(const std::string& s, bool flush) {
+  const size_t n = result_.tokens.size();
+  if (s.empty() && !(flush && delivered_tokens_ < n)) return;
   result_.text += s;
-  if (on_text_) on_text_(s);
+  if (on_delta_) {
+    GenerateDelta d;
+    d.text = s;
+    d.tokens.assign(result_.tokens.begin() + delivered_tokens_,
+                    result_.tokens.end());
+    if (request_.logprobs) {
+      d.logprobs.assign(result_.logprobs.begin() + delivered_tokens_,
+                        result_.logprobs.end());
+    }
+    on_delta_(d);
+  }
+  delivered_tokens_ = n;
 }
 
 void Sequence::Finish(FinishReason reason) {
   done_ = true;
   result_.finish_reason = reason;
-  if (reason == FinishReason::kLength) Emit(stop_.Flush());
+  Emit(reason == FinishReason::kLength ? stop_.Flush() : std::string(),
+       /*flush=*/true);
   if (reason != FinishReason::kCancelled || !prefilling())
     result_.decode_seconds = SecondsSince(decode_start_);
 }

@@ -3,13 +3,14 @@
 //
 // Generate (a batch of one) and the Scheduler (many sequences per Forward
 // step) drive the same object, so stop strings, UTF-8-safe text emission,
-// max_tokens, end-of-generation, cancellation and on_logits behave the same
+// max_tokens, end-of-generation, cancellation, logprobs, the deltas streamed
+// and on_logits behave the same
 // whoever runs it. The driver asks for the sequence's next step, runs it in a
 // Forward batch and hands back the step's logits row:
 //
 //   KVD_ASSIGN_OR_RETURN(std::unique_ptr<Sequence> seq,
 //                        Sequence::Create(model, tokenizer, request, &cache,
-//                                         on_text));
+//                                         on_delta));
 //   ForwardOutput out;
 //   while (!seq->done()) {
 //     if (seq->PollCancelled()) break;
@@ -50,8 +51,7 @@ class Sequence {
   // Touches neither the cache nor any callback.
   static absl::StatusOr<std::unique_ptr<Sequence>> Create(
       const ops::Model& model, const ops::Tokenizer& tokenizer,
-      GenerateRequest request, ops::KvCache* cache,
-      std::function<void(std::string_view)> on_text);
+      GenerateRequest request, ops::KvCache* cache, DeltaCallback on_delta);
 
   Sequence(const Sequence&) = delete;
   Sequence& operator=(const Sequence&) = delete;
@@ -88,17 +88,18 @@ class Sequence {
 
  private:
   Sequence(const ops::Model& model, const ops::Tokenizer& tokenizer,
-           GenerateRequest request, ops::KvCache* cache,
-           std::function<void(std::string_view)> on_text, ops::Sampler sampler,
-           ops::StopMatcher stop);
-  void Emit(const std::string& s);
+           GenerateRequest request, ops::KvCache* cache, DeltaCallback on_delta,
+           ops::Sampler sampler, ops::StopMatcher stop);
+  // Releases `s` with the tokens sampled since the last delta; with
+  // `flush`, delivers those tokens even when `s` is empty.
+  void Emit(const std::string& s, bool flush = false);
   void Finish(FinishReason reason);
 
   const ops::Model& model_;
   const ops::Tokenizer& tokenizer_;
   const GenerateRequest request_;
   ops::KvCache* const cache_;
-  const std::function<void(std::string_view)> on_text_;
+  const DeltaCallback on_delta_;
   ops::Sampler sampler_;
   ops::StopMatcher stop_;
 
@@ -106,6 +107,7 @@ class Sequence {
   size_t last_chunk_ = 0;         // tokens of the step in flight
   std::vector<int32_t> history_;  // prompt + generated, for penalties
   GenerateResult result_;
+  size_t delivered_tokens_ = 0;  // result_.tokens already in a delta
   bool done_ = false;
   bool started_ = false;
   std::chrono::steady_clock::time_point prefill_start_, decode_start_;

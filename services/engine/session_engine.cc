@@ -63,11 +63,12 @@ v1::ModelIdentity ModelIdentityOf(const ops::Model& model,
 // One session's state while it is hot: every committed token, its K/V and
 // the residual rows its policy keeps (sequence 0 of its own store).
 struct SessionEngine::Active {
-  Active(const ops::Model& model, const ops::CheckpointPolicy& p,
-         int64_t hot_budget)
+  Active(const ops::Model& model, ops::KvBlockPool* pool,
+         const ops::CheckpointPolicy& p, int64_t hot_budget)
       : policy(p),
         hot_budget_value(hot_budget),
-        cache(model.NewCache()),
+        // The engine made the pool for this model: cannot fail.
+        cache(model.NewCache(pool).value()),
         store(model.config(), model.precision(),
               ops::CheckpointLayers(p, model.config().n_layers)) {
     if (p.kind == ops::CheckpointPolicy::Kind::kKvDirect &&
@@ -94,6 +95,35 @@ struct SessionEngine::Active {
   int in_turn = 0;  // turns holding it now (engine mu_); > 0: never demoted
 };
 
+namespace {
+
+std::unique_ptr<ops::KvBlockPool> MakePool(const ops::Model& model,
+                                           const SessionEngineOptions& o) {
+  ops::KvBlockPool::Options po;
+  po.block_rows = o.kv_pool_block_rows;
+  const size_t block =
+      2 * po.block_rows *
+      ops::KvCache::RowBytes(model.config(), model.precision());
+  po.budget_bytes =
+      o.kv_pool_bytes <= 0 ? 0 : std::max<size_t>(o.kv_pool_bytes, block);
+  absl::StatusOr<std::unique_ptr<ops::KvBlockPool>> pool =
+      model.NewBlockPool(po);
+  if (pool.ok()) return *std::move(pool);
+  // A block size that splits an attention chunk: fall back to the default.
+  po.block_rows = ops::KvBlockPool::kDefaultBlockRows;
+  po.budget_bytes = po.budget_bytes == 0 ? 0 : std::max(po.budget_bytes, block);
+  return model.NewBlockPool(po).value();
+}
+
+SchedulerOptions SchedulerWithPool(SchedulerOptions o, ops::KvBlockPool* pool,
+                                   std::function<bool()> reclaim) {
+  o.kv_pool = pool;
+  o.reclaim_kv = std::move(reclaim);
+  return o;
+}
+
+}  // namespace
+
 SessionEngine::SessionEngine(const ops::Model& model,
                              v1::ModelIdentity identity,
                              storage::TieredStore* store,
@@ -102,7 +132,10 @@ SessionEngine::SessionEngine(const ops::Model& model,
       identity_(std::move(identity)),
       store_(store),
       options_(std::move(options)),
-      scheduler_(std::make_unique<Scheduler>(model, options_.scheduler)) {}
+      kv_pool_(MakePool(model, options_)),
+      scheduler_(std::make_unique<Scheduler>(
+          model, SchedulerWithPool(options_.scheduler, kv_pool_.get(),
+                                   [this] { return DemoteOneIdle(); }))) {}
 
 SessionEngine::~SessionEngine() = default;
 
@@ -204,7 +237,8 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
   KVD_RETURN_IF_ERROR(storage::CheckCompatible(m.model(), identity_, session));
   KVD_ASSIGN_OR_RETURN(ops::CheckpointPolicy policy,
                        ops::ParseCheckpointPolicy(m.policy()));
-  auto active = std::make_shared<Active>(model_, policy, options_.hot_budget);
+  auto active = std::make_shared<Active>(model_, kv_pool_.get(), policy,
+                                         options_.hot_budget);
   active->committed = m;
   KVD_RETURN_IF_ERROR(RestoreTokens(*checkpoint, &active->tokens));
   result->path = m.token_count() == 0           ? StatePath::kNew
@@ -219,9 +253,14 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
       spec.tokens = absl::MakeConstSpan(active->tokens).first(m.length());
       spec.checkpoint = &active->store;
       spec.budget = active->budget();
-      absl::MutexLock model_lock(scheduler_->model_mutex());
-      KVD_RETURN_IF_ERROR(
-          ops::RebuildKv(model_, spec, &active->cache, /*cold=*/nullptr));
+      absl::Status rebuilt;
+      do {  // a full pool: idle sessions make room first
+        absl::MutexLock model_lock(scheduler_->model_mutex());
+        rebuilt =
+            ops::RebuildKv(model_, spec, &active->cache, /*cold=*/nullptr);
+      } while (rebuilt.code() == absl::StatusCode::kResourceExhausted &&
+               DemoteOneIdle());
+      KVD_RETURN_IF_ERROR(rebuilt);
       return active;
     }
     if (restored.code() != absl::StatusCode::kDataLoss) return restored;
@@ -257,7 +296,7 @@ absl::Status SessionEngine::Reprefill(Active& active) {
 
 absl::StatusOr<TurnResult> SessionEngine::RunTurn(
     const TurnRequest& request, const ops::Tokenizer& tokenizer,
-    const std::function<void(std::string_view)>& on_text) {
+    const DeltaCallback& on_delta) {
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", request.tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", request.session));
   const Key key(request.tenant, request.session);
@@ -302,10 +341,14 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   g.kv_source = a.source.get();
   g.observer = &a.store;
   g.sequence_id = 0;
+  const int64_t cache_before = a.cache.length();
+  const int64_t store_before = a.store.length(0);
   absl::StatusOr<GenerateResult> gen =
-      scheduler_->Run(tokenizer, g, &a.cache, on_text);
-  if (gen.status().code() == absl::StatusCode::kResourceExhausted) {
-    // Refused before anything ran: the hot state is intact.
+      scheduler_->Run(tokenizer, g, &a.cache, on_delta);
+  if (gen.status().code() == absl::StatusCode::kResourceExhausted &&
+      a.cache.length() == cache_before && a.store.length(0) == store_before) {
+    // Refused before anything ran: the hot state is intact. (Stopped by a
+    // full K/V pool after running, the state is partial and dropped below.)
     SetInTurn(a, false);
     absl::MutexLock lock(&mu_);
     stats_.turns_rejected++;
@@ -374,12 +417,12 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
 
 absl::StatusOr<GenerateResult> SessionEngine::Complete(
     const GenerateRequest& request, const ops::Tokenizer& tokenizer,
-    const std::function<void(std::string_view)>& on_text) {
+    const DeltaCallback& on_delta) {
   GenerateRequest g = request;
   g.kv_source = nullptr;
   g.observer = nullptr;
-  ops::KvCache cache = model_.NewCache();
-  return scheduler_->Run(tokenizer, g, &cache, on_text);
+  KVD_ASSIGN_OR_RETURN(ops::KvCache cache, model_.NewCache(kv_pool_.get()));
+  return scheduler_->Run(tokenizer, g, &cache, on_delta);
 }
 
 absl::StatusOr<v1::SessionManifest> SessionEngine::GetSession(
@@ -424,6 +467,23 @@ void SessionEngine::MakeHot(const Key& key, std::shared_ptr<Active> active) {
     it = lru_.erase(it);
     stats_.sessions_demoted++;
   }
+}
+
+bool SessionEngine::DemoteOneIdle() {
+  std::shared_ptr<Active> victim;  // destroyed after the lock: frees blocks
+  absl::MutexLock lock(&mu_);
+  for (auto it = lru_.end(); it != lru_.begin();) {
+    --it;
+    auto found = hot_.find(*it);
+    if (found->second->in_turn > 0) continue;
+    victim = std::move(found->second);
+    hot_.erase(found);
+    lru_.erase(it);
+    stats_.sessions_demoted++;
+    stats_.sessions_demoted_for_kv++;
+    return true;
+  }
+  return false;
 }
 
 void SessionEngine::SetInTurn(Active& active, bool in_turn) {
@@ -476,6 +536,11 @@ EngineStats SessionEngine::stats() const {
   absl::MutexLock lock(&mu_);
   EngineStats s = stats_;
   s.scheduler = scheduler_->stats();
+  const ops::KvBlockPool::Stats pool = kv_pool_->stats();
+  s.kv_pool_blocks_used = pool.blocks_in_use;
+  s.kv_pool_blocks_total = pool.capacity_blocks;
+  s.kv_pool_blocks_peak = pool.peak_blocks_in_use;
+  s.kv_pool_block_bytes = pool.block_bytes;
   s.hot_sessions = hot_.size();
   for (const auto& [key, active] : hot_) {
     s.hot_kv_bytes += active->kv_bytes;

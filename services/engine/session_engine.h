@@ -78,8 +78,21 @@ struct SessionEngineOptions {
   // so only memory is lost), the session that just ran included if it alone
   // is over the budget. Sessions in the middle of a turn are never demoted,
   // and their K/V grow until the turn ends: the budget bounds memory between
-  // turns, and max_running x the context bounds what turns add.
+  // turns, and max_running x the context bounds what turns add. Kept as a
+  // finer knob for idle sessions' share; kv_pool_bytes is the hard limit.
   int64_t max_hot_kv_bytes = 0;
+  // Bytes of the K/V block pool every hot session and running sequence draws
+  // its cache from (ops/model/kv_block_pool.h); 0 = unlimited. A hard limit:
+  // a waiting request is admitted only when its prompt's blocks are free,
+  // idle hot sessions are demoted (least recently used first) when a step
+  // needs blocks, and only then is the youngest running sequence failed with
+  // RESOURCE_EXHAUSTED. 512 MiB holds ~23k positions of SmolLM2-135M in bf16
+  // (23 KiB per position over 30 layers; 11k in fp32): 16 running sequences
+  // of 1k tokens plus idle sessions, small enough for a laptop. Rounded up
+  // to one block.
+  int64_t kv_pool_bytes = int64_t{512} << 20;
+  // Positions per pool block (a multiple of the attention chunk, 32).
+  int64_t kv_pool_block_rows = ops::KvBlockPool::kDefaultBlockRows;
   // Continuous batching: batch size, queue bound, prefill budget per step.
   SchedulerOptions scheduler;
 };
@@ -120,7 +133,14 @@ struct EngineStats {
   int64_t turns_failed = 0;      // errors and cancellations (nothing committed)
   int64_t turns_rejected = 0;    // RESOURCE_EXHAUSTED: the queue was full
   int64_t sessions_demoted = 0;  // hot state dropped by the LRU (count/bytes)
-  SchedulerStats scheduler;      // running / waiting sequences, steps, tokens
+  // The K/V block pool: blocks held by caches, its capacity (0: unlimited),
+  // the most ever held, and bytes per block.
+  int64_t kv_pool_blocks_used = 0;
+  int64_t kv_pool_blocks_total = 0;
+  int64_t kv_pool_blocks_peak = 0;
+  int64_t kv_pool_block_bytes = 0;
+  int64_t sessions_demoted_for_kv = 0;  // of those, to free pool blocks
+  SchedulerStats scheduler;  // running / waiting sequences, steps, tokens
 };
 
 class SessionEngine {
@@ -142,15 +162,15 @@ class SessionEngine {
   // checkpoint belongs to another model/precision/numerics version;
   // INVALID_ARGUMENT if the turn does not fit the context; the store's code
   // if the commit fails (nothing of the turn is kept then).
-  absl::StatusOr<TurnResult> RunTurn(
-      const TurnRequest& request, const ops::Tokenizer& tokenizer,
-      const std::function<void(std::string_view)>& on_text);
+  absl::StatusOr<TurnResult> RunTurn(const TurnRequest& request,
+                                     const ops::Tokenizer& tokenizer,
+                                     const DeltaCallback& on_delta);
 
   // A stateless request (the plain OpenAI API): generates from `request`'s
   // prompt with a fresh cache and stores nothing.
-  absl::StatusOr<GenerateResult> Complete(
-      const GenerateRequest& request, const ops::Tokenizer& tokenizer,
-      const std::function<void(std::string_view)>& on_text);
+  absl::StatusOr<GenerateResult> Complete(const GenerateRequest& request,
+                                          const ops::Tokenizer& tokenizer,
+                                          const DeltaCallback& on_delta);
 
   // Committed state of a session without restoring it: its manifest.
   // NOT_FOUND if unknown.
@@ -188,6 +208,9 @@ class SessionEngine {
   void MakeHot(const Key& key, std::shared_ptr<Active> active);
   // Marks a session busy (never demoted) or idle again.
   void SetInTurn(Active& active, bool in_turn);
+  // Demotes the least recently used idle hot session, returning its K/V
+  // blocks to the pool; false if there is none. The scheduler's reclaim_kv.
+  bool DemoteOneIdle();
   void Drop(const Key& key);
   void CountRestore(StatePath path);
 
@@ -195,6 +218,8 @@ class SessionEngine {
   const v1::ModelIdentity identity_;
   storage::TieredStore* const store_;
   const SessionEngineOptions options_;
+  // Before everything holding caches, so it outlives them.
+  std::unique_ptr<ops::KvBlockPool> kv_pool_;
 
   mutable absl::Mutex mu_;
   // Most recently used first.

@@ -42,6 +42,17 @@ absl::StatusOr<engine::GenerateRequest> GenerateRequestFromProto(
     g.sampling.top_k = p.top_k();
   }
   if (p.has_seed()) g.sampling.seed = p.seed();
+  if (p.top_logprobs() < 0 || p.top_logprobs() > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.top_logprobs must be in 0..", kMaxTopLogprobs,
+                     ", got ", p.top_logprobs()));
+  }
+  if (p.top_logprobs() > 0 && !p.logprobs()) {
+    return absl::InvalidArgumentError(
+        "sampling.top_logprobs needs sampling.logprobs = true");
+  }
+  g.logprobs = p.logprobs();
+  g.top_logprobs = p.top_logprobs();
   g.max_tokens = std::min(kDefaultMaxTokens, context_length);
   if (p.has_max_tokens()) {
     if (p.max_tokens() < 1 || p.max_tokens() > context_length) {
@@ -157,11 +168,30 @@ absl::StatusOr<std::vector<int32_t>> TurnTokens(
                           /*parse_special=*/true);
 }
 
+void SetLogprobs(const ops::Tokenizer& tokenizer,
+                 absl::Span<const ops::LogProbs> logprobs,
+                 google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* out) {
+  auto set = [&tokenizer](const ops::TokenLogProb& t, v1::TokenLogprob* p) {
+    p->set_token_id(t.token);
+    p->set_logprob(t.logprob);
+    p->set_token(tokenizer.TokenToPiece(t.token));
+  };
+  for (const ops::LogProbs& lp : logprobs) {
+    v1::TokenLogprobs* m = out->Add();
+    set(lp.chosen, m->mutable_chosen());
+    for (const ops::TokenLogProb& t : lp.top) set(t, m->add_top());
+  }
+}
+
 std::string ValidUtf8(std::string_view text) {
   std::string out;
   out.reserve(text.size());
-  for (uint32_t cpt : ops::unicode::DecodeUtf8(text))
+  for (uint32_t cpt : ops::unicode::DecodeUtf8(text)) {
+    // The decoder accepts encoded UTF-16 surrogates (a model's byte tokens
+    // can spell them); protobuf rejects them, so they are replaced too.
+    if (cpt >= 0xD800 && cpt <= 0xDFFF) cpt = 0xFFFD;
     ops::unicode::AppendUtf8(cpt, &out);
+  }
   return out;
 }
 

@@ -40,6 +40,7 @@ inline constexpr size_t kMaxLabelValueBytes = 1024;
 inline constexpr int kDefaultPageSize = 100;
 inline constexpr int kMaxPageSize = 1000;
 inline constexpr int kMaxMessages = 256;
+inline constexpr int kMaxTopLogprobs = 20;  // as OpenAI's API
 
 // absl and gRPC share the canonical code numbering.
 grpc::Status ToGrpcStatus(const absl::Status& status);
@@ -48,7 +49,8 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // kDefaultMaxTokens capped at `context_length`), stop strings. INVALID_ARGUMENT
 // naming the field and its bound for NaN/negative temperature, top_p outside
 // (0, 1], negative top_k, max_tokens < 1 or > context_length, more than
-// kMaxStopStrings stops or an empty/oversized one.
+// kMaxStopStrings stops or an empty/oversized one, top_logprobs outside
+// 0..kMaxTopLogprobs or without logprobs.
 absl::StatusOr<engine::GenerateRequest> GenerateRequestFromProto(
     const v1::SamplingParams& sampling, int64_t context_length);
 
@@ -78,6 +80,12 @@ absl::StatusOr<std::vector<int32_t>> TurnTokens(
     const v1::GenerateRequest& request, const ops::Tokenizer& tokenizer,
     const std::optional<ops::ChatTemplate>& tmpl,
     absl::Span<const int32_t> session_tokens);
+
+// Appends one TokenLogprobs per entry of `logprobs` (token bytes from the
+// tokenizer).
+void SetLogprobs(const ops::Tokenizer& tokenizer,
+                 absl::Span<const ops::LogProbs> logprobs,
+                 google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* out);
 
 // `text` with every invalid UTF-8 byte replaced by U+FFFD: proto string
 // fields must be UTF-8, and a model may emit byte tokens that are not.

@@ -100,6 +100,9 @@ TEST(ValidUtf8Test, ReplacesBadBytesOnly) {
                       "b"),
             "a\xEF\xBF\xBD"
             "b");
+  // An encoded surrogate (U+D800) decodes but is not UTF-8: replaced, as a
+  // proto string field requires.
+  EXPECT_EQ(ValidUtf8("x\xED\xA0\x80y"), "x\xEF\xBF\xBDy");
 }
 
 }  // namespace

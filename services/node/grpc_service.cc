@@ -131,6 +131,14 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
   KVD_ASSIGN_OR_RETURN(engine::GenerateRequest g,
                        GenerateRequestFromProto(request.sampling(), context));
   KVD_RETURN_IF_ERROR(ValidateInput(request, runtime_->chat_template()));
+  // A cold session starts loading into the DRAM tier now, overlapping the
+  // prompt's tokenization and any wait for the session or the batch; a
+  // request refused as busy leaves it warm for the client's retry.
+  if (!request.session_id().empty() &&
+      storage::ValidateName("session id", request.session_id()).ok() &&
+      !runtime_->engine().IsHot(tenant, request.session_id())) {
+    runtime_->store().Prefetch(tenant, request.session_id());
+  }
 
   // Polled between forward steps: a failed Write means the client is gone.
   std::atomic<bool> write_failed{false};
@@ -138,12 +146,15 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
     return write_failed.load() || running.cancel.load() || stopping_.load() ||
            ctx->IsCancelled() || DeadlinePassed(ctx);
   };
-  auto on_text = [&](std::string_view text) {
-    v1::GenerateResponse delta;
-    delta.mutable_delta()->set_text(ValidUtf8(text));
-    if (!writer->Write(delta)) write_failed.store(true);
-  };
   const ops::Tokenizer& tokenizer = runtime_->tokenizer();
+  auto on_delta = [&](const engine::GenerateDelta& d) {
+    v1::GenerateResponse msg;
+    v1::GenerateDelta* delta = msg.mutable_delta();
+    delta->set_text(ValidUtf8(d.text));
+    delta->mutable_token_ids()->Add(d.tokens.begin(), d.tokens.end());
+    SetLogprobs(tokenizer, d.logprobs, delta->mutable_logprobs());
+    if (!writer->Write(msg)) write_failed.store(true);
+  };
   const std::optional<ops::ChatTemplate>& tmpl = runtime_->chat_template();
 
   v1::GenerateFinished finished;
@@ -151,7 +162,7 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
   if (request.session_id().empty()) {
     KVD_ASSIGN_OR_RETURN(g.prompt, TurnTokens(request, tokenizer, tmpl, {}));
     KVD_ASSIGN_OR_RETURN(result,
-                         runtime_->engine().Complete(g, tokenizer, on_text));
+                         runtime_->engine().Complete(g, tokenizer, on_delta));
   } else {
     engine::TurnRequest turn;
     turn.tenant = tenant;
@@ -161,7 +172,7 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
       return TurnTokens(request, tokenizer, tmpl, have);
     };
     absl::StatusOr<engine::TurnResult> r =
-        runtime_->engine().RunTurn(turn, tokenizer, on_text);
+        runtime_->engine().RunTurn(turn, tokenizer, on_delta);
     if (!r.ok()) return r.status();
     result = std::move(r->generation);
     finished.set_state_path(engine::StatePathName(r->path));
@@ -176,6 +187,7 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
   finished.mutable_usage()->set_prompt_tokens(result.prompt_tokens);
   finished.mutable_usage()->set_completion_tokens(result.tokens.size());
   finished.mutable_token_ids()->Add(result.tokens.begin(), result.tokens.end());
+  SetLogprobs(tokenizer, result.logprobs, finished.mutable_logprobs());
   finished.set_text(ValidUtf8(result.text));
   return finished;
 }

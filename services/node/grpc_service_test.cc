@@ -4,6 +4,8 @@
 #include "services/node/grpc_service.h"
 
 #include <chrono>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -14,6 +16,7 @@
 #include "ops/model/testing/tiny_model.h"
 #include "proto/kvd/v1/health.grpc.pb.h"
 #include "proto/kvd/v1/sessions.grpc.pb.h"
+#include "services/node/grpc_convert.h"
 
 namespace kvd::node {
 namespace {
@@ -25,7 +28,10 @@ using ::testing::Not;
 struct Reply {
   grpc::Status status;
   std::string request_id;
-  std::string text;  // concatenated deltas
+  std::string text;                // concatenated deltas
+  std::vector<int32_t> delta_ids;  // concatenated deltas' token ids
+  std::vector<v1::TokenLogprobs> delta_logprobs;
+  int deltas = 0;
   v1::GenerateFinished finished;
   bool got_finished = false;
 };
@@ -43,7 +49,8 @@ class GrpcServiceTest : public ::testing::Test {
     return spec;
   }
 
-  void Start(KeyStore keys, GrpcServerOptions options = {}) {
+  void Start(KeyStore keys, GrpcServerOptions options = {},
+             const std::function<void(NodeOptions&)>& tweak = nullptr) {
     const std::string dir = ::testing::TempDir();
     absl::StatusOr<std::string> path =
         ops::testing::WriteTinyModel(Spec(), dir);
@@ -54,6 +61,7 @@ class GrpcServiceTest : public ::testing::Test {
         dir + "/" +
         ::testing::UnitTest::GetInstance()->current_test_info()->name();
     node.num_threads = 2;
+    if (tweak) tweak(node);
     absl::StatusOr<std::unique_ptr<NodeRuntime>> rt =
         NodeRuntime::Open(node, nullptr);
     ASSERT_TRUE(rt.ok()) << rt.status();
@@ -102,7 +110,16 @@ class GrpcServiceTest : public ::testing::Test {
     v1::GenerateResponse msg;
     while (reader->Read(&msg)) {
       if (msg.has_started()) reply.request_id = msg.started().request_id();
-      if (msg.has_delta()) reply.text += msg.delta().text();
+      if (msg.has_delta()) {
+        reply.deltas++;
+        reply.text += msg.delta().text();
+        reply.delta_ids.insert(reply.delta_ids.end(),
+                               msg.delta().token_ids().begin(),
+                               msg.delta().token_ids().end());
+        reply.delta_logprobs.insert(reply.delta_logprobs.end(),
+                                    msg.delta().logprobs().begin(),
+                                    msg.delta().logprobs().end());
+      }
       if (msg.has_finished()) {
         reply.finished = msg.finished();
         reply.got_finished = true;
@@ -552,6 +569,123 @@ TEST_F(GrpcServiceTest, ExportImportContinuesBitIdentically) {
             std::vector<int32_t>(b.finished.token_ids().begin(),
                                  b.finished.token_ids().end()));
   EXPECT_EQ(a.finished.session_tokens(), b.finished.session_tokens());
+}
+
+bool SameLogprob(const v1::TokenLogprob& a, const ops::TokenLogProb& b) {
+  const float got = a.logprob();
+  return a.token_id() == b.token &&
+         std::memcmp(&b.logprob, &got, sizeof(float)) == 0;
+}
+
+// The stream's deltas carry every token id and logprob the finished message
+// lists, and those logprobs are ComputeLogProbs of the logits the engine
+// computes for the same request driven directly.
+TEST_F(GrpcServiceTest, DeltasCarryTokenIdsAndLogprobs) {
+  Start(KeyStore());
+  v1::GenerateRequest req = Raw("", "Once upon a time", 16);
+  req.mutable_sampling()->set_logprobs(true);
+  req.mutable_sampling()->set_top_logprobs(3);
+  Reply r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const std::vector<int32_t> ids(r.finished.token_ids().begin(),
+                                 r.finished.token_ids().end());
+  ASSERT_EQ(ids.size(), 16u);
+  EXPECT_GT(r.deltas, 1);
+  EXPECT_EQ(r.delta_ids, ids);
+  ASSERT_EQ(r.delta_logprobs.size(), ids.size());
+  ASSERT_EQ(r.finished.logprobs_size(), static_cast<int>(ids.size()));
+
+  // The reference: the engine, asked for raw logits instead of logprobs.
+  const ops::Tokenizer& tok = runtime_->tokenizer();
+  absl::StatusOr<engine::GenerateRequest> g = GenerateRequestFromProto(
+      req.sampling(), runtime_->model().config().context_length);
+  ASSERT_TRUE(g.ok()) << g.status();
+  g->logprobs = false;
+  g->prompt = tok.Encode("Once upon a time", true, false);
+  std::vector<std::vector<float>> logits;
+  g->on_logits = [&logits](const float* l, int64_t n) {
+    logits.emplace_back(l, l + n);
+  };
+  absl::StatusOr<engine::GenerateResult> want =
+      runtime_->engine().Complete(*g, tok, nullptr);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(want->tokens, ids);
+  ASSERT_EQ(logits.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    SCOPED_TRACE(i);
+    const ops::LogProbs lp = ops::ComputeLogProbs(
+        logits[i].data(), static_cast<int32_t>(logits[i].size()), ids[i], 3);
+    const v1::TokenLogprobs* both[] = {&r.delta_logprobs[i],
+                                       &r.finished.logprobs(i)};
+    for (const v1::TokenLogprobs* got : both) {
+      EXPECT_TRUE(SameLogprob(got->chosen(), lp.chosen));
+      EXPECT_EQ(got->chosen().token(), tok.TokenToPiece(ids[i]));
+      ASSERT_EQ(got->top_size(), 3);
+      for (int k = 0; k < 3; ++k) {
+        EXPECT_TRUE(SameLogprob(got->top(k), lp.top[k]));
+      }
+    }
+  }
+
+  // A session turn without logprobs: ids only.
+  ASSERT_TRUE(Create("s").ok());
+  Reply t = Generate(Raw("s", "Once upon a time", 10));
+  ASSERT_TRUE(t.status.ok()) << t.status.error_message();
+  EXPECT_EQ(t.delta_ids, std::vector<int32_t>(t.finished.token_ids().begin(),
+                                              t.finished.token_ids().end()));
+  EXPECT_TRUE(t.delta_logprobs.empty());
+  EXPECT_EQ(t.finished.logprobs_size(), 0);
+
+  req.mutable_sampling()->set_logprobs(false);
+  Reply bad = Generate(req);
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.status.error_message(), HasSubstr("logprobs"));
+}
+
+// A turn of a session that is only on disk starts loading it into DRAM
+// before anything else: even a turn refused because the engine is busy
+// leaves it there, and the retry restores from memory.
+TEST_F(GrpcServiceTest, ColdSessionIsPrefetchedBeforeTheTurnRuns) {
+  auto one_at_a_time = [](NodeOptions& n) {
+    n.engine.scheduler.max_running = 1;
+    n.engine.scheduler.max_waiting = 0;
+  };
+  Start(KeyStore(), {}, one_at_a_time);
+  ASSERT_TRUE(Create("cold").ok());
+  ASSERT_TRUE(Generate(Raw("cold", "The start", 8)).status.ok());
+  // A restart: the session is in RocksDB only.
+  server_->Shutdown(absl::Seconds(2));
+  server_.reset();
+  stub_.reset();
+  channel_.reset();
+  runtime_.reset();
+  Start(KeyStore(), {}, one_at_a_time);
+  ASSERT_EQ(runtime_->store().dram_stats().entries, 0);
+
+  // A long stateless generation takes the only place in the batch...
+  grpc::ClientContext long_ctx;
+  auto reader = stub_->Generate(&long_ctx, Raw("", "go", 4000));
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg) && msg.has_started());
+  ASSERT_TRUE(reader->Read(&msg) && msg.has_delta());
+  // ... so the cold session's turn is refused, after its prefetch started.
+  Reply refused = Generate(Raw("cold", " more", 4));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.status.error_message();
+  ASSERT_TRUE(runtime_->store().Flush().ok());  // waits for prefetches
+  EXPECT_EQ(runtime_->store().dram_stats().prefetches, 1);
+  EXPECT_EQ(runtime_->store().dram_stats().entries, 1);
+
+  long_ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  reader->Finish();
+  for (int i = 0; i < 400 && runtime_->engine().Saturated(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  Reply retry = Generate(Raw("cold", " more", 4));
+  ASSERT_TRUE(retry.status.ok()) << retry.status.error_message();
+  EXPECT_EQ(retry.finished.state_path(), "dram");
 }
 
 }  // namespace

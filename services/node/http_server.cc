@@ -20,8 +20,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "base/process_memory.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "services/node/connection_probe.h"
 #include "services/node/http_admission.h"
 #include "services/node/openai_generation.h"
 #include "services/node/openai_response.h"
@@ -128,8 +130,8 @@ class HttpServerImpl : public HttpServer {
   void HandleMetrics(httplib::Response& res);
 
   // Answers `job` (admitted with `permit`) as JSON or as an SSE stream.
-  void Respond(std::shared_ptr<GenerationJob> job, Admission::Permit permit,
-               httplib::Response& res);
+  void Respond(const httplib::Request& req, std::shared_ptr<GenerationJob> job,
+               Admission::Permit permit, httplib::Response& res);
   void Stream(const GenerationJob& job, httplib::DataSink& sink);
   void RecordOutcome(const GenerationOutcome& out, double first_token_s);
 
@@ -249,7 +251,11 @@ void HttpServerImpl::DeclareMetrics() {
   m.DeclareCounter("kvd_http_generated_tokens_total", "Tokens generated.");
   m.DeclareCounter("kvd_http_prompt_tokens_total", "Prompt tokens consumed.");
   m.DeclareCounter("kvd_http_generations_cancelled_total",
-                   "Generations stopped because the client went away.");
+                   "Generations stopped before their end: the client went "
+                   "away or the server is shutting down.");
+  m.DeclareCounter("kvd_http_client_disconnects_total",
+                   "Generations whose client hung up before the response "
+                   "was complete (streaming or not).");
   m.DeclareCounter("kvd_http_rejected_total",
                    "Requests refused by admission control (429).");
   m.DeclareCounter("kvd_http_errors_total",
@@ -263,6 +269,23 @@ void HttpServerImpl::DeclareMetrics() {
   m.DeclareCounter("kvd_session_resumes_total",
                    "Session turns by how their state was obtained.");
   m.DeclareCounter("kvd_turns_total", "Session turns by outcome.");
+  m.DeclareGauge("kvd_kv_pool_blocks",
+                 "K/V block pool: used, peak and total (0: no limit) blocks "
+                 "of kvd_kv_pool_block_bytes each.");
+  m.DeclareGauge("kvd_kv_pool_block_bytes", "Bytes per K/V pool block.");
+  m.DeclareCounter("kvd_sessions_demoted_total",
+                   "Idle sessions whose hot K/V were dropped (their "
+                   "checkpoint stays), by reason.");
+  m.DeclareGauge("process_resident_memory_bytes",
+                 "Resident memory of the server process (VmRSS).");
+  m.DeclareGauge("kvd_process_peak_resident_memory_bytes",
+                 "High-water mark of resident memory (VmHWM).");
+  m.DeclareGauge("kvd_heap_bytes",
+                 "malloc's books (mallinfo2): in_use = handed to the "
+                 "program, free = kept in its arenas (resident or trimmed).");
+  m.DeclareCounter("kvd_heap_trimmed_bytes_total",
+                   "Resident bytes returned to the kernel by the memory "
+                   "trimmer (malloc_trim).");
 }
 
 void HttpServerImpl::Routes() {
@@ -438,7 +461,7 @@ void HttpServerImpl::HandleChat(const httplib::Request& req,
     metrics_->Add("kvd_http_rejected_total", {});
     return SendError(res, permit.status());
   }
-  Respond(std::move(job), *std::move(permit), res);
+  Respond(req, std::move(job), *std::move(permit), res);
 }
 
 void HttpServerImpl::HandleCompletion(const httplib::Request& req,
@@ -464,21 +487,35 @@ void HttpServerImpl::HandleCompletion(const httplib::Request& req,
     metrics_->Add("kvd_http_rejected_total", {});
     return SendError(res, permit.status());
   }
-  Respond(std::move(job), *std::move(permit), res);
+  Respond(req, std::move(job), *std::move(permit), res);
 }
 
-void HttpServerImpl::Respond(std::shared_ptr<GenerationJob> job,
+void HttpServerImpl::Respond(const httplib::Request& req,
+                             std::shared_ptr<GenerationJob> job,
                              Admission::Permit permit, httplib::Response& res) {
   if (!job->common.stream) {
     const Clock::time_point start = t_log.start;
     double first_token_s = -1;
+    // Nothing is written until the end, so a client that hangs up is seen
+    // only on its socket: stop generating for nobody.
+    const ConnectionProbe probe =
+        ConnectionProbe::Find(req.remote_addr, req.remote_port, req.local_port);
+    std::atomic<bool> peer_gone{false};
     absl::StatusOr<GenerationOutcome> out = RunGeneration(
         *runtime_, *job,
-        [&](std::string_view) {
-          if (first_token_s < 0) first_token_s = SecondsSince(start);
+        [&](const engine::GenerateDelta& d) {
+          if (first_token_s < 0 && !d.tokens.empty()) {
+            first_token_s = SecondsSince(start);
+          }
         },
-        [this] { return stopping_.load(); });
+        [this, &probe, &peer_gone] {
+          if (probe.PeerClosed()) peer_gone.store(true);
+          return peer_gone.load() || stopping_.load();
+        });
     permit = Admission::Permit();
+    if (peer_gone.load()) {
+      metrics_->Add("kvd_http_client_disconnects_total", {});
+    }
     if (!out.ok()) {
       metrics_->Add("kvd_http_errors_total",
                     {{"code", absl::StatusCodeToString(out.status().code())}});
@@ -522,13 +559,26 @@ void HttpServerImpl::Stream(const GenerationJob& job, httplib::DataSink& sink) {
                                  nullptr, nullptr)));
   }
   double first_token_s = -1;
-  auto on_text = [&](std::string_view text) {
-    if (first_token_s < 0) first_token_s = SecondsSince(start);
-    const absl::string_view piece(text.data(), text.size());
-    write(SseEvent(job.chat ? ChatChunkJson(job.meta, piece, false, no_finish,
-                                            nullptr, nullptr)
-                            : CompletionChunkJson(job.meta, piece, no_finish,
-                                                  nullptr, nullptr)));
+  int64_t logprob_bytes = 0;  // token bytes of the logprobs sent so far
+  // Each chunk carries its delta's text and, when asked, the logprobs of
+  // the tokens that produced it (as OpenAI streams them).
+  auto on_delta = [&](const engine::GenerateDelta& d) {
+    if (first_token_s < 0 && !d.tokens.empty()) {
+      first_token_s = SecondsSince(start);
+    }
+    std::vector<TokenLogProbText> lps;
+    if (job.common.logprobs) {
+      lps = LogprobsText(runtime_->tokenizer(), job, d.tokens, d.logprobs);
+    }
+    if (d.text.empty() && lps.empty()) return;  // e.g. only an EOG token
+    const absl::string_view piece(d.text.data(), d.text.size());
+    const std::vector<TokenLogProbText>* lp =
+        job.common.logprobs ? &lps : nullptr;
+    write(SseEvent(
+        job.chat ? ChatChunkJson(job.meta, piece, false, no_finish, nullptr, lp)
+                 : CompletionChunkJson(job.meta, piece, no_finish, nullptr, lp,
+                                       logprob_bytes)));
+    for (const TokenLogProbText& t : lps) logprob_bytes += t.token.size();
   };
   auto cancelled = [&] {
     if (!broken && Clock::now() - last_write > kPingInterval) {
@@ -537,7 +587,7 @@ void HttpServerImpl::Stream(const GenerationJob& job, httplib::DataSink& sink) {
     return broken || stopping_.load();
   };
   absl::StatusOr<GenerationOutcome> out =
-      RunGeneration(*runtime_, job, on_text, cancelled);
+      RunGeneration(*runtime_, job, on_delta, cancelled);
   if (!out.ok()) {
     metrics_->Add("kvd_http_errors_total",
                   {{"code", absl::StatusCodeToString(out.status().code())}});
@@ -548,16 +598,16 @@ void HttpServerImpl::Stream(const GenerationJob& job, httplib::DataSink& sink) {
     return;
   }
   RecordOutcome(*out, first_token_s);
+  if (broken) metrics_->Add("kvd_http_client_disconnects_total", {});
   if (out->gen.finish_reason == engine::FinishReason::kCancelled || broken) {
     sink.done();
     return;
   }
+  // The logprobs went out with the deltas.
   const std::string finish = FinishName(out->gen.finish_reason);
-  const std::vector<TokenLogProbText>* lps =
-      out->logprobs.has_value() ? &*out->logprobs : nullptr;
   write(SseEvent(
-      job.chat ? ChatChunkJson(job.meta, "", false, &finish, nullptr, lps)
-               : CompletionChunkJson(job.meta, "", &finish, nullptr, lps)));
+      job.chat ? ChatChunkJson(job.meta, "", false, &finish, nullptr, nullptr)
+               : CompletionChunkJson(job.meta, "", &finish, nullptr, nullptr)));
   if (job.common.include_usage) {
     const Usage usage{out->prompt_tokens,
                       static_cast<int64_t>(out->gen.tokens.size())};
@@ -647,6 +697,19 @@ void HttpServerImpl::HandleMetrics(httplib::Response& res) {
         static_cast<double>(stats.hot_kv_bytes));
   m.Set("kvd_engine_hot_bytes", {{"kind", "residual"}},
         static_cast<double>(stats.hot_residual_bytes));
+  m.Set("kvd_kv_pool_blocks", {{"state", "used"}},
+        static_cast<double>(stats.kv_pool_blocks_used));
+  m.Set("kvd_kv_pool_blocks", {{"state", "peak"}},
+        static_cast<double>(stats.kv_pool_blocks_peak));
+  m.Set("kvd_kv_pool_blocks", {{"state", "total"}},
+        static_cast<double>(stats.kv_pool_blocks_total));
+  m.Set("kvd_kv_pool_block_bytes", {},
+        static_cast<double>(stats.kv_pool_block_bytes));
+  m.Set("kvd_sessions_demoted_total", {{"reason", "kv_pool_full"}},
+        static_cast<double>(stats.sessions_demoted_for_kv));
+  m.Set("kvd_sessions_demoted_total", {{"reason", "hot_limits"}},
+        static_cast<double>(stats.sessions_demoted -
+                            stats.sessions_demoted_for_kv));
   for (const auto& [path, count] : stats.restores_by_path) {
     m.Set("kvd_session_resumes_total", {{"path", path}},
           static_cast<double>(count));
@@ -662,6 +725,19 @@ void HttpServerImpl::HandleMetrics(httplib::Response& res) {
         static_cast<double>(bytes.dram_spill_pending_bytes));
   m.Set("kvd_store_bytes", {{"tier", "rocksdb"}},
         static_cast<double>(bytes.rocksdb_disk_bytes));
+  const ProcessMemory memory = ReadProcessMemory();
+  m.Set("process_resident_memory_bytes", {},
+        static_cast<double>(memory.rss_bytes));
+  m.Set("kvd_process_peak_resident_memory_bytes", {},
+        static_cast<double>(memory.peak_rss_bytes));
+  m.Set("kvd_heap_bytes", {{"state", "in_use"}},
+        static_cast<double>(memory.heap_in_use_bytes));
+  m.Set("kvd_heap_bytes", {{"state", "free"}},
+        static_cast<double>(memory.heap_free_bytes));
+  if (const MemoryTrimmer* trimmer = runtime_->memory_trimmer()) {
+    m.Set("kvd_heap_trimmed_bytes_total", {},
+          static_cast<double>(trimmer->stats().released_bytes));
+  }
   res.set_content(m.Render(), "text/plain; version=0.0.4");
 }
 

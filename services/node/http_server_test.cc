@@ -210,6 +210,14 @@ TEST_F(HttpServerTest, ModelsHealthAndMetrics) {
   EXPECT_THAT(r.body, HasSubstr(models_count));
   EXPECT_THAT(r.body, HasSubstr("kvd_store_bytes{tier=\"dram\"}"));
   EXPECT_THAT(r.body, HasSubstr("kvd_http_queue_depth 0\n"));
+  // The process's memory, from the kernel and from malloc: a running server
+  // has a nonzero resident size and heap in use.
+  EXPECT_THAT(r.body, ::testing::ContainsRegex(
+                          "\nprocess_resident_memory_bytes [1-9][0-9]*\n"));
+  EXPECT_THAT(r.body, ::testing::ContainsRegex(
+                          "\nkvd_heap_bytes\\{state=\"in_use\"\\} [1-9]"));
+  EXPECT_THAT(r.body, ::testing::ContainsRegex(
+                          "\nkvd_kv_pool_block_bytes [1-9][0-9]*\n"));
 }
 
 TEST_F(HttpServerTest, ChatJsonAndStreamAgree) {
@@ -504,6 +512,104 @@ TEST_F(HttpServerTest, QueueLimitGives429AndDisconnectStopsGeneration) {
            {{"model", smol_->model_id()}, {"prompt", "Hi"}, {"max_tokens", 1}})
           .status,
       200);
+}
+
+// Streamed logprobs: each chunk carries those of its own tokens, and
+// together they are the JSON response's, exactly (same floats, same order).
+TEST_F(HttpServerTest, StreamedLogprobsEqualTheJsonOnes) {
+  {
+    auto server = Start(smol_);
+    const json body = {{"model", smol_->model_id()},
+                       {"messages", {{{"role", "user"}, {"content", "Hi!"}}}},
+                       {"max_tokens", 12},
+                       {"temperature", 0},
+                       {"logprobs", true},
+                       {"top_logprobs", 2}};
+    Reply r = Post(server->port(), "/v1/chat/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json want = r.Json()["choices"][0]["logprobs"]["content"];
+    ASSERT_FALSE(want.empty());
+    json streamed = body;
+    streamed["stream"] = true;
+    r = Post(server->port(), "/v1/chat/completions", streamed);
+    ASSERT_EQ(r.status, 200) << r.body;
+    json got = json::array();
+    int chunks_with_logprobs = 0;
+    for (const json& e : SseEvents(r.body)) {
+      if (!e.is_object() || e["choices"].empty()) continue;
+      const json& lp = e["choices"][0]["logprobs"];
+      if (lp.is_null()) continue;
+      chunks_with_logprobs++;
+      for (const json& t : lp["content"]) got.push_back(t);
+    }
+    EXPECT_EQ(got, want);
+    EXPECT_GT(chunks_with_logprobs, 1);
+  }
+  {
+    auto server = Start(tiny_);
+    const json body = {
+        {"model", tiny_->model_id()}, {"prompt", "hello"}, {"max_tokens", 12},
+        {"temperature", 0.7},         {"seed", 5},         {"logprobs", 3}};
+    Reply r = Post(server->port(), "/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json want = r.Json()["choices"][0]["logprobs"];
+    ASSERT_FALSE(want["tokens"].empty());
+    json streamed = body;
+    streamed["stream"] = true;
+    r = Post(server->port(), "/v1/completions", streamed);
+    ASSERT_EQ(r.status, 200) << r.body;
+    json got = {{"tokens", json::array()},
+                {"token_logprobs", json::array()},
+                {"top_logprobs", json::array()},
+                {"text_offset", json::array()}};
+    for (const json& e : SseEvents(r.body)) {
+      if (!e.is_object() || e["choices"].empty()) continue;
+      const json& lp = e["choices"][0]["logprobs"];
+      if (lp.is_null()) continue;
+      for (const char* key :
+           {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+        for (const json& v : lp[key]) got[key].push_back(v);
+      }
+    }
+    EXPECT_EQ(got, want);
+  }
+}
+
+// A non-streaming request writes nothing until it is done, so only its
+// socket shows that the client left: the generation stops within moments
+// instead of running its 2000 tokens for nobody.
+TEST_F(HttpServerTest, NonStreamingRequestStopsWhenTheClientHangsUp) {
+  auto server = Start(smol_);
+  const int port = server->port();
+  const int long_tokens = 2000;
+  {
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(1, 0);  // gives up and closes after a second
+    const json body = {{"model", smol_->model_id()},
+                       {"prompt", "Once upon a time"},
+                       {"max_tokens", long_tokens},
+                       {"ignore_eos", true}};
+    auto res = cli.Post("/v1/completions", body.dump(), "application/json");
+    EXPECT_FALSE(res) << "the request finished within a second";
+  }
+  Metrics& m = server->metrics();
+  for (int i = 0;
+       i < 1000 && m.Value("kvd_http_client_disconnects_total", {}) == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(m.Value("kvd_http_client_disconnects_total", {}), 1);
+  EXPECT_EQ(m.Value("kvd_http_generations_cancelled_total", {}), 1);
+  EXPECT_LT(m.Value("kvd_http_generated_tokens_total", {}), long_tokens / 4);
+  EXPECT_EQ(smol_->engine().stats().scheduler.running, 0);
+  // A request whose client stays gets its whole answer.
+  Reply ok = Post(port, "/v1/completions",
+                  {{"model", smol_->model_id()},
+                   {"prompt", "Hi"},
+                   {"max_tokens", 3},
+                   {"ignore_eos", true}});
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(ok.Json()["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(m.Value("kvd_http_client_disconnects_total", {}), 1);
 }
 
 }  // namespace

@@ -108,21 +108,31 @@ absl::Status PrepareGeneration(NodeRuntime& runtime, int64_t default_max_tokens,
                      job.max_tokens, ") exceeds the model's context of ",
                      context, " tokens; lower max_tokens"));
   }
-  const int64_t vocab = runtime.model().config().vocab_size;
-  if (job.common.logprobs && job.max_tokens * vocab * 4 > kMaxLogprobBytes) {
-    return RequestError(
-        "logprobs",
-        absl::StrCat("logprobs over ", job.max_tokens, " tokens would keep ",
-                     job.max_tokens * vocab * 4 >> 20,
-                     " MiB of logits; lower max_tokens to ",
-                     kMaxLogprobBytes / (vocab * 4), " or less"));
-  }
   return absl::OkStatus();
+}
+
+std::vector<TokenLogProbText> LogprobsText(
+    const ops::Tokenizer& tokenizer, const GenerationJob& job,
+    absl::Span<const int32_t> tokens,
+    absl::Span<const ops::LogProbs> logprobs) {
+  std::vector<TokenLogProbText> out;
+  const size_t n = std::min(tokens.size(), logprobs.size());
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t id = tokens[i];
+    if (!job.common.ignore_eos && tokenizer.IsEog(id)) continue;
+    TokenLogProbText t{
+        tokenizer.TokenToPiece(id), logprobs[i].chosen.logprob, {}};
+    for (const ops::TokenLogProb& top : logprobs[i].top) {
+      t.top.emplace_back(tokenizer.TokenToPiece(top.token), top.logprob);
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 absl::StatusOr<GenerationOutcome> RunGeneration(
     NodeRuntime& runtime, const GenerationJob& job,
-    const std::function<void(std::string_view)>& on_text,
+    const engine::DeltaCallback& on_delta,
     const std::function<bool()>& cancelled) {
   engine::GenerateRequest g;
   g.max_tokens = job.max_tokens;
@@ -136,18 +146,14 @@ absl::StatusOr<GenerationOutcome> RunGeneration(
   }
   g.ignore_eos = job.common.ignore_eos;
   g.cancelled = cancelled;
-  std::vector<std::vector<float>> logits;
-  if (job.common.logprobs) {
-    g.on_logits = [&logits](const float* l, int64_t n) {
-      logits.emplace_back(l, l + n);
-    };
-  }
+  g.logprobs = job.common.logprobs;
+  g.top_logprobs = job.common.top_logprobs;
   GenerationOutcome out;
   engine::SessionEngine& engine = runtime.engine();
   if (job.session.empty()) {
     g.prompt = job.prompt;
     KVD_ASSIGN_OR_RETURN(out.gen,
-                         engine.Complete(g, runtime.tokenizer(), on_text));
+                         engine.Complete(g, runtime.tokenizer(), on_delta));
     out.prompt_tokens = static_cast<int64_t>(job.prompt.size());
   } else {
     absl::Status created = engine.CreateSession(job.tenant, job.session, {});
@@ -175,27 +181,13 @@ absl::StatusOr<GenerationOutcome> RunGeneration(
       return tokens;
     };
     KVD_ASSIGN_OR_RETURN(engine::TurnResult r,
-                         engine.RunTurn(turn, runtime.tokenizer(), on_text));
+                         engine.RunTurn(turn, runtime.tokenizer(), on_delta));
     out.gen = std::move(r.generation);
     out.prompt_tokens = out.gen.prompt_tokens;
   }
   if (job.common.logprobs) {
-    const ops::Tokenizer& tok = runtime.tokenizer();
-    std::vector<TokenLogProbText> lps;
-    const size_t n = std::min(logits.size(), out.gen.tokens.size());
-    for (size_t i = 0; i < n; ++i) {
-      const int32_t id = out.gen.tokens[i];
-      if (!job.common.ignore_eos && tok.IsEog(id)) break;
-      const ops::LogProbs lp = ops::ComputeLogProbs(
-          logits[i].data(), static_cast<int32_t>(logits[i].size()), id,
-          job.common.top_logprobs);
-      TokenLogProbText t{tok.TokenToPiece(id), lp.chosen.logprob, {}};
-      for (const ops::TokenLogProb& top : lp.top) {
-        t.top.emplace_back(tok.TokenToPiece(top.token), top.logprob);
-      }
-      lps.push_back(std::move(t));
-    }
-    out.logprobs = std::move(lps);
+    out.logprobs = LogprobsText(runtime.tokenizer(), job, out.gen.tokens,
+                                out.gen.logprobs);
   }
   return out;
 }

@@ -14,7 +14,7 @@
 //   GenerationJob job{.chat = true, .tenant = "acme", .session = "c1", ...};
 //   KVD_RETURN_IF_ERROR(PrepareGeneration(runtime, 512, job));  // 400s
 //   KVD_ASSIGN_OR_RETURN(GenerationOutcome out,
-//                        RunGeneration(runtime, job, on_text, cancelled));
+//                        RunGeneration(runtime, job, on_delta, cancelled));
 //
 // Thread-safety: as the SessionEngine (concurrent calls are fine).
 #ifndef KVD_SERVICES_NODE_OPENAI_GENERATION_H_
@@ -36,10 +36,6 @@
 #include "services/node/runtime.h"
 
 namespace kvd::node {
-
-// logprobs keep every step's logits until the end; at most this many bytes
-// (max_tokens x vocab x 4) per request.
-inline constexpr int64_t kMaxLogprobBytes = int64_t{256} << 20;
 
 // A parsed request, validated against the model and the context before it
 // queues.
@@ -70,12 +66,22 @@ struct GenerationOutcome {
 absl::Status PrepareGeneration(NodeRuntime& runtime, int64_t default_max_tokens,
                                GenerationJob& job);
 
-// Generates. A session is created on first use. `on_text` sees the text as
-// it is produced; `cancelled` (may be empty) is polled between steps.
+// Generates. A session is created on first use. `on_delta` sees the output
+// as it is produced (with each token's logprobs when the request asked;
+// LogprobsText turns them into the API's form); `cancelled` (may be empty)
+// is polled between steps.
 absl::StatusOr<GenerationOutcome> RunGeneration(
     NodeRuntime& runtime, const GenerationJob& job,
-    const std::function<void(std::string_view)>& on_text,
+    const engine::DeltaCallback& on_delta,
     const std::function<bool()>& cancelled);
+
+// The API's logprobs of `tokens` (parallel to `logprobs`): each token's text
+// and its alternatives'. End-of-generation tokens are left out unless the
+// request set ignore_eos (they are not part of the reply), so a stream's
+// chunks and the whole response list the same entries.
+std::vector<TokenLogProbText> LogprobsText(
+    const ops::Tokenizer& tokenizer, const GenerationJob& job,
+    absl::Span<const int32_t> tokens, absl::Span<const ops::LogProbs> logprobs);
 
 // The chat turn's tokens after `session_tokens` (empty: a new
 // conversation). `estimate`: assume the previous reply was closed (used

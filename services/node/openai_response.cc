@@ -41,11 +41,12 @@ json ChatLogprobs(const std::vector<TokenLogProbText>& lps) {
   return {{"content", content}};
 }
 
-// The legacy completions format.
-json CompletionLogprobs(const std::vector<TokenLogProbText>& lps) {
+// The legacy completions format; text offsets count token bytes from
+// `offset` (where a stream chunk's tokens start).
+json CompletionLogprobs(const std::vector<TokenLogProbText>& lps,
+                        int64_t offset = 0) {
   json tokens = json::array(), token_logprobs = json::array(),
        top = json::array(), offsets = json::array();
-  int64_t offset = 0;
   for (const TokenLogProbText& t : lps) {
     tokens.push_back(t.token);
     token_logprobs.push_back(t.logprob);
@@ -131,7 +132,8 @@ std::string CompletionChunkJson(const ResponseMeta& meta,
                                 absl::string_view text,
                                 const std::string* finish_reason,
                                 const Usage* usage,
-                                const std::vector<TokenLogProbText>* logprobs) {
+                                const std::vector<TokenLogProbText>* logprobs,
+                                int64_t text_offset) {
   json j = Base(meta, "text_completion");
   if (usage != nullptr) {
     j["choices"] = json::array();
@@ -141,8 +143,9 @@ std::string CompletionChunkJson(const ResponseMeta& meta,
   json choice = {{"index", 0},
                  {"text", std::string(text.data(), text.size())},
                  {"finish_reason", FinishOrNull(finish_reason)}};
-  choice["logprobs"] =
-      logprobs != nullptr ? CompletionLogprobs(*logprobs) : json(nullptr);
+  choice["logprobs"] = logprobs != nullptr
+                           ? CompletionLogprobs(*logprobs, text_offset)
+                           : json(nullptr);
   j["choices"] = json::array({choice});
   return Dump(j);
 }

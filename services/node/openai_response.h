@@ -60,11 +60,14 @@ std::string ChatChunkJson(const ResponseMeta& meta, absl::string_view content,
                           const std::vector<TokenLogProbText>* logprobs);
 std::string CompletionJson(const ResponseMeta& meta, const ChoiceOutput& out,
                            const Usage& usage);
+// `text_offset`: where the chunk's first logprobs token starts in the
+// streamed text (the legacy format's text_offset counts from the start).
 std::string CompletionChunkJson(const ResponseMeta& meta,
                                 absl::string_view text,
                                 const std::string* finish_reason,
                                 const Usage* usage,
-                                const std::vector<TokenLogProbText>* logprobs);
+                                const std::vector<TokenLogProbText>* logprobs,
+                                int64_t text_offset = 0);
 // {"object": "list", "data": [{"id", "object": "model", "created",
 // "owned_by": "kvd"}]}
 std::string ModelsJson(const std::string& model_id, int64_t created_unix_s);

@@ -72,6 +72,9 @@ absl::StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Open(
   rt->engine_ = std::make_unique<engine::SessionEngine>(
       *rt->model_, engine::ModelIdentityOf(*rt->model_, fingerprint),
       rt->store_.get(), options.engine);
+  if (options.trim_free_memory) {
+    rt->trimmer_ = std::make_unique<MemoryTrimmer>(MemoryTrimmerOptions{});
+  }
   return rt;
 }
 

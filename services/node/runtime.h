@@ -26,6 +26,7 @@
 #include "ops/model/model.h"
 #include "ops/tokenizer/tokenizer.h"
 #include "services/engine/session_engine.h"
+#include "services/node/memory_trimmer.h"
 #include "storage/rocksdb/session_db.h"
 #include "storage/tiered/tiered_store.h"
 
@@ -43,6 +44,9 @@ struct NodeOptions {
   bool memory_commits = false;  // storage::CommitMode::kMemory
   int64_t dram_budget_bytes = int64_t{1} << 30;
   engine::SessionEngineOptions engine;
+  // Return memory malloc keeps free to the kernel every few seconds
+  // (memory_trimmer.h), so resident memory tracks the budgets above.
+  bool trim_free_memory = true;
 };
 
 class NodeRuntime {
@@ -68,6 +72,8 @@ class NodeRuntime {
   const std::string& model_id() const { return model_id_; }
   const std::string& model_path() const { return model_path_; }
   double load_seconds() const { return load_seconds_; }
+  // Null when NodeOptions::trim_free_memory is off.
+  const MemoryTrimmer* memory_trimmer() const { return trimmer_.get(); }
 
  private:
   NodeRuntime() = default;
@@ -76,7 +82,8 @@ class NodeRuntime {
   std::unique_ptr<ops::Tokenizer> tokenizer_;
   std::optional<ops::ChatTemplate> chat_template_;
   std::unique_ptr<storage::TieredStore> store_;
-  std::unique_ptr<engine::SessionEngine> engine_;  // last: uses the others
+  std::unique_ptr<engine::SessionEngine> engine_;  // uses the others
+  std::unique_ptr<MemoryTrimmer> trimmer_;
   std::string model_id_, model_path_;
   double load_seconds_ = 0;
 };

@@ -2,7 +2,8 @@
 """End to end: the official `openai` Python client against kvd's HTTP API.
 
 Starts tests/e2e:http_server_for_test over SmolLM2 (from the model cache) and
-drives it with openai.OpenAI: models, chat (JSON and streaming), completions,
+drives it with openai.OpenAI: models, chat (JSON and streaming, with
+logprobs streamed per chunk), completions,
 the session extension (extra_body={"session_id": ...}, each request carrying
 only its new message), API keys, and OpenAI-style errors.
 
@@ -116,6 +117,42 @@ def run(port):
     check(usage is not None and
           usage.completion_tokens == r.usage.completion_tokens,
           "stream usage chunk")
+
+    # Logprobs, streamed: each chunk carries the logprobs of its own tokens,
+    # and together they are the JSON response's, bit for bit.
+    want = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=8, temperature=0,
+        logprobs=True, top_logprobs=3)
+    want_lp = [(t.token, t.logprob, [(a.token, a.logprob)
+                                     for a in t.top_logprobs])
+               for t in want.choices[0].logprobs.content]
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=8, temperature=0,
+        logprobs=True, top_logprobs=3, stream=True)
+    got_lp, pieces, chunks_with_lp = [], [], 0
+    for chunk in stream:
+        for choice in chunk.choices:
+            if choice.delta.content:
+                pieces.append(choice.delta.content)
+            if choice.logprobs is not None and choice.logprobs.content:
+                chunks_with_lp += 1
+                got_lp += [(t.token, t.logprob, [(a.token, a.logprob)
+                                                 for a in t.top_logprobs])
+                           for t in choice.logprobs.content]
+    check(len(want_lp) > 0 and all(len(t[2]) == 3 for t in want_lp),
+          "JSON logprobs: %d tokens with 3 alternatives each" % len(want_lp))
+    check(got_lp == want_lp,
+          "streamed logprobs equal the JSON ones (%d tokens)%s" %
+          (len(got_lp), "" if got_lp == want_lp else
+           ": %s vs %s" % (got_lp, want_lp)))
+    check(chunks_with_lp > 1,
+          "logprobs arrive with the deltas (%d chunks carry some)" %
+          chunks_with_lp)
+    check("".join(pieces) == want.choices[0].message.content,
+          "streamed text with logprobs equals JSON text")
+    # Greedy: the chosen token is the most likely one.
+    check(all(t[1] == t[2][0][1] for t in want_lp),
+          "greedy tokens are the top alternative")
 
     # Completions.
     c = client.completions.create(model=model, prompt="The sky is",

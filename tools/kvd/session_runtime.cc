@@ -50,6 +50,10 @@ void DeclareSessionFlags(Args& a) {
          "K/V rows kept in memory per kv-direct session; older ones are "
          "recomputed from residuals. 'all' keeps every row");
   a.Flag("chunk-tokens", "64", "positions per stored chunk");
+  a.Flag("kv-pool-mb", "512",
+         "K/V block pool shared by every running and hot session (MiB); a "
+         "full pool demotes idle sessions to their checkpoints, then refuses "
+         "work with RESOURCE_EXHAUSTED / 429. 0 = no limit");
 }
 
 absl::StatusOr<node::NodeOptions> NodeOptionsFromFlags(const Args& args) {
@@ -93,6 +97,12 @@ absl::Status AddModelAndSessionFlags(const Args& args, node::NodeOptions& o) {
           "--hot-budget must be 'all' or a number of tokens >= 0");
     }
   }
+  KVD_ASSIGN_OR_RETURN(int64_t pool_mb, args.GetInt("kv-pool-mb"));
+  if (pool_mb < 0 || pool_mb > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(
+        "--kv-pool-mb must be between 0 and 16777216");
+  }
+  o.engine.kv_pool_bytes = pool_mb << 20;
   KVD_ASSIGN_OR_RETURN(o.engine.chunk_tokens, args.GetInt("chunk-tokens"));
   if (o.engine.chunk_tokens < 1 || o.engine.chunk_tokens > 65536) {
     return absl::InvalidArgumentError(
