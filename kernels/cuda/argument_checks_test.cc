@@ -10,6 +10,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kv_recompute.h"
+#include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/quant/ggml_type.h"
 
@@ -321,6 +322,49 @@ TEST(CudaArgumentChecks, PagedAttentionRecompute) {
       PagedRecomputeWorkspaceBytes(1, 32, 8, 128, 1, 4096, 256, 1 << 20);
   EXPECT_GT(big, small);
   EXPECT_LE(big - small, (1 << 20) / 256 * 4 + 256);
+}
+
+TEST(CudaArgumentChecks, ModelOps) {
+  const int32_t* const idx = reinterpret_cast<const int32_t*>(0x4000);
+  constexpr auto kBad = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(
+      EmbedRows(kFakeW, 63, idx, 2, 64, 1.0f, true, kFakeY, 64, nullptr).code(),
+      kBad);  // ld_table < n
+  EXPECT_EQ(EmbedRows(nullptr, 64, idx, 2, 64, 1.0f, true, kFakeY, 64, nullptr)
+                .code(),
+            kBad);
+  EXPECT_TRUE(
+      EmbedRows(nullptr, 64, idx, 0, 64, 1.0f, true, kFakeY, 64, nullptr)
+          .ok());  // empty: no-op
+  EXPECT_EQ(AddRows(kFakeY, 64, kFakeX, 32, 2, 64, false, nullptr).code(),
+            kBad);
+  EXPECT_EQ(AddRows(kFakeY, 64, kFakeX, 64, -1, 64, false, nullptr).code(),
+            kBad);
+  EXPECT_EQ(AddBias(kFakeY, 64, nullptr, 2, 64, nullptr).code(), kBad);
+  EXPECT_EQ(GatherRows(kFakeX, 64, idx, 2, 0, kFakeY, 64, nullptr).code(),
+            kBad);
+  KvWriteArgs a;
+  a.k = kFakeX;
+  a.v = kFakeX;
+  a.ld = 64;
+  a.rows = 3;
+  a.n = 64;
+  a.row_seq = idx;
+  a.positions = idx;
+  a.pool = reinterpret_cast<uint16_t*>(0x5000);
+  a.block_table = idx;
+  a.table_stride = 4;
+  a.block_rows = 32;
+  a.kv_stride = 64;
+  KvWriteArgs b = a;
+  b.kv_stride = 32;
+  EXPECT_EQ(WriteKvPaged(b, nullptr).code(), kBad);  // kv_stride < n
+  b = a;
+  b.block_rows = 0;
+  EXPECT_EQ(WriteKvPaged(b, nullptr).code(), kBad);
+  b = a;
+  b.pool = nullptr;
+  EXPECT_EQ(WriteKvPaged(b, nullptr).code(), kBad);
 }
 
 }  // namespace

@@ -24,14 +24,16 @@ CudaModelSupport CudaServingSupport(absl::string_view model_name) {
   s.can_serve = false;
   s.reason = absl::StrCat(
       "CUDA backend not yet able to serve ", model_name,
-      " (the CUDA kernels exist, the engine's CUDA model path does not yet: "
+      " (a CUDA forward pass for the llama family exists, "
+      "ops/backend/cuda_model.h, but the engine does not run on it yet: "
       "issue 6)");
   return s;
 }
 
 absl::StatusOr<BackendChoice> SelectBackend(BackendRequest request,
                                             const DeviceProbe& probe,
-                                            const CudaModelSupport& support) {
+                                            const CudaModelSupport& support,
+                                            bool auto_may_pick_cuda) {
   BackendChoice choice;
   if (request == BackendRequest::kCpu) return choice;
   std::string why_not;
@@ -39,6 +41,15 @@ absl::StatusOr<BackendChoice> SelectBackend(BackendRequest request,
     why_not = absl::StrCat("no CUDA device (", probe.detail, ")");
   } else if (!support.can_serve) {
     why_not = support.reason;
+  }
+  if (why_not.empty() && request == BackendRequest::kAuto &&
+      !auto_may_pick_cuda) {
+    choice.notice = absl::StrCat(
+        "kvd: the CUDA backend has not passed its device check yet "
+        "(ops::kCudaAutoSelectVerified), so --backend auto stays on the CPU "
+        "backend; pass --backend cuda to use ",
+        probe.device_name);
+    return choice;
   }
   if (why_not.empty()) {
     choice.backend = Backend::kCuda;

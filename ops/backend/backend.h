@@ -51,9 +51,17 @@ struct CudaModelSupport {
   std::string reason;  // set when !can_serve
 };
 
-// Today's answer for every model: the CUDA kernels exist (kernels/cuda) but
-// the engine has no CUDA model path yet (issue 6), so nothing can be served.
+// The engine's answer, by model name: no model yet. The CUDA model path
+// exists (cuda_model.h; which models it runs: CudaModelPathSupport in
+// cuda_model_support.h), but kvd's engine does not run on it yet.
 CudaModelSupport CudaServingSupport(absl::string_view model_name);
+
+// Whether `--backend auto` may pick CUDA at all. False until the CUDA model
+// path has passed the device check (tools/gpu/device_check.sh,
+// cuda_model_test) once: no CUDA code has run on a GPU yet. Flip it, with
+// the device check's date in docs/BENCHMARKS.md, once it has.
+// `--backend cuda` is not affected.
+inline constexpr bool kCudaAutoSelectVerified = false;
 
 struct BackendChoice {
   Backend backend = Backend::kCpu;
@@ -63,14 +71,16 @@ struct BackendChoice {
   std::string notice;
 };
 
-// kCpu: the CPU, no notice. kAuto: CUDA if probe.device_count > 0 and
-// support.can_serve; otherwise the CPU with a notice naming the reason.
+// kCpu: the CPU, no notice. kAuto: CUDA if probe.device_count > 0,
+// support.can_serve and auto_may_pick_cuda; otherwise the CPU with a notice
+// naming the reason.
 // kCuda: CUDA under the same conditions; otherwise FAILED_PRECONDITION with
 // the reason and what to do (run on a GPU machine, or pass --backend auto or
 // cpu).
-absl::StatusOr<BackendChoice> SelectBackend(BackendRequest request,
-                                            const DeviceProbe& probe,
-                                            const CudaModelSupport& support);
+absl::StatusOr<BackendChoice> SelectBackend(
+    BackendRequest request, const DeviceProbe& probe,
+    const CudaModelSupport& support,
+    bool auto_may_pick_cuda = kCudaAutoSelectVerified);
 
 }  // namespace kvd::ops
 

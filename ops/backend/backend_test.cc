@@ -74,10 +74,28 @@ TEST(SelectBackend, AutoWithDeviceButUnservableModelFallsBack) {
 
 TEST(SelectBackend, AutoTakesCudaWhenDeviceAndModelAllow) {
   absl::StatusOr<BackendChoice> c =
-      SelectBackend(BackendRequest::kAuto, OneH200(), Serves());
+      SelectBackend(BackendRequest::kAuto, OneH200(), Serves(),
+                    /*auto_may_pick_cuda=*/true);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->backend, Backend::kCuda);
   EXPECT_THAT(c->notice, HasSubstr("NVIDIA H200"));
+}
+
+// Until the device check has passed once, auto never lands on CUDA; an
+// explicit --backend cuda still does.
+TEST(SelectBackend, AutoStaysOnCpuUntilTheDeviceCheckPassed) {
+  static_assert(!kCudaAutoSelectVerified,
+                "flip this test with the constant, after a device check");
+  absl::StatusOr<BackendChoice> c =
+      SelectBackend(BackendRequest::kAuto, OneH200(), Serves());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->backend, Backend::kCpu);
+  EXPECT_THAT(c->notice, HasSubstr("device check"));
+  EXPECT_THAT(c->notice, HasSubstr("--backend cuda"));
+  absl::StatusOr<BackendChoice> cuda =
+      SelectBackend(BackendRequest::kCuda, OneH200(), Serves());
+  ASSERT_TRUE(cuda.ok());
+  EXPECT_EQ(cuda->backend, Backend::kCuda);
 }
 
 TEST(SelectBackend, CudaRequestFailsInsteadOfFallingBack) {

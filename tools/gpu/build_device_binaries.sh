@@ -11,6 +11,9 @@
 # Then, with the device tool: run(command="tools/gpu/device_check.sh",
 # carry=["tools/gpu/bin"], timeout_s=570).
 #
+# cuda_model_test (the CUDA model vs the CPU engine) is compiled by Bazel and
+# relinked statically here (below), so this script needs Bazel too.
+#
 # Linking: CUDA runtime static (libcudart_static.a; it dlopens the driver's
 # libcuda.so at run time), Abseil and GoogleTest static, libstdc++ and libgcc
 # static. Only glibc (libc, libm, libdl, librt, libpthread) stays dynamic; the
@@ -42,6 +45,7 @@ CU_SRCS=(kernels/cuda/gemm.cu kernels/cuda/elementwise.cu
          kernels/cuda/attention.cu kernels/cuda/bandwidth_probe.cu
          kernels/cuda/bf16_convert.cu kernels/cuda/dequant.cu
          kernels/cuda/kv_recompute.cu kernels/cuda/paged_attention.cu
+         kernels/cuda/model_ops.cu
          kernels/cuda/internal/bench_kernels.cu)
 pids=()
 for src in "${CU_SRCS[@]}"; do
@@ -90,6 +94,26 @@ link model_benchmark kernels/cuda/model_benchmark.cc &
 wait_all_ok=0
 for j in $(jobs -p); do wait "$j" || wait_all_ok=1; done
 [[ $wait_all_ok -eq 0 ]] || { echo "link failed" >&2; exit 1; }
+
+# Tests that need the CPU engine (ops/model, kernels/cpu, ...) as their
+# reference: Bazel compiles them (linkstatic = 1, so its link line names
+# objects, not shared libraries), and they are relinked here from the objects
+# in Bazel's -2.params file with the static Abseil/GoogleTest/CUDA runtime in
+# place of its -l flags. Bazel's link uses gold (--start-lib groups).
+BAZEL_TESTS=(//ops/backend:cuda_model_test)
+bazel build "${BAZEL_TESTS[@]}"
+for target in "${BAZEL_TESTS[@]}"; do
+  pkg="${target#//}"; pkg="${pkg%%:*}"; name="${target##*:}"
+  params="bazel-bin/$pkg/$name-2.params"
+  mapfile -t inputs < <(grep -E '^(bazel-out/.*\.o|-Wl,(--start-lib|--end-lib|-whole-archive|-no-whole-archive))$' "$params")
+  [[ ${#inputs[@]} -gt 0 ]] || { echo "no objects in $params" >&2; exit 1; }
+  "$CXX" -fuse-ld=gold -o "$OUT_DIR/$name" "${inputs[@]}" \
+    -Wl,--start-group "${STATIC_LIBS[@]}" \
+    /usr/lib/x86_64-linux-gnu/libgmock.a "${GTEST_LIBS[@]}" -Wl,--end-group \
+    "$CUDA/lib64/libcudart_static.a" \
+    -static-libstdc++ -static-libgcc -lpthread -ldl -lrt -lm
+  strip "$OUT_DIR/$name"
+done
 
 # Real tensors for dequant_test (the model files are too big to carry).
 MODELS="${KVD_MODEL_DIR:-$HOME/.cache/kvd/models}"

@@ -36,7 +36,7 @@ cap() {
 [[ -f "$BIN/dequant_fixture.bin" ]] && export KVD_DEQUANT_FIXTURE="$BIN/dequant_fixture.bin"
 TESTS=(argument_checks_test bf16_convert_test elementwise_test attention_test
        gemm_test dequant_test kv_recompute_test paged_attention_test
-       paged_recompute_test)
+       paged_recompute_test cuda_model_test)
 
 if [[ ! -x "$BIN/gemm_test" ]]; then
   echo "no binaries in $BIN: run tools/gpu/build_device_binaries.sh here and carry tools/gpu/bin" >&2
@@ -95,6 +95,10 @@ echo "   kernels_benchmark rc=$? ($(( $(date +%s) - START ))s so far)"
   for t in "${TESTS[@]}"; do
     echo "| $t | ${verdict[$t]:-not run} |"
   done
+  echo
+  # The CUDA model against the CPU engine (cuda_model_test's own lines).
+  echo "CUDA model vs CPU engine (random-weight llama/qwen2, 4 x 256):"
+  grep -E '^\[ (llama|qwen2) \]' "$OUT/tests.log" || echo "  (no cuda_model_test output)"
   echo
   echo "| measurement | value | unit | note |"
   echo "|---|---|---|---|"
