@@ -9,53 +9,26 @@
 #include <algorithm>
 #include <cstring>
 #include <iostream>
-#include <random>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
 #include "ops/kvdirect/checkpoint_policy.h"
 #include "ops/kvdirect/residual_kv_source.h"
 #include "ops/kvdirect/residual_store.h"
+#include "ops/kvdirect/testing/conversation.h"
 #include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
 
 namespace kvd::ops {
 namespace {
 
-int32_t Argmax(const float* logits, int64_t n) {
-  return std::max_element(logits, logits + n) - logits;
-}
-
 using Case = testing::FamilyCase;
 
 // Three turns: a user message prefilled in one step (straddling attention
 // chunk boundaries), then greedy decoding of 70 tokens; 210 generated.
 constexpr int kTurnTokens[] = {40, 25, 33};
+constexpr int kReplies[] = {70, 70, 70};
 constexpr int kGenerated = 70;
-
-// Logits of every step of the conversation, the plain way. Also returns the
-// token sequence (user tokens + greedy replies) the bounded runs replay.
-std::vector<std::vector<float>> PlainRun(
-    const Model& model, std::vector<std::vector<int32_t>>* steps) {
-  const ModelConfig& c = model.config();
-  KvCache cache = model.NewCache();
-  std::vector<std::vector<float>> logits;
-  uint32_t seed = 10;
-  for (int turn : kTurnTokens) {
-    std::vector<int32_t> next =
-        testing::RandomTokens(turn, seed++, c.vocab_size);
-    for (int g = 0; g <= kGenerated; ++g) {
-      SequenceStep step{&cache, next, LogitsMode::kLast, 0};
-      ForwardOutput out;
-      EXPECT_TRUE(model.Forward({&step, 1}, &out).ok());
-      steps->push_back(next);
-      logits.emplace_back(out.Logits(0), out.Logits(0) + c.vocab_size);
-      if (g == kGenerated) break;  // the last reply token opens no step
-      next = {Argmax(out.Logits(0), c.vocab_size)};
-    }
-  }
-  return logits;
-}
 
 class BoundedDecode : public ::testing::TestWithParam<Case> {};
 
@@ -63,19 +36,25 @@ TEST_P(BoundedDecode, LogitsBitIdenticalToPlainCacheForEveryBudget) {
   testing::TinyModelSpec spec;
   spec.family = GetParam().family;
   if (spec.family == "gemma3") spec.n_layers = 6;  // 5 local + 1 global
-  absl::StatusOr<std::string> path =
-      testing::WriteTinyModel(spec, ::testing::TempDir());
-  ASSERT_TRUE(path.ok()) << path.status();
-  LoadOptions opts;
-  opts.precision = GetParam().precision;
-  opts.num_threads = 2;
-  absl::StatusOr<std::unique_ptr<Model>> loaded = Model::Load(*path, opts);
+  absl::StatusOr<std::unique_ptr<Model>> loaded =
+      testing::LoadTinyModel(spec, GetParam().precision);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const Model& model = **loaded;
   const ModelConfig& c = model.config();
 
-  std::vector<std::vector<int32_t>> steps;
-  const std::vector<std::vector<float>> plain = PlainRun(model, &steps);
+  // The reference: every step of the conversation, the plain way; its
+  // tokens (user tokens + greedy replies) are what the bounded runs replay.
+  testing::PlainTranscript plain;
+  {
+    KvCache cache = model.NewCache();
+    for (const testing::ChatTurn& turn :
+         testing::RandomTurns(c, kTurnTokens, kReplies, /*first_seed=*/10)) {
+      const absl::Status st =
+          testing::AppendPlainTurn(model, turn, {}, &cache, &plain);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+  }
+  const std::vector<std::vector<int32_t>>& steps = plain.steps;
   ASSERT_EQ(steps.size(), 3u * (kGenerated + 1));
 
   // Rows a step may need: the hot window and the step's new tokens, in
@@ -94,22 +73,20 @@ TEST_P(BoundedDecode, LogitsBitIdenticalToPlainCacheForEveryBudget) {
     const size_t bound =
         c.n_layers * 2 * cache.row_bytes() *
         (budget + 2 * kernels::cpu::kAttentionChunk + longest_step);
-    int64_t mismatches = 0, cold_steps = 0, want_cold = 0, over_bound = 0;
+    int64_t cold_steps = 0, want_cold = 0, over_bound = 0;
     int64_t length = 0;
     for (const std::vector<int32_t>& t : steps) {
       want_cold += budget != ResidualKvSource::kAll && length > budget;
       length += t.size();
     }
-    for (size_t s = 0; s < steps.size(); ++s) {
-      const int64_t before = cache.length();
+    testing::ReplayOptions replay;
+    replay.sequence_id = 3;
+    replay.kv_source = &source;
+    replay.observer = &store;
+    replay.after_step = [&](size_t, int64_t before) {
       const int64_t hot = source.HotBegin(0, before);
       cold_steps += hot > 0;
-      SequenceStep step{&cache, steps[s], LogitsMode::kLast, 3, &source};
-      ForwardOutput out;
-      ASSERT_TRUE(model.Forward({&step, 1}, &out, &store).ok());
       ASSERT_TRUE(store.status().ok()) << store.status();
-      mismatches += std::memcmp(out.Logits(0), plain[s].data(),
-                                c.vocab_size * sizeof(float)) != 0;
       // The rows below this step's hot window are gone at every layer, and
       // a local layer's rows below its window too.
       for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -120,8 +97,12 @@ TEST_P(BoundedDecode, LogitsBitIdenticalToPlainCacheForEveryBudget) {
       }
       if (budget != ResidualKvSource::kAll)
         over_bound += cache.allocated_bytes() > bound;
-    }
-    EXPECT_EQ(mismatches, 0) << "budget " << budget;
+    };
+    const absl::StatusOr<int64_t> mismatches = testing::CountLogitMismatches(
+        model, plain, 0, plain.size(), replay, &cache);
+    ASSERT_TRUE(mismatches.ok()) << mismatches.status();
+    ASSERT_FALSE(HasFatalFailure());
+    EXPECT_EQ(*mismatches, 0) << "budget " << budget;
     EXPECT_EQ(over_bound, 0) << "budget " << budget << ": allocated "
                              << cache.allocated_bytes() << " > " << bound;
     // Every step whose cache outgrew B ran with cold chunks.
@@ -144,39 +125,41 @@ TEST_P(BoundedDecode, LogitsBitIdenticalToPlainCacheForEveryBudget) {
 TEST_P(BoundedDecode, ThousandTokenSessionKeepsPeakCacheBytesFlat) {
   testing::TinyModelSpec spec;
   spec.family = GetParam().family;
-  absl::StatusOr<std::string> path =
-      testing::WriteTinyModel(spec, ::testing::TempDir());
-  ASSERT_TRUE(path.ok()) << path.status();
-  LoadOptions opts;
-  opts.precision = GetParam().precision;
-  opts.num_threads = 2;
-  absl::StatusOr<std::unique_ptr<Model>> loaded = Model::Load(*path, opts);
+  absl::StatusOr<std::unique_ptr<Model>> loaded =
+      testing::LoadTinyModel(spec, GetParam().precision);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const Model& model = **loaded;
   const ModelConfig& c = model.config();
   constexpr int64_t kBudget = 64, kTokens = 1000;
+  KvCache plain = model.NewCache(), bounded = model.NewCache();
+  plain.KeepRowsPastWindows();  // the baseline that grows with the context
+  size_t plain_peak = 0, bounded_peak = 0;
+  // One token, then greedy replies: kTokens steps of one token each.
+  testing::PlainTranscript want;
+  testing::PlainTurnOptions reference;
+  reference.after_step = [&](size_t) {
+    plain_peak = std::max(plain_peak, plain.allocated_bytes());
+  };
+  const absl::Status st = testing::AppendPlainTurn(
+      model, {testing::RandomTokens(1, 5, c.vocab_size), kTokens - 1},
+      reference, &plain, &want);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(want.size(), static_cast<size_t>(kTokens));
+
   ResidualStore store(
       c, model.precision(),
       CheckpointLayers(*ParseCheckpointPolicy("kv-direct"), c.n_layers));
   ResidualKvSource source(&store, 0, kBudget);
-  KvCache plain = model.NewCache(), bounded = model.NewCache();
-  plain.KeepRowsPastWindows();  // the baseline that grows with the context
-  size_t plain_peak = 0, bounded_peak = 0;
-  int64_t mismatches = 0;
-  std::vector<int32_t> next = testing::RandomTokens(1, 5, c.vocab_size);
-  for (int64_t i = 0; i < kTokens; ++i) {
-    SequenceStep a{&plain, next, LogitsMode::kLast, 0};
-    SequenceStep b{&bounded, next, LogitsMode::kLast, 0, &source};
-    ForwardOutput out_a, out_b;
-    ASSERT_TRUE(model.Forward({&a, 1}, &out_a).ok());
-    ASSERT_TRUE(model.Forward({&b, 1}, &out_b, &store).ok());
-    mismatches += std::memcmp(out_a.Logits(0), out_b.Logits(0),
-                              c.vocab_size * sizeof(float)) != 0;
-    plain_peak = std::max(plain_peak, plain.allocated_bytes());
+  testing::ReplayOptions replay;
+  replay.kv_source = &source;
+  replay.observer = &store;
+  replay.after_step = [&](size_t, int64_t) {
     bounded_peak = std::max(bounded_peak, bounded.allocated_bytes());
-    next = {Argmax(out_a.Logits(0), c.vocab_size)};
-  }
-  EXPECT_EQ(mismatches, 0);
+  };
+  const absl::StatusOr<int64_t> mismatches = testing::CountLogitMismatches(
+      model, want, 0, want.size(), replay, &bounded);
+  ASSERT_TRUE(mismatches.ok()) << mismatches.status();
+  EXPECT_EQ(*mismatches, 0);
   const size_t row_pair = c.n_layers * 2 * plain.row_bytes();
   EXPECT_GE(plain_peak, kTokens * row_pair);
   EXPECT_LE(bounded_peak,
@@ -193,13 +176,9 @@ TEST_P(BoundedDecode, StepsThatWouldReadDroppedRowsAreRejected) {
   // Windows wider than the sequence: a plain step then reads every row
   // (window_trim_test covers what narrower windows allow).
   spec.sliding_window = 64;
-  absl::StatusOr<std::string> path =
-      testing::WriteTinyModel(spec, ::testing::TempDir());
-  ASSERT_TRUE(path.ok());
-  LoadOptions opts;
-  opts.precision = GetParam().precision;
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(*path, opts);
-  ASSERT_TRUE(model.ok());
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      testing::LoadTinyModel(spec, GetParam().precision);
+  ASSERT_TRUE(model.ok()) << model.status();
   const ModelConfig& c = (*model)->config();
   const std::vector<int32_t> t = testing::RandomTokens(40, 1, c.vocab_size);
   ResidualStore store(
@@ -232,13 +211,9 @@ TEST_P(BoundedDecode, StepsThatWouldReadDroppedRowsAreRejected) {
 TEST_P(BoundedDecode, CheckRejectsAStoreThatCannotServeTheColdRange) {
   testing::TinyModelSpec spec;
   spec.family = GetParam().family;
-  absl::StatusOr<std::string> path =
-      testing::WriteTinyModel(spec, ::testing::TempDir());
-  ASSERT_TRUE(path.ok());
-  LoadOptions opts;
-  opts.precision = GetParam().precision;
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(*path, opts);
-  ASSERT_TRUE(model.ok());
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      testing::LoadTinyModel(spec, GetParam().precision);
+  ASSERT_TRUE(model.ok()) << model.status();
   const ModelConfig& c = (*model)->config();
   const std::vector<int32_t> t = testing::RandomTokens(10, 1, c.vocab_size);
   // A stride:2 store lacks layer 1; an unattached store lacks the rows.

@@ -9,11 +9,11 @@
 // at step 10 from the trimmed kv-direct and stride:1 checkpoints continue
 // bit-identically. Needs tools/setup.sh --test.
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "base/model_dir.h"
 #include "gtest/gtest.h"
@@ -21,6 +21,7 @@
 #include "ops/kvdirect/rebuild.h"
 #include "ops/kvdirect/residual_kv_source.h"
 #include "ops/kvdirect/residual_store.h"
+#include "ops/kvdirect/testing/conversation.h"
 #include "ops/model/model.h"
 
 namespace kvd::ops {
@@ -30,24 +31,6 @@ constexpr int64_t kPrompt = 560;
 constexpr int kDecode = 20;
 constexpr int kCutStep = 10;  // rebuild after the prompt + 10 decode steps
 constexpr int64_t kBudget = 512;
-
-int32_t Argmax(const float* logits, int64_t n) {
-  return std::max_element(logits, logits + n) - logits;
-}
-
-class Fanout : public ResidualObserver {
- public:
-  explicit Fanout(std::vector<ResidualStore*> stores)
-      : stores_(std::move(stores)) {}
-  void OnResidual(int64_t seq, int64_t layer, int64_t position,
-                  const float* residual) override {
-    for (ResidualStore* s : stores_)
-      s->OnResidual(seq, layer, position, residual);
-  }
-
- private:
-  std::vector<ResidualStore*> stores_;
-};
 
 TEST(RealGemma, TrimmedWindowsAreBitIdenticalAndBounded) {
   const std::string path = CachedModelPath("gemma-3-270m-q4_k_m.gguf");
@@ -69,53 +52,66 @@ TEST(RealGemma, TrimmedWindowsAreBitIdenticalAndBounded) {
   std::vector<int32_t> prompt(kPrompt);
   for (int32_t& t : prompt) t = rng() % c.vocab_size;
 
-  // Three runs side by side: the untrimmed reference, the trimmed plain cache
-  // (which also feeds the checkpoints), and kv-direct B = 512.
+  // The untrimmed reference decides the tokens; the trimmed plain cache
+  // (which also feeds the checkpoints up to the cut) and kv-direct B = 512
+  // replay them.
   KvCache reference = model.NewCache(), trimmed = model.NewCache(),
           bounded = model.NewCache();
   reference.KeepRowsPastWindows();
+  testing::PlainTranscript want;
+  {
+    const absl::Status st = testing::AppendPlainTurn(model, {prompt, kDecode},
+                                                     {}, &reference, &want);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  ASSERT_EQ(want.size(), static_cast<size_t>(kDecode + 1));
+
   ResidualStore store(c, model.precision(), CheckpointLayers(direct, 18));
   ResidualStore direct_ckpt(c, model.precision(), CheckpointLayers(direct, 18));
   ResidualStore stride_ckpt(c, model.precision(),
                             CheckpointLayers(stride1, 18));
-  Fanout checkpoints({&direct_ckpt, &stride_ckpt});
+  testing::FanoutObserver checkpoints({&direct_ckpt, &stride_ckpt});
   ResidualKvSource source(&store, 0, kBudget);
-  std::vector<std::vector<int32_t>> steps = {prompt};
-  std::vector<std::vector<float>> logits;
-  std::vector<int32_t> history;
   int64_t mismatches = 0;
-  for (size_t s = 0; s <= static_cast<size_t>(kDecode); ++s) {
-    const int64_t before = reference.length();
-    SequenceStep a{&reference, steps[s], LogitsMode::kLast, 0};
-    SequenceStep b{&trimmed, steps[s], LogitsMode::kLast, 0};
-    SequenceStep d{&bounded, steps[s], LogitsMode::kLast, 0, &source};
-    ForwardOutput out_a, out_b, out_d;
-    const bool checkpointing = static_cast<int>(s) < kCutStep;
-    ASSERT_TRUE(model.Forward({&a, 1}, &out_a).ok());
-    ASSERT_TRUE(
-        model.Forward({&b, 1}, &out_b, checkpointing ? &checkpoints : nullptr)
-            .ok());
-    const absl::Status st = model.Forward({&d, 1}, &out_d, &store);
-    ASSERT_TRUE(st.ok()) << st;
-    TrimToWindows(c, direct, 0, bounded.length(), &store);
-    if (checkpointing) {
-      history.insert(history.end(), steps[s].begin(), steps[s].end());
-      TrimToWindows(c, direct, 0, trimmed.length(), &direct_ckpt);
-      TrimToWindows(c, stride1, 0, trimmed.length(), &stride_ckpt);
+  testing::ReplayOptions plain;
+  plain.after_step = [&](size_t, int64_t before) {
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      ASSERT_EQ(trimmed.first_kept(l),
+                WindowStart(c.layers[l].sliding_window, before));
     }
-    const size_t bytes = c.vocab_size * sizeof(float);
-    logits.emplace_back(out_a.Logits(0), out_a.Logits(0) + c.vocab_size);
-    mismatches += std::memcmp(out_a.Logits(0), out_b.Logits(0), bytes) != 0;
-    mismatches += std::memcmp(out_a.Logits(0), out_d.Logits(0), bytes) != 0;
+  };
+  testing::ReplayOptions checkpointing = plain;
+  checkpointing.observer = &checkpoints;
+  checkpointing.after_step = [&](size_t s, int64_t before) {
+    TrimToWindows(c, direct, 0, trimmed.length(), &direct_ckpt);
+    TrimToWindows(c, stride1, 0, trimmed.length(), &stride_ckpt);
+    plain.after_step(s, before);
+  };
+  testing::ReplayOptions direct_run;
+  direct_run.kv_source = &source;
+  direct_run.observer = &store;
+  direct_run.after_step = [&](size_t, int64_t before) {
+    TrimToWindows(c, direct, 0, bounded.length(), &store);
     for (int64_t l = 0; l < c.n_layers; ++l) {
       const int64_t window = c.layers[l].sliding_window;
-      ASSERT_EQ(trimmed.first_kept(l), WindowStart(window, before));
       ASSERT_EQ(bounded.first_kept(l), std::max(source.HotBegin(l, before),
                                                 WindowStart(window, before)));
       ASSERT_EQ(store.first_kept(0, l), WindowStart(window, bounded.length()));
     }
-    steps.push_back({Argmax(out_a.Logits(0), c.vocab_size)});
+  };
+  // The trimmed cache feeds the checkpoints up to the cut only; kv-direct
+  // runs every step.
+  for (const auto& [options, begin, end, cache] :
+       {std::tuple{&checkpointing, size_t{0}, size_t{kCutStep}, &trimmed},
+        std::tuple{&plain, size_t{kCutStep}, want.size(), &trimmed},
+        std::tuple{&direct_run, size_t{0}, want.size(), &bounded}}) {
+    const absl::StatusOr<int64_t> n =
+        testing::CountLogitMismatches(model, want, begin, end, *options, cache);
+    ASSERT_TRUE(n.ok()) << n.status();
+    ASSERT_FALSE(HasFatalFailure());
+    mismatches += *n;
   }
+  const std::vector<int32_t> history = want.TokensBefore(kCutStep);
   EXPECT_EQ(mismatches, 0);
   const int64_t length = reference.length();
   ASSERT_EQ(length, kPrompt + kDecode);
@@ -157,20 +153,18 @@ TEST(RealGemma, TrimmedWindowsAreBitIdenticalAndBounded) {
     const absl::Status st = RebuildKv(model, rs, &cache, nullptr);
     ASSERT_TRUE(st.ok()) << st;
     ResidualKvSource src(r.checkpoint, 0, r.budget);
-    int64_t after = 0;
-    for (size_t s = kCutStep; s <= static_cast<size_t>(kDecode); ++s) {
-      SequenceStep step{&cache, steps[s], LogitsMode::kLast, 0,
-                        r.budget < 0 ? nullptr : &src};
-      ForwardOutput out;
-      ASSERT_TRUE(
-          model.Forward({&step, 1}, &out, r.budget < 0 ? nullptr : r.checkpoint)
-              .ok());
-      if (r.budget >= 0)
+    testing::ReplayOptions replay;
+    if (r.budget >= 0) {
+      replay.kv_source = &src;
+      replay.observer = r.checkpoint;
+      replay.after_step = [&](size_t, int64_t) {
         TrimToWindows(c, direct, 0, cache.length(), r.checkpoint);
-      after += std::memcmp(out.Logits(0), logits[s].data(),
-                           c.vocab_size * sizeof(float)) != 0;
+      };
     }
-    EXPECT_EQ(after, 0);
+    const absl::StatusOr<int64_t> after = testing::CountLogitMismatches(
+        model, want, kCutStep, want.size(), replay, &cache);
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(*after, 0);
   }
 }
 

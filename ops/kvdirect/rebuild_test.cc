@@ -7,38 +7,18 @@
 #include "ops/kvdirect/rebuild.h"
 
 #include <algorithm>
-#include <cstring>
-#include <random>
 #include <string>
 
 #include "gtest/gtest.h"
 #include "ops/kvdirect/checkpoint_policy.h"
 #include "ops/kvdirect/residual_kv_source.h"
 #include "ops/kvdirect/residual_store.h"
+#include "ops/kvdirect/testing/conversation.h"
 #include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
 
 namespace kvd::ops {
 namespace {
-
-int32_t Argmax(const float* logits, int64_t n) {
-  return std::max_element(logits, logits + n) - logits;
-}
-
-// Fans the residuals out to several stores (one per policy).
-class Fanout : public ResidualObserver {
- public:
-  explicit Fanout(std::vector<ResidualStore*> stores)
-      : stores_(std::move(stores)) {}
-  void OnResidual(int64_t seq, int64_t layer, int64_t position,
-                  const float* residual) override {
-    for (ResidualStore* s : stores_)
-      s->OnResidual(seq, layer, position, residual);
-  }
-
- private:
-  std::vector<ResidualStore*> stores_;
-};
 
 using Case = testing::FamilyCase;
 
@@ -46,6 +26,7 @@ constexpr int64_t kSeq = 5;
 // Two turns before the interruption, one after: user prefill + greedy replies.
 constexpr int kTurnTokens[] = {40, 35, 33};
 constexpr int kReplies[] = {60, 60, 64};
+constexpr int kCutTurns = 2;
 
 class Rebuild : public ::testing::TestWithParam<Case> {};
 
@@ -55,13 +36,8 @@ TEST_P(Rebuild, ContinuedDecodingIsBitIdenticalForEveryPolicyAndBudget) {
   // Segments of stride:2 and stride:4 that do not divide the depth; gemma3
   // gets 5 local layers and a global one.
   spec.n_layers = spec.family == "gemma3" ? 6 : 5;
-  absl::StatusOr<std::string> path =
-      testing::WriteTinyModel(spec, ::testing::TempDir());
-  ASSERT_TRUE(path.ok()) << path.status();
-  LoadOptions opts;
-  opts.precision = GetParam().precision;
-  opts.num_threads = 2;
-  absl::StatusOr<std::unique_ptr<Model>> loaded = Model::Load(*path, opts);
+  absl::StatusOr<std::unique_ptr<Model>> loaded =
+      testing::LoadTinyModel(spec, GetParam().precision);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const Model& model = **loaded;
   const ModelConfig& c = model.config();
@@ -70,44 +46,36 @@ TEST_P(Rebuild, ContinuedDecodingIsBitIdenticalForEveryPolicyAndBudget) {
                                              "stride:4", "tokens"};
   std::vector<ResidualStore> checkpoints;
   for (const std::string& name : policies) {
-    checkpoints.emplace_back(
-        c, model.precision(),
-        CheckpointLayers(*ParseCheckpointPolicy(name), c.n_layers));
+    checkpoints.push_back(
+        testing::NewStore(model, *ParseCheckpointPolicy(name)));
   }
   std::vector<ResidualStore*> store_ptrs;
   for (ResidualStore& s : checkpoints) store_ptrs.push_back(&s);
-  Fanout fanout(store_ptrs);
+  testing::FanoutObserver fanout(store_ptrs);
 
   // The uninterrupted plain run. Checkpoints observe the first two turns.
   KvCache plain = model.NewCache();
-  plain.KeepRowsPastWindows();   // every row, to compare the rebuilt ones with
-  std::vector<int32_t> history;  // tokens up to the cut
-  std::vector<std::vector<int32_t>> after;  // steps after the cut
-  std::vector<std::vector<float>> after_logits;
+  plain.KeepRowsPastWindows();  // every row, to compare the rebuilt ones with
+  testing::PlainTranscript want;
+  size_t cut_step = 0;  // the first step after the cut
+  const std::vector<testing::ChatTurn> turns =
+      testing::RandomTurns(c, kTurnTokens, kReplies, /*first_seed=*/20);
   for (int turn = 0; turn < 3; ++turn) {
-    std::vector<int32_t> next =
-        testing::RandomTokens(kTurnTokens[turn], 20 + turn, c.vocab_size);
-    for (int g = 0; g <= kReplies[turn]; ++g) {
-      SequenceStep step{&plain, next, LogitsMode::kLast, kSeq};
-      ForwardOutput out;
-      ASSERT_TRUE(
-          model.Forward({&step, 1}, &out, turn < 2 ? &fanout : nullptr).ok());
-      if (turn < 2) {
-        history.insert(history.end(), next.begin(), next.end());
-      } else {
-        after.push_back(next);
-        after_logits.emplace_back(out.Logits(0), out.Logits(0) + c.vocab_size);
-      }
-      if (g == kReplies[turn]) break;
-      next = {Argmax(out.Logits(0), c.vocab_size)};
-    }
+    testing::PlainTurnOptions o;
+    o.sequence_id = kSeq;
+    o.observer = turn < kCutTurns ? &fanout : nullptr;
+    const absl::Status st =
+        testing::AppendPlainTurn(model, turns[turn], o, &plain, &want);
+    ASSERT_TRUE(st.ok()) << st;
+    if (turn < kCutTurns) cut_step = want.size();
     // The turn's last reply token is fed at the start of the next turn's
     // prefill in a real chat; here it simply ends the turn.
   }
   for (const ResidualStore& s : checkpoints) ASSERT_TRUE(s.status().ok());
+  const std::vector<int32_t> history = want.TokensBefore(cut_step);
   const int64_t cut = history.size();
   ASSERT_EQ(cut, 40 + 60 + 35 + 60);
-  ASSERT_EQ(after.size(), 65u);
+  ASSERT_EQ(want.size() - cut_step, 65u);
 
   for (size_t pi = 0; pi < policies.size(); ++pi) {
     const CheckpointPolicy policy = *ParseCheckpointPolicy(policies[pi]);
@@ -117,12 +85,7 @@ TEST_P(Rebuild, ContinuedDecodingIsBitIdenticalForEveryPolicyAndBudget) {
       // The session's kv-direct store for decoding on: the checkpoint itself
       // for kv-direct, the rebuild's output for the others.
       ResidualStore session =
-          policy.kind == CheckpointPolicy::Kind::kKvDirect
-              ? checkpoints[pi]
-              : ResidualStore(
-                    c, model.precision(),
-                    CheckpointLayers(*ParseCheckpointPolicy("kv-direct"),
-                                     c.n_layers));
+          testing::SessionStoreForRebuild(model, policy, checkpoints[pi]);
       KvCache cache = model.NewCache();
       RebuildSpec rs;
       rs.policy = policy;
@@ -143,13 +106,8 @@ TEST_P(Rebuild, ContinuedDecodingIsBitIdenticalForEveryPolicyAndBudget) {
         const int64_t first =
             std::max(hot, WindowStart(c.layers[l].sliding_window, cut));
         ASSERT_EQ(cache.first_kept(l), first) << "layer " << l;
-        for (int64_t p = first; p < cut; ++p) {
-          differing_rows +=
-              std::memcmp(cache.KeyBytes(l, p), plain.KeyBytes(l, p),
-                          cache.row_bytes()) != 0 ||
-              std::memcmp(cache.ValueBytes(l, p), plain.ValueBytes(l, p),
-                          cache.row_bytes()) != 0;
-        }
+        differing_rows +=
+            testing::CountDifferingRows(cache, plain, l, first, cut);
       }
       EXPECT_EQ(differing_rows, 0);
       if (budget != ResidualKvSource::kAll) {
@@ -159,21 +117,16 @@ TEST_P(Rebuild, ContinuedDecodingIsBitIdenticalForEveryPolicyAndBudget) {
         ASSERT_EQ(session.length(kSeq), cut);
       }
 
+      const bool bounded = budget != ResidualKvSource::kAll;
       ResidualKvSource source(&session, kSeq, budget);
-      int64_t mismatches = 0;
-      for (size_t s = 0; s < after.size(); ++s) {
-        SequenceStep step{&cache, after[s], LogitsMode::kLast, kSeq,
-                          budget == ResidualKvSource::kAll ? nullptr : &source};
-        ForwardOutput out;
-        ASSERT_TRUE(
-            model
-                .Forward({&step, 1}, &out,
-                         budget == ResidualKvSource::kAll ? nullptr : &session)
-                .ok());
-        mismatches += std::memcmp(out.Logits(0), after_logits[s].data(),
-                                  c.vocab_size * sizeof(float)) != 0;
-      }
-      EXPECT_EQ(mismatches, 0);
+      testing::ReplayOptions replay;
+      replay.sequence_id = kSeq;
+      replay.kv_source = bounded ? &source : nullptr;
+      replay.observer = bounded ? &session : nullptr;
+      const absl::StatusOr<int64_t> mismatches = testing::CountLogitMismatches(
+          model, want, cut_step, want.size(), replay, &cache);
+      ASSERT_TRUE(mismatches.ok()) << mismatches.status();
+      EXPECT_EQ(*mismatches, 0);
     }
   }
 }
@@ -181,13 +134,9 @@ TEST_P(Rebuild, ContinuedDecodingIsBitIdenticalForEveryPolicyAndBudget) {
 TEST_P(Rebuild, RejectsWhatCannotBeRebuilt) {
   testing::TinyModelSpec spec;
   spec.family = GetParam().family;
-  absl::StatusOr<std::string> path =
-      testing::WriteTinyModel(spec, ::testing::TempDir());
-  ASSERT_TRUE(path.ok());
-  LoadOptions opts;
-  opts.precision = GetParam().precision;
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(*path, opts);
-  ASSERT_TRUE(model.ok());
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      testing::LoadTinyModel(spec, GetParam().precision);
+  ASSERT_TRUE(model.ok()) << model.status();
   const ModelConfig& c = (*model)->config();
   const std::vector<int32_t> t = testing::RandomTokens(20, 3, c.vocab_size);
   ResidualStore strided(c, (*model)->precision(), {0, 2});

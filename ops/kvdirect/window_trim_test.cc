@@ -10,7 +10,6 @@
 // and the next turn continues bit-identically; and trimming one chunk too far
 // is refused rather than computed wrong.
 #include <algorithm>
-#include <cstring>
 #include <iostream>
 #include <string>
 
@@ -20,6 +19,7 @@
 #include "ops/kvdirect/rebuild.h"
 #include "ops/kvdirect/residual_kv_source.h"
 #include "ops/kvdirect/residual_store.h"
+#include "ops/kvdirect/testing/conversation.h"
 #include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
 
@@ -31,30 +31,12 @@ using kernels::cpu::kAttentionChunk;
 constexpr int64_t kWindow = 48;
 constexpr int64_t kSeq = 4;
 constexpr int kTurnTokens[] = {40, 25, 33};
-constexpr int kReplies = 70;
+constexpr int kReplies[] = {70, 70, 70};
 constexpr int kCutTurns = 2;  // rebuild after two turns (205 tokens)
-
-int32_t Argmax(const float* logits, int64_t n) {
-  return std::max_element(logits, logits + n) - logits;
-}
 
 CheckpointPolicy Policy(const std::string& name) {
   return *ParseCheckpointPolicy(name);
 }
-
-class Fanout : public ResidualObserver {
- public:
-  explicit Fanout(std::vector<ResidualStore*> stores)
-      : stores_(std::move(stores)) {}
-  void OnResidual(int64_t seq, int64_t layer, int64_t position,
-                  const float* residual) override {
-    for (ResidualStore* s : stores_)
-      s->OnResidual(seq, layer, position, residual);
-  }
-
- private:
-  std::vector<ResidualStore*> stores_;
-};
 
 class WindowTrim : public ::testing::TestWithParam<Precision> {
  protected:
@@ -63,13 +45,8 @@ class WindowTrim : public ::testing::TestWithParam<Precision> {
     spec.family = "gemma3";
     spec.n_layers = 6;  // layers 0-4 local, layer 5 global
     spec.sliding_window = kWindow;
-    absl::StatusOr<std::string> path =
-        testing::WriteTinyModel(spec, ::testing::TempDir());
-    ASSERT_TRUE(path.ok()) << path.status();
-    LoadOptions opts;
-    opts.precision = GetParam();
-    opts.num_threads = 2;
-    absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(*path, opts);
+    absl::StatusOr<std::unique_ptr<Model>> model =
+        testing::LoadTinyModel(spec, GetParam());
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
     const ModelConfig& c = model_->config();
@@ -79,36 +56,27 @@ class WindowTrim : public ::testing::TestWithParam<Precision> {
     // The reference: every row kept, never trimmed.
     KvCache cache = model_->NewCache();
     cache.KeepRowsPastWindows();
+    const std::vector<testing::ChatTurn> turns =
+        testing::RandomTurns(c, kTurnTokens, kReplies, /*first_seed=*/30);
+    testing::PlainTurnOptions o;
+    o.sequence_id = kSeq;
     for (int turn = 0; turn < 3; ++turn) {
-      std::vector<int32_t> next =
-          testing::RandomTokens(kTurnTokens[turn], 30 + turn, c.vocab_size);
-      for (int g = 0; g <= kReplies; ++g) {
-        SequenceStep step{&cache, next, LogitsMode::kLast, kSeq};
-        ForwardOutput out;
-        ASSERT_TRUE(model_->Forward({&step, 1}, &out).ok());
-        steps_.push_back(next);
-        logits_.emplace_back(out.Logits(0), out.Logits(0) + c.vocab_size);
-        if (turn < kCutTurns) cut_step_ = steps_.size();
-        if (g == kReplies) break;
-        next = {Argmax(out.Logits(0), c.vocab_size)};
-      }
+      const absl::Status st =
+          testing::AppendPlainTurn(*model_, turns[turn], o, &cache, &want_);
+      ASSERT_TRUE(st.ok()) << st;
+      if (turn < kCutTurns) cut_step_ = want_.size();
       if (turn == kCutTurns - 1) at_cut_ = std::make_unique<KvCache>(cache);
     }
     ASSERT_EQ(cache.length(), 308);
     reference_ = std::make_unique<KvCache>(std::move(cache));
   }
 
-  bool SameLogits(size_t step, const ForwardOutput& out) const {
-    return std::memcmp(out.Logits(0), logits_[step].data(),
-                       logits_[step].size() * sizeof(float)) == 0;
-  }
   int64_t Window(int64_t l) const {
     return model_->config().layers[l].sliding_window;
   }
 
   std::unique_ptr<Model> model_;
-  std::vector<std::vector<int32_t>> steps_;
-  std::vector<std::vector<float>> logits_;
+  testing::PlainTranscript want_;
   size_t cut_step_ = 0;
   std::unique_ptr<KvCache> at_cut_, reference_;
 };
@@ -116,21 +84,22 @@ class WindowTrim : public ::testing::TestWithParam<Precision> {
 TEST_P(WindowTrim, PlainCacheDropsLocalRowsAndStaysBitIdentical) {
   const ModelConfig& c = model_->config();
   KvCache cache = model_->NewCache();
-  int64_t mismatches = 0;
   int64_t longest = 0;
-  for (size_t s = 0; s < steps_.size(); ++s) {
-    const int64_t before = cache.length();
-    longest = std::max<int64_t>(longest, steps_[s].size());
-    SequenceStep step{&cache, steps_[s], LogitsMode::kLast, kSeq};
-    ForwardOutput out;
-    ASSERT_TRUE(model_->Forward({&step, 1}, &out).ok());
-    mismatches += !SameLogits(s, out);
+  for (const std::vector<int32_t>& t : want_.steps)
+    longest = std::max<int64_t>(longest, t.size());
+  testing::ReplayOptions replay;
+  replay.sequence_id = kSeq;
+  replay.after_step = [&](size_t s, int64_t before) {
     for (int64_t l = 0; l < c.n_layers; ++l) {
       ASSERT_EQ(cache.first_kept(l), WindowStart(Window(l), before))
           << "step " << s << " layer " << l;
     }
-  }
-  EXPECT_EQ(mismatches, 0);
+  };
+  const absl::StatusOr<int64_t> mismatches = testing::CountLogitMismatches(
+      *model_, want_, 0, want_.size(), replay, &cache);
+  ASSERT_TRUE(mismatches.ok()) << mismatches.status();
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(*mismatches, 0);
   // The windows slid: local rows below 308 - 47 - (308 - 47) % 32 are gone.
   EXPECT_EQ(cache.first_kept(0), 256);
   EXPECT_EQ(cache.first_kept(5), 0);
@@ -156,16 +125,13 @@ TEST_P(WindowTrim, KvDirectWithTrimmedStoreIsBitIdenticalForEveryBudget) {
                         CheckpointLayers(direct, c.n_layers));
     ResidualKvSource source(&store, kSeq, budget);
     KvCache cache = model_->NewCache();
-    int64_t mismatches = 0;
-    for (size_t s = 0; s < steps_.size(); ++s) {
-      const int64_t before = cache.length();
-      SequenceStep step{&cache, steps_[s], LogitsMode::kLast, kSeq, &source};
-      ForwardOutput out;
-      const absl::Status st = model_->Forward({&step, 1}, &out, &store);
-      ASSERT_TRUE(st.ok()) << st;
+    testing::ReplayOptions replay;
+    replay.sequence_id = kSeq;
+    replay.kv_source = &source;
+    replay.observer = &store;
+    replay.after_step = [&](size_t s, int64_t before) {
       ASSERT_TRUE(store.status().ok()) << store.status();
       TrimToWindows(c, direct, kSeq, cache.length(), &store);
-      mismatches += !SameLogits(s, out);
       const int64_t hot = source.HotBegin(0, before);
       for (int64_t l = 0; l < c.n_layers; ++l) {
         ASSERT_EQ(cache.first_kept(l),
@@ -179,8 +145,12 @@ TEST_P(WindowTrim, KvDirectWithTrimmedStoreIsBitIdenticalForEveryBudget) {
           ASSERT_EQ(kept, cache.length());
         }
       }
-    }
-    EXPECT_EQ(mismatches, 0);
+    };
+    const absl::StatusOr<int64_t> mismatches = testing::CountLogitMismatches(
+        *model_, want_, 0, want_.size(), replay, &cache);
+    ASSERT_TRUE(mismatches.ok()) << mismatches.status();
+    ASSERT_FALSE(HasFatalFailure());
+    EXPECT_EQ(*mismatches, 0);
     const int64_t untrimmed = cache.length() * store.bytes_per_token();
     EXPECT_LT(store.size_bytes(), untrimmed / 2);
     if (budget == 64) {
@@ -204,14 +174,13 @@ TEST_P(WindowTrim, RebuildFromTrimmedCheckpointsContinuesBitIdentically) {
   }
   std::vector<ResidualStore*> ptrs;
   for (ResidualStore& s : checkpoints) ptrs.push_back(&s);
-  Fanout fanout(ptrs);
+  testing::FanoutObserver fanout(ptrs);
   KvCache cache = model_->NewCache();
-  std::vector<int32_t> history;
+  const std::vector<int32_t> history = want_.TokensBefore(cut_step_);
   for (size_t s = 0; s < cut_step_; ++s) {
-    SequenceStep step{&cache, steps_[s], LogitsMode::kNone, kSeq};
+    SequenceStep step{&cache, want_.steps[s], LogitsMode::kNone, kSeq};
     ForwardOutput out;
     ASSERT_TRUE(model_->Forward({&step, 1}, &out, &fanout).ok());
-    history.insert(history.end(), steps_[s].begin(), steps_[s].end());
     for (size_t p = 0; p < names.size(); ++p) {
       ASSERT_TRUE(checkpoints[p].status().ok());
       TrimToWindows(c, Policy(names[p]), kSeq, cache.length(), &checkpoints[p]);
@@ -232,11 +201,7 @@ TEST_P(WindowTrim, RebuildFromTrimmedCheckpointsContinuesBitIdentically) {
          {int64_t{0}, int64_t{16}, int64_t{64}, ResidualKvSource::kAll}) {
       SCOPED_TRACE(names[pi] + " budget " + std::to_string(budget));
       ResidualStore session =
-          policy.kind == CheckpointPolicy::Kind::kKvDirect
-              ? checkpoints[pi]
-              : ResidualStore(
-                    c, model_->precision(),
-                    CheckpointLayers(Policy("kv-direct"), c.n_layers));
+          testing::SessionStoreForRebuild(*model_, policy, checkpoints[pi]);
       KvCache rebuilt = model_->NewCache();
       RebuildSpec rs;
       rs.policy = policy;
@@ -253,13 +218,8 @@ TEST_P(WindowTrim, RebuildFromTrimmedCheckpointsContinuesBitIdentically) {
       for (int64_t l = 0; l < c.n_layers; ++l) {
         const int64_t first = std::max(hot, WindowStart(Window(l), cut));
         ASSERT_EQ(rebuilt.first_kept(l), first) << "layer " << l;
-        for (int64_t p = first; p < cut; ++p) {
-          differing_rows +=
-              std::memcmp(rebuilt.KeyBytes(l, p), at_cut_->KeyBytes(l, p),
-                          rebuilt.row_bytes()) != 0 ||
-              std::memcmp(rebuilt.ValueBytes(l, p), at_cut_->ValueBytes(l, p),
-                          rebuilt.row_bytes()) != 0;
-        }
+        differing_rows +=
+            testing::CountDifferingRows(rebuilt, *at_cut_, l, first, cut);
         // A rebuilt cold store is trimmed to the windows too.
         if (hot > 0 && policy.kind != CheckpointPolicy::Kind::kKvDirect) {
           EXPECT_EQ(session.first_kept(kSeq, l), WindowStart(Window(l), cut))
@@ -270,21 +230,20 @@ TEST_P(WindowTrim, RebuildFromTrimmedCheckpointsContinuesBitIdentically) {
 
       const bool bounded = budget != ResidualKvSource::kAll;
       ResidualKvSource source(&session, kSeq, budget);
-      int64_t mismatches = 0;
-      for (size_t s = cut_step_; s < steps_.size(); ++s) {
-        SequenceStep step{&rebuilt, steps_[s], LogitsMode::kLast, kSeq,
-                          bounded ? &source : nullptr};
-        ForwardOutput out;
-        ASSERT_TRUE(
-            model_->Forward({&step, 1}, &out, bounded ? &session : nullptr)
-                .ok());
-        if (bounded) {
+      testing::ReplayOptions replay;
+      replay.sequence_id = kSeq;
+      replay.kv_source = bounded ? &source : nullptr;
+      replay.observer = bounded ? &session : nullptr;
+      if (bounded) {
+        replay.after_step = [&](size_t, int64_t) {
           TrimToWindows(c, Policy("kv-direct"), kSeq, rebuilt.length(),
                         &session);
-        }
-        mismatches += !SameLogits(s, out);
+        };
       }
-      EXPECT_EQ(mismatches, 0);
+      const absl::StatusOr<int64_t> mismatches = testing::CountLogitMismatches(
+          *model_, want_, cut_step_, want_.size(), replay, &rebuilt);
+      ASSERT_TRUE(mismatches.ok()) << mismatches.status();
+      EXPECT_EQ(*mismatches, 0);
     }
   }
 }
@@ -297,20 +256,19 @@ TEST_P(WindowTrim, TrimmingPastTheBoundIsRefused) {
   ResidualKvSource source(&store, kSeq, /*budget=*/16);
   ResidualStore strided(c, model_->precision(),
                         CheckpointLayers(Policy("stride:2"), c.n_layers));
-  Fanout fanout({&store, &strided});
+  testing::FanoutObserver fanout({&store, &strided});
   KvCache cache = model_->NewCache();
-  std::vector<int32_t> history;
+  const std::vector<int32_t> history = want_.TokensBefore(cut_step_);
   for (size_t s = 0; s < cut_step_; ++s) {
-    SequenceStep step{&cache, steps_[s], LogitsMode::kNone, kSeq, &source};
+    SequenceStep step{&cache, want_.steps[s], LogitsMode::kNone, kSeq, &source};
     ForwardOutput out;
     ASSERT_TRUE(model_->Forward({&step, 1}, &out, &fanout).ok());
     TrimToWindows(c, direct, kSeq, cache.length(), &store);
-    history.insert(history.end(), steps_[s].begin(), steps_[s].end());
   }
   // One chunk more of layer 1's residuals: its window needs them.
   const int64_t bound = store.first_kept(kSeq, 1);
   store.DropBelow(kSeq, 1, bound + kAttentionChunk);
-  SequenceStep next{&cache, steps_[cut_step_], LogitsMode::kLast, kSeq,
+  SequenceStep next{&cache, want_.steps[cut_step_], LogitsMode::kLast, kSeq,
                     &source};
   ForwardOutput out;
   EXPECT_EQ(model_->Forward({&next, 1}, &out, &store).code(),
@@ -318,7 +276,7 @@ TEST_P(WindowTrim, TrimmingPastTheBoundIsRefused) {
   EXPECT_EQ(cache.length(), static_cast<int64_t>(history.size()));
   // A local cache row dropped one chunk early: refused, nothing written.
   cache.DropBelow(2, cache.first_kept(2) + kAttentionChunk);
-  SequenceStep plain{&cache, steps_[cut_step_], LogitsMode::kLast, kSeq};
+  SequenceStep plain{&cache, want_.steps[cut_step_], LogitsMode::kLast, kSeq};
   EXPECT_EQ(model_->Forward({&plain, 1}, &out).code(),
             absl::StatusCode::kFailedPrecondition);
   // stride:2's segment 0 trimmed to layer 1's own window start only (64 is

@@ -17,13 +17,11 @@
 #include "gtest/gtest.h"
 #include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
-#include "ops/tokenizer/gguf_tokenizer.h"
 #include "services/engine/scheduler.h"
+#include "services/engine/testing/model_fixture.h"
 
 namespace kvd::engine {
 namespace {
-
-using ops::testing::FamilyCase;
 
 struct Stream {
   std::vector<GenerateDelta> deltas;
@@ -76,18 +74,9 @@ GenerateDelta CheckStream(const Stream& s, const GenerateResult& r,
   return all;
 }
 
-class GeneratorDeltaTest : public ::testing::TestWithParam<FamilyCase> {
+class GeneratorDeltaTest : public testing::TinyModelTest {
  protected:
-  void SetUp() override {
-    ops::testing::TinyModelSpec spec;
-    spec.family = GetParam().family;
-    auto m = ops::testing::LoadTinyModel(spec, GetParam().precision);
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    auto t = ops::TokenizerFromGguf(model_->file());
-    ASSERT_TRUE(t.ok()) << t.status();
-    tokenizer_ = std::move(*t);
-  }
+  void SetUp() override { LoadModel(ops::testing::TinyModelSpec()); }
 
   GenerateRequest Request(int i) const {
     GenerateRequest r;
@@ -117,9 +106,6 @@ class GeneratorDeltaTest : public ::testing::TestWithParam<FamilyCase> {
     EXPECT_TRUE(g.ok()) << g.status();
     return g.ok() ? *std::move(g) : GenerateResult();
   }
-
-  std::unique_ptr<ops::Model> model_;
-  std::unique_ptr<ops::Tokenizer> tokenizer_;
 };
 
 TEST_P(GeneratorDeltaTest, DeltasAddUpToTheResult) {

@@ -4,8 +4,6 @@
 // from checkpoints and match an engine with an unlimited pool bit for bit),
 // and a pool too small for the running sequences stops the youngest with
 // RESOURCE_EXHAUSTED while the others finish exactly as they would alone.
-#include <cstring>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,14 +15,12 @@
 #include "gtest/gtest.h"
 #include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
-#include "ops/tokenizer/gguf_tokenizer.h"
 #include "services/engine/session_engine.h"
+#include "services/engine/testing/engine_fixture.h"
 
 namespace kvd::engine {
 namespace {
 
-namespace fs = std::filesystem;
-using ops::testing::FamilyCase;
 using ::testing::HasSubstr;
 
 struct Transcript {
@@ -32,55 +28,23 @@ struct Transcript {
   std::vector<int32_t> tokens;
 };
 
-bool SameBits(const Transcript& a, const Transcript& b) {
-  if (a.tokens != b.tokens || a.logits.size() != b.logits.size()) return false;
-  for (size_t i = 0; i < a.logits.size(); ++i) {
-    if (a.logits[i].size() != b.logits[i].size() ||
-        std::memcmp(a.logits[i].data(), b.logits[i].data(),
-                    a.logits[i].size() * sizeof(float)) != 0) {
-      return false;
-    }
-  }
-  return true;
+::testing::AssertionResult SameBits(const Transcript& a, const Transcript& b) {
+  if (a.tokens != b.tokens) return ::testing::AssertionFailure() << "tokens";
+  return testing::LogitsBitIdentical(a.logits, b.logits);
 }
 
-class KvPoolTest : public ::testing::TestWithParam<FamilyCase> {
+class KvPoolTest : public testing::EngineTest {
  protected:
   void SetUp() override {
     ops::testing::TinyModelSpec spec;
-    spec.family = GetParam().family;
     spec.n_layers = 3;
     spec.sliding_window = 24;
-    auto m = ops::testing::LoadTinyModel(spec, GetParam().precision);
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    auto t = ops::TokenizerFromGguf(model_->file());
-    ASSERT_TRUE(t.ok()) << t.status();
-    tokenizer_ = std::move(*t);
+    LoadModel(spec);
   }
 
   int64_t BlockBytes() const {
     return 2 * ops::KvBlockPool::kDefaultBlockRows *
            ops::KvCache::RowBytes(model_->config(), model_->precision());
-  }
-
-  void OpenEngine(SessionEngineOptions o) {
-    engine_.reset();
-    store_.reset();
-    const fs::path dir = fs::path(::testing::TempDir()) /
-                         ("kvpool-" + std::to_string(counter_++));
-    fs::remove_all(dir);
-    storage::SessionDbOptions so;
-    so.path = dir.string();
-    auto db = storage::SessionDb::Open(so);
-    ASSERT_TRUE(db.ok()) << db.status();
-    storage::TieredStoreOptions to;
-    to.dram.budget_bytes = 64 << 20;
-    auto store = storage::TieredStore::Create(std::move(*db), to);
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
-    engine_ = std::make_unique<SessionEngine>(
-        *model_, ModelIdentityOf(*model_, "sha256:tiny"), store_.get(), o);
   }
 
   static SessionEngineOptions Options(int64_t pool_bytes) {
@@ -137,12 +101,6 @@ class KvPoolTest : public ::testing::TestWithParam<FamilyCase> {
     }
     return out;
   }
-
-  std::unique_ptr<ops::Model> model_;
-  std::unique_ptr<ops::Tokenizer> tokenizer_;
-  std::unique_ptr<storage::TieredStore> store_;
-  std::unique_ptr<SessionEngine> engine_;
-  static inline int counter_ = 0;
 };
 
 TEST_P(KvPoolTest, SmallPoolDemotesIdleSessionsAndStaysBitIdentical) {

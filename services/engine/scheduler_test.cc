@@ -10,8 +10,6 @@
 // budget demotes least recently used sessions.
 #include "services/engine/scheduler.h"
 
-#include <cstring>
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -24,14 +22,11 @@
 #include "gtest/gtest.h"
 #include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
-#include "ops/tokenizer/gguf_tokenizer.h"
 #include "services/engine/session_engine.h"
+#include "services/engine/testing/engine_fixture.h"
 
 namespace kvd::engine {
 namespace {
-
-namespace fs = std::filesystem;
-using ops::testing::FamilyCase;
 
 constexpr int kConcurrent = 16;
 
@@ -46,14 +41,7 @@ struct Transcript {
 void ExpectSameBits(const Transcript& want, const Transcript& got,
                     const std::string& what) {
   SCOPED_TRACE(what);
-  ASSERT_EQ(want.logits.size(), got.logits.size());
-  for (size_t i = 0; i < want.logits.size(); ++i) {
-    ASSERT_EQ(want.logits[i].size(), got.logits[i].size());
-    ASSERT_EQ(std::memcmp(want.logits[i].data(), got.logits[i].data(),
-                          want.logits[i].size() * sizeof(float)),
-              0)
-        << "logits differ at step " << i;
-  }
+  ASSERT_TRUE(testing::LogitsBitIdentical(want.logits, got.logits));
   EXPECT_EQ(want.tokens, got.tokens);
   EXPECT_EQ(want.text, got.text);
   EXPECT_EQ(want.result_text, got.result_text);
@@ -61,19 +49,13 @@ void ExpectSameBits(const Transcript& want, const Transcript& got,
   EXPECT_EQ(want.finish, got.finish);
 }
 
-class SchedulerTest : public ::testing::TestWithParam<FamilyCase> {
+class SchedulerTest : public testing::EngineTest {
  protected:
   void SetUp() override {
     ops::testing::TinyModelSpec spec;
-    spec.family = GetParam().family;
     spec.n_layers = 3;
     spec.sliding_window = 24;  // gemma3: windows slide within the prompts
-    auto m = ops::testing::LoadTinyModel(spec, GetParam().precision);
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    auto t = ops::TokenizerFromGguf(model_->file());
-    ASSERT_TRUE(t.ok()) << t.status();
-    tokenizer_ = std::move(*t);
+    LoadModel(spec);
   }
 
   // Request i: prompt lengths from 3 to ~300 tokens (some longer than one
@@ -128,25 +110,6 @@ class SchedulerTest : public ::testing::TestWithParam<FamilyCase> {
     return t;
   }
 
-  void OpenEngine(SessionEngineOptions o) {
-    engine_.reset();
-    store_.reset();
-    const fs::path dir = fs::path(::testing::TempDir()) /
-                         ("sched-" + std::to_string(counter_++));
-    fs::remove_all(dir);
-    storage::SessionDbOptions so;
-    so.path = dir.string();
-    auto db = storage::SessionDb::Open(so);
-    ASSERT_TRUE(db.ok()) << db.status();
-    storage::TieredStoreOptions to;
-    to.dram.budget_bytes = 64 << 20;
-    auto store = storage::TieredStore::Create(std::move(*db), to);
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
-    engine_ = std::make_unique<SessionEngine>(
-        *model_, ModelIdentityOf(*model_, "sha256:tiny"), store_.get(), o);
-  }
-
   static SessionEngineOptions BatchingOptions() {
     SessionEngineOptions o;
     o.policy = *ops::ParseCheckpointPolicy("kv-direct");
@@ -191,12 +154,6 @@ class SchedulerTest : public ::testing::TestWithParam<FamilyCase> {
     }
     return out;
   }
-
-  std::unique_ptr<ops::Model> model_;
-  std::unique_ptr<ops::Tokenizer> tokenizer_;
-  std::unique_ptr<storage::TieredStore> store_;
-  std::unique_ptr<SessionEngine> engine_;
-  static inline int counter_ = 0;
 };
 
 TEST_P(SchedulerTest, ConcurrentCompletionsMatchOneAtATime) {

@@ -5,8 +5,6 @@
 // session go cold; every step's logits are compared bit for bit.
 #include "services/engine/session_engine.h"
 
-#include <cstring>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,15 +12,12 @@
 #include "gtest/gtest.h"
 #include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
-#include "ops/tokenizer/gguf_tokenizer.h"
 #include "rocksdb/db.h"
+#include "services/engine/testing/engine_fixture.h"
 #include "storage/rocksdb/keys.h"
 
 namespace kvd::engine {
 namespace {
-
-namespace fs = std::filesystem;
-using ops::testing::FamilyCase;
 
 constexpr int kTurns = 4;
 
@@ -38,20 +33,15 @@ struct Variant {
   int64_t hot_budget;
 };
 
-class SessionEngineTest : public ::testing::TestWithParam<FamilyCase> {
+class SessionEngineTest : public testing::EngineTest {
  protected:
   void SetUp() override {
     ops::testing::TinyModelSpec spec;
-    spec.family = GetParam().family;
     spec.n_layers = 4;
     spec.sliding_window = 24;  // gemma3: windows slide within the test
-    auto m = ops::testing::LoadTinyModel(spec, GetParam().precision);
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    auto t = ops::TokenizerFromGguf(model_->file());
-    ASSERT_TRUE(t.ok()) << t.status();
-    tokenizer_ = std::move(*t);
-    identity_ = ModelIdentityOf(*model_, "sha256:tiny-" + spec.family);
+    LoadModel(spec);
+    if (HasFatalFailure()) return;
+    identity_ = ModelIdentityOf(*model_, "sha256:tiny-" + GetParam().family);
     FreshDir();
   }
 
@@ -59,21 +49,14 @@ class SessionEngineTest : public ::testing::TestWithParam<FamilyCase> {
   void FreshDir() {
     engine_.reset();
     store_.reset();
-    dir_ = fs::path(::testing::TempDir()) /
-           ("sessions-" + std::to_string(counter_++));
-    fs::remove_all(dir_);
+    dir_ = testing::FreshTestDir("sessions");
   }
 
+  // The store of dir_, opened again (a restart) if it was open.
   void OpenStore() {
     engine_.reset();
     store_.reset();
-    storage::SessionDbOptions o;
-    o.path = dir_.string();
-    auto db = storage::SessionDb::Open(o);
-    ASSERT_TRUE(db.ok()) << db.status();
-    storage::TieredStoreOptions to;
-    to.dram.budget_bytes = 64 << 20;
-    auto store = storage::TieredStore::Create(std::move(*db), to);
+    auto store = testing::OpenTestStore(dir_);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
   }
@@ -139,14 +122,7 @@ class SessionEngineTest : public ::testing::TestWithParam<FamilyCase> {
   }
 
   static void ExpectSameBits(const Transcript& a, const Transcript& b) {
-    ASSERT_EQ(a.logits.size(), b.logits.size());
-    for (size_t i = 0; i < a.logits.size(); ++i) {
-      ASSERT_EQ(a.logits[i].size(), b.logits[i].size());
-      ASSERT_EQ(std::memcmp(a.logits[i].data(), b.logits[i].data(),
-                            a.logits[i].size() * sizeof(float)),
-                0)
-          << "logits differ at step " << i;
-    }
+    ASSERT_TRUE(testing::LogitsBitIdentical(a.logits, b.logits));
     EXPECT_EQ(a.tokens, b.tokens);
   }
 
@@ -160,7 +136,7 @@ class SessionEngineTest : public ::testing::TestWithParam<FamilyCase> {
       cfs.emplace_back(name, rocksdb::ColumnFamilyOptions());
     std::vector<rocksdb::ColumnFamilyHandle*> handles;
     rocksdb::DB* raw = nullptr;
-    ASSERT_TRUE(rocksdb::DB::Open(o, dir_.string(), cfs, &handles, &raw).ok());
+    ASSERT_TRUE(rocksdb::DB::Open(o, dir_, cfs, &handles, &raw).ok());
     std::unique_ptr<rocksdb::DB> db(raw);
     const std::string key =
         storage::ChunkKey("acme", "chat-1", storage::ChunkId{layer, index});
@@ -171,13 +147,8 @@ class SessionEngineTest : public ::testing::TestWithParam<FamilyCase> {
     for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
   }
 
-  std::unique_ptr<ops::Model> model_;
-  std::unique_ptr<ops::Tokenizer> tokenizer_;
   v1::ModelIdentity identity_;
-  fs::path dir_;
-  std::unique_ptr<storage::TieredStore> store_;
-  std::unique_ptr<SessionEngine> engine_;
-  static inline int counter_ = 0;
+  std::string dir_;
 };
 
 const Variant kVariants[] = {
