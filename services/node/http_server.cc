@@ -60,6 +60,8 @@ struct RequestLog {
   std::string tenant;
   std::string session;
   std::string finish;
+  std::string state_path;  // session turns: hot, dram, rocksdb, ...
+  double restore_ms = -1;
   int64_t prompt_tokens = -1;
   int64_t completion_tokens = -1;
   Clock::time_point start = Clock::now();
@@ -269,6 +271,12 @@ void HttpServerImpl::DeclareMetrics() {
   m.DeclareCounter("kvd_session_resumes_total",
                    "Session turns by how their state was obtained.");
   m.DeclareCounter("kvd_turns_total", "Session turns by outcome.");
+  m.DeclareHistogram(
+      "kvd_session_restore_seconds",
+      "Time a session turn spent obtaining the session's "
+      "state: loading its checkpoint and recomputing its K/V "
+      "from residuals (or re-prefilling), by state path.",
+      {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10});
   m.DeclareGauge("kvd_kv_pool_blocks",
                  "K/V block pool: used, peak and total (0: no limit) blocks "
                  "of kvd_kv_pool_block_bytes each.");
@@ -380,6 +388,8 @@ void HttpServerImpl::Log(const httplib::Request& req,
     line["completion_tokens"] = t_log.completion_tokens;
   }
   if (!t_log.finish.empty()) line["finish"] = t_log.finish;
+  if (!t_log.state_path.empty()) line["state"] = t_log.state_path;
+  if (t_log.restore_ms >= 0) line["restore_ms"] = t_log.restore_ms;
   const std::string text =
       line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
   std::fwrite(text.data(), 1, text.size(), stderr);
@@ -412,6 +422,13 @@ void HttpServerImpl::RecordOutcome(const GenerationOutcome& out,
   t_log.prompt_tokens = out.prompt_tokens;
   t_log.completion_tokens = generated;
   t_log.finish = FinishName(out.gen.finish_reason);
+  if (out.state_path.has_value()) {
+    const char* path = engine::StatePathName(*out.state_path);
+    t_log.state_path = path;
+    t_log.restore_ms = out.restore_seconds * 1e3;
+    metrics_->Observe("kvd_session_restore_seconds", {{"path", path}},
+                      out.restore_seconds);
+  }
   metrics_->Add("kvd_http_generated_tokens_total", {},
                 static_cast<double>(generated));
   metrics_->Add("kvd_http_prompt_tokens_total", {},

@@ -311,6 +311,11 @@ TEST_F(HttpServerTest, SessionTurnsMatchAnUninterruptedEngineSession) {
   absl::StatusOr<v1::SessionManifest> ref =
       smol_->engine().GetSession("local", "ref-1");
   ASSERT_TRUE(ref.ok());
+  // Each web-1 turn recorded how its state was obtained: the first created
+  // the session, the second found it hot.
+  Metrics& m = server->metrics();
+  EXPECT_EQ(m.Value("kvd_session_restore_seconds", {{"path", "new"}}), 1);
+  EXPECT_EQ(m.Value("kvd_session_restore_seconds", {{"path", "hot"}}), 1);
 
   // Operator REST.
   Reply r = Send(server->port(), "GET", "/v1/sessions/web-1");

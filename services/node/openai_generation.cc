@@ -184,6 +184,8 @@ absl::StatusOr<GenerationOutcome> RunGeneration(
                          engine.RunTurn(turn, runtime.tokenizer(), on_delta));
     out.gen = std::move(r.generation);
     out.prompt_tokens = out.gen.prompt_tokens;
+    out.state_path = r.path;
+    out.restore_seconds = r.restore_seconds;
   }
   if (job.common.logprobs) {
     out.logprobs = LogprobsText(runtime.tokenizer(), job, out.gen.tokens,

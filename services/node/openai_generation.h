@@ -56,6 +56,10 @@ struct GenerationOutcome {
   engine::GenerateResult gen;
   int64_t prompt_tokens = 0;  // the new tokens this request fed the model
   std::optional<std::vector<TokenLogProbText>> logprobs;
+  // Session turns: how the session's state was obtained (hot, dram, ...) and
+  // the time spent loading it and rebuilding (recomputing) its K/V.
+  std::optional<engine::StatePath> state_path;
+  double restore_seconds = 0;
 };
 
 // Checks the model name (404), sampling parameters, that the model has a
