@@ -1,0 +1,56 @@
+// The all-reduce a tensor-parallel forward pass (tp_cuda_model.h) uses to
+// complete the partial sums of W_o and W_down: after SumInPlace, every
+// shard's buffer holds the elementwise fp32 sum of all shards' buffers.
+//
+// Implementations:
+//   - NewSimulatedAllReduce (here): every shard on one device and one
+//     stream; sums in a fixed shard order, ((b0 + b1) + b2) + ..., one IEEE
+//     add per element per shard, and copies the sum to the other buffers.
+//     Deterministic, so TP = S simulated on one GPU is bit-reproducible; at
+//     degree 1 it does nothing (TP = 1 is bit-identical to the unsharded
+//     model).
+//   - NewNcclAllReduce (nccl_all_reduce.h): one NCCL communicator per GPU,
+//     ncclAllReduce(ncclSum); its summation order is NCCL's (ring or tree),
+//     so results differ in rounding from the simulation: TP > 1 is
+//     token-identical, not bit-identical, to TP = 1 (kernels/cuda/README.md).
+//
+//   auto ar = NewSimulatedAllReduce(2);
+//   float* bufs[2] = {partial0, partial1};
+//   void* streams[2] = {s, s};
+//   KVD_RETURN_IF_ERROR(ar->SumInPlace(bufs, n, streams));
+//
+// Thread-safety: one SumInPlace at a time per object (the caller's forward
+// pass serialises). Buffers are device memory the caller keeps alive until
+// the streams have run the reduction.
+#ifndef KVD_OPS_BACKEND_ALL_REDUCE_H_
+#define KVD_OPS_BACKEND_ALL_REDUCE_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace kvd::ops {
+
+class AllReduce {
+ public:
+  virtual ~AllReduce() = default;
+  // Number of shards (buffers per call).
+  virtual int degree() const = 0;
+  // buffers[s]: `count` floats on shard s's device; streams[s]: the
+  // cudaStream_t shard s's work is queued on. Enqueues and returns.
+  // INVALID_ARGUMENT if the spans are not degree() long or count < 0.
+  virtual absl::Status SumInPlace(absl::Span<float* const> buffers,
+                                  int64_t count,
+                                  absl::Span<void* const> streams) = 0;
+};
+
+// All shards on one device; every streams[s] must be the same stream
+// (INVALID_ARGUMENT otherwise): the order of the adds is then the queue
+// order.
+std::unique_ptr<AllReduce> NewSimulatedAllReduce(int degree);
+
+}  // namespace kvd::ops
+
+#endif  // KVD_OPS_BACKEND_ALL_REDUCE_H_
