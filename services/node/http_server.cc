@@ -37,7 +37,6 @@ using nlohmann::json;
 
 // How long a stream may stay silent before a ": ping" comment probes the
 // client's connection.
-constexpr auto kPingInterval = std::chrono::milliseconds(250);
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -134,7 +133,14 @@ class HttpServerImpl : public HttpServer {
   // Answers `job` (admitted with `permit`) as JSON or as an SSE stream.
   void Respond(const httplib::Request& req, std::shared_ptr<GenerationJob> job,
                Admission::Permit permit, httplib::Response& res);
-  void Stream(const GenerationJob& job, httplib::DataSink& sink);
+  void Stream(const GenerationJob& job, const ConnectionProbe& probe,
+              httplib::DataSink& sink);
+  // A generation that ended with an error: a cancellation (client gone,
+  // server stopping) counts as cancelled, anything else as an error by code.
+  void CountFailure(const absl::Status& status);
+  // A cancelled generation's status as the client should see it: 503 while
+  // the server stops (retry elsewhere), else the status itself (499).
+  absl::Status StoppedStatus(const absl::Status& status) const;
   void RecordOutcome(const GenerationOutcome& out, double first_token_s);
 
   NodeRuntime* const runtime_;
@@ -534,9 +540,8 @@ void HttpServerImpl::Respond(const httplib::Request& req,
       metrics_->Add("kvd_http_client_disconnects_total", {});
     }
     if (!out.ok()) {
-      metrics_->Add("kvd_http_errors_total",
-                    {{"code", absl::StatusCodeToString(out.status().code())}});
-      return SendError(res, out.status());
+      CountFailure(out.status());
+      return SendError(res, StoppedStatus(out.status()));
     }
     RecordOutcome(*out, first_token_s);
     const ChoiceOutput choice{out->gen.text, FinishName(out->gen.finish_reason),
@@ -553,22 +558,29 @@ void HttpServerImpl::Respond(const httplib::Request& req,
   auto held = std::make_shared<Admission::Permit>(std::move(permit));
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
+  auto probe = std::make_shared<ConnectionProbe>(
+      ConnectionProbe::Find(req.remote_addr, req.remote_port, req.local_port));
   res.set_chunked_content_provider(
-      "text/event-stream", [this, job, held](size_t, httplib::DataSink& sink) {
-        Stream(*job, sink);
+      "text/event-stream",
+      [this, job, held, probe](size_t, httplib::DataSink& sink) {
+        Stream(*job, *probe, sink);
         *held = Admission::Permit();
         return true;
       });
 }
 
-void HttpServerImpl::Stream(const GenerationJob& job, httplib::DataSink& sink) {
+void HttpServerImpl::Stream(const GenerationJob& job,
+                            const ConnectionProbe& probe,
+                            httplib::DataSink& sink) {
   const Clock::time_point start = t_log.start;
-  bool broken = false;
-  Clock::time_point last_write = Clock::now();
+  // Written only on this (the handler's) thread; `cancelled` below runs on
+  // the scheduler's and only reads flags and polls the socket, so a slow
+  // client never blocks the batch and writes never interleave.
+  std::atomic<bool> broken{false};
+  std::atomic<bool> peer_gone{false};
   auto write = [&](const std::string& s) {
-    if (broken) return;
-    if (!sink.write(s.data(), s.size())) broken = true;
-    last_write = Clock::now();
+    if (broken.load()) return;
+    if (!sink.write(s.data(), s.size())) broken.store(true);
   };
   const std::string* no_finish = nullptr;
   if (job.chat) {
@@ -597,26 +609,27 @@ void HttpServerImpl::Stream(const GenerationJob& job, httplib::DataSink& sink) {
                                        logprob_bytes)));
     for (const TokenLogProbText& t : lps) logprob_bytes += t.token.size();
   };
+  // A client that hangs up while its request waits or prefills (nothing
+  // written yet) is seen on its socket, as for non-streaming requests.
   auto cancelled = [&] {
-    if (!broken && Clock::now() - last_write > kPingInterval) {
-      write(": ping\n\n");
-    }
-    return broken || stopping_.load();
+    if (probe.PeerClosed()) peer_gone.store(true);
+    return broken.load() || peer_gone.load() || stopping_.load();
   };
   absl::StatusOr<GenerationOutcome> out =
       RunGeneration(*runtime_, job, on_delta, cancelled);
+  const bool disconnected = broken.load() || peer_gone.load();
+  if (disconnected) metrics_->Add("kvd_http_client_disconnects_total", {});
   if (!out.ok()) {
-    metrics_->Add("kvd_http_errors_total",
-                  {{"code", absl::StatusCodeToString(out.status().code())}});
-    const ApiError e = ApiErrorFromStatus(out.status());
+    CountFailure(out.status());
+    const ApiError e = ApiErrorFromStatus(StoppedStatus(out.status()));
     t_log.finish = absl::StrCat("error ", e.http_status);
     write(SseEvent(ApiErrorJson(e)));
     sink.done();
     return;
   }
   RecordOutcome(*out, first_token_s);
-  if (broken) metrics_->Add("kvd_http_client_disconnects_total", {});
-  if (out->gen.finish_reason == engine::FinishReason::kCancelled || broken) {
+  if (out->gen.finish_reason == engine::FinishReason::kCancelled ||
+      disconnected) {
     sink.done();
     return;
   }
@@ -635,6 +648,24 @@ void HttpServerImpl::Stream(const GenerationJob& job, httplib::DataSink& sink) {
   }
   write(kSseDone);
   sink.done();
+}
+
+void HttpServerImpl::CountFailure(const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kCancelled) {
+    metrics_->Add("kvd_http_generations_cancelled_total", {});
+    return;
+  }
+  metrics_->Add("kvd_http_errors_total",
+                {{"code", absl::StatusCodeToString(status.code())}});
+}
+
+absl::Status HttpServerImpl::StoppedStatus(const absl::Status& status) const {
+  if (status.code() == absl::StatusCode::kCancelled && stopping_.load()) {
+    return absl::UnavailableError(absl::StrCat("the server is shutting down (",
+                                               status.message(),
+                                               "); retry on another node"));
+  }
+  return status;
 }
 
 void HttpServerImpl::HandleSessions(const httplib::Request& req,

@@ -2,8 +2,10 @@
 // kernel, from a background thread, so a server's resident memory follows
 // what it uses (budgets for K/V, the DRAM tier and memtables) instead of the
 // high-water mark of every arena. Sessions come and go in a serving node:
-// without this, K/V and residual buffers freed by demotion and eviction stay
-// resident per thread arena (measured in docs/BENCHMARKS.md).
+// without this, residual stores and checkpoint buffers freed by demotion and
+// eviction stay resident per thread arena (measured in docs/BENCHMARKS.md).
+// K/V blocks are not among them: the K/V pool keeps released blocks for
+// reuse, within its own budget.
 //
 //   MemoryTrimmer trimmer({.interval = absl::Seconds(5)});
 //   ...                       // trims while alive; stats() for /metrics
@@ -23,9 +25,10 @@ namespace kvd::node {
 
 struct MemoryTrimmerOptions {
   absl::Duration interval = absl::Seconds(5);
-  // Trim only when malloc holds at least this many free bytes (resident or
-  // already trimmed: malloc does not tell them apart), so an idle heap is not
-  // walked every interval.
+  // Trim only when malloc holds at least this many free bytes. malloc counts
+  // pages already trimmed as free too, so once this much has been freed the
+  // heap is walked every interval (a few ms per walk for a GiB-sized heap);
+  // below it, never.
   int64_t min_free_bytes = int64_t{32} << 20;
 };
 

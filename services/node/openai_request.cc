@@ -496,6 +496,12 @@ ApiError ApiErrorFromStatus(const absl::Status& status) {
       e.http_status = 503;
       e.type = "server_error";
       break;
+    case absl::StatusCode::kCancelled:
+      // nginx's "client closed request": the client went away (or cancelled
+      // by request id); not a server error.
+      e.http_status = 499;
+      e.type = "cancelled";
+      break;
     default:
       e.http_status = 500;
       e.type = "server_error";

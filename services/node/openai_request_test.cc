@@ -290,6 +290,7 @@ TEST(ApiError, MapsStatusCodesAndFormatsOpenAisObject) {
   EXPECT_EQ(ApiErrorFromStatus(absl::ResourceExhaustedError("x")).http_status,
             429);
   EXPECT_EQ(ApiErrorFromStatus(absl::UnavailableError("x")).http_status, 503);
+  EXPECT_EQ(ApiErrorFromStatus(absl::CancelledError("x")).http_status, 499);
   EXPECT_EQ(ApiErrorFromStatus(absl::InternalError("x")).http_status, 500);
   EXPECT_EQ(ApiErrorFromStatus(absl::DataLossError("x")).http_status, 500);
 
