@@ -56,7 +56,7 @@ PORT="$(wait_port "$OUT/kvd_serve.log" 'http://127.0.0.1:[0-9]+')"
 "${BENCH[@]}" --url "http://127.0.0.1:$PORT" --server-pid "$SERVER" --json "$OUT/kvd.json" |
   tee "$OUT/kvd.md"
 curl -s "http://127.0.0.1:$PORT/metrics" |
-  grep -E '^kvd_(session_resumes_total|sessions|store_bytes|engine_hot_bytes|http_rejected)' |
+  grep -E '^(kvd_(session_resumes_total|sessions|store_bytes|engine_hot_bytes|http_rejected|kv_pool|heap|process)|process_resident)' |
   tee "$OUT/kvd_metrics.txt" || true
 kill -TERM "$SERVER"
 wait "$SERVER" || true
