@@ -7,12 +7,12 @@
 // per sequence. Because every kernel is batch-invariant, a sequence's logits do
 // not depend on what else is in the batch, on the thread count or the ISA.
 //
-//   KVD_ASSIGN_OR_RETURN(auto model, Model::Load(path, {.precision =
-//   Precision::kF32})); KvCache cache = model->NewCache(); SequenceStep
-//   step{&cache, prompt_ids, LogitsMode::kLast}; ForwardOutput out;
+//   KVD_ASSIGN_OR_RETURN(auto model, Model::Load(path, {}));
+//   KvCache cache = model->NewCache();
+//   SequenceStep step{&cache, prompt_ids, LogitsMode::kLast};
+//   ForwardOutput out;
 //   KVD_RETURN_IF_ERROR(model->Forward({&step, 1}, &out));
-//   const float* logits = out.Logits(0);   // vocab_size values for the last
-//   prompt token
+//   const float* logits = out.Logits(0);  // the last prompt token's
 //
 // ResidualObserver sees the residual stream entering every layer for every new
 // token: the hook KV-Direct checkpoints are built on.
@@ -95,8 +95,8 @@ class KeySelection {
 
 struct SequenceStep {
   KvCache* cache = nullptr;
-  absl::Span<const int32_t>
-      tokens;  // new tokens, at positions cache->length() onwards
+  // New tokens, at positions cache->length() onwards.
+  absl::Span<const int32_t> tokens;
   LogitsMode logits = LogitsMode::kLast;
   int64_t sequence_id = 0;              // passed to the ResidualObserver
   const KvSource* kv_source = nullptr;  // null: every cached row is hot
@@ -106,12 +106,11 @@ struct SequenceStep {
 
 struct ForwardOutput {
   int64_t vocab_size = 0;
-  std::vector<float> logits;  // rows x vocab_size
-  std::vector<int64_t>
-      first_row;  // per sequence: its first logits row (-1 if none)
-  std::vector<int64_t> num_rows;  // per sequence: how many rows
-  const float* Logits(size_t seq,
-                      int64_t row = -1) const;  // row -1: its last row
+  std::vector<float> logits;       // rows x vocab_size
+  std::vector<int64_t> first_row;  // per sequence: first row (-1 if none)
+  std::vector<int64_t> num_rows;   // per sequence: how many rows
+  // Row `row` of sequence `seq` (-1: its last row).
+  const float* Logits(size_t seq, int64_t row = -1) const;
 };
 
 class ResidualObserver {
@@ -148,16 +147,14 @@ class Model {
  public:
   static absl::StatusOr<std::unique_ptr<Model>> Load(
       const std::string& path, const LoadOptions& options);
-  // A Hugging Face checkpoint directory (config.json + *.safetensors); Load
-  // calls it for a directory. Such a model has no GGUF file: file() must not be
-  // called on it. Implemented in hf_loader.cc.
+  // A Hugging Face checkpoint directory (config.json + *.safetensors), which
+  // Load calls for a directory; has no GGUF file(). In hf_loader.cc.
   static absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(
       const std::string& dir, const LoadOptions& options);
 
   const ModelConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
-  // The GGUF file the model came from; has_gguf() is false for Hugging Face
-  // checkpoints.
+  // The GGUF file the model came from (none for Hugging Face checkpoints).
   bool has_gguf() const { return file_ != nullptr; }
   const GgufFile& file() const { return *file_; }
   const ModelWeights& weights() const { return weights_; }
@@ -194,7 +191,9 @@ class Model {
   // sees the residual entering each layer of the range (and the final one if
   // end_layer == n_layers). Runs Forward's own layer code, so rows and
   // residuals are bit-identical to Forward's. INVALID_ARGUMENT for a bad
-  // range, FAILED_PRECONDITION if the layers dropped rows.
+  // range, FAILED_PRECONDITION if the layers dropped rows, RESOURCE_EXHAUSTED
+  // if the cache's block pool is full (rows are then unwritten, though
+  // earlier layers of the range may hold blocks for them: reset the cache).
   absl::Status ForwardLayers(KvCache* cache, int64_t position, int64_t n,
                              int64_t first_layer, int64_t end_layer, float* h,
                              ResidualObserver* observer = nullptr,
