@@ -12,6 +12,20 @@ namespace {
 
 using Kind = CheckpointPolicy::Kind;
 
+// Calls the spec's between_units hook before every unit but the first.
+class Units {
+ public:
+  explicit Units(const std::function<void()>& between) : between_(between) {}
+  void Next() {
+    if (started_ && between_) between_();
+    started_ = true;
+  }
+
+ private:
+  const std::function<void()>& between_;
+  bool started_ = false;
+};
+
 absl::Status CheckStore(const ResidualStore& store, const Model& model,
                         int64_t sequence_id, absl::Span<const int64_t> layers,
                         int64_t length, const char* what) {
@@ -51,7 +65,8 @@ int64_t KeepBegin(const Model& model, const KvCache& cache, int64_t l,
 
 // kv-direct: one projection per layer for the kept positions only.
 absl::Status RecomputeHot(const Model& model, const RebuildSpec& spec,
-                          int64_t hot, int64_t length, KvCache* cache) {
+                          int64_t hot, int64_t length, KvCache* cache,
+                          Units& units) {
   const ModelConfig& c = model.config();
   std::vector<float> h;
   std::vector<int64_t> positions;
@@ -68,6 +83,7 @@ absl::Status RecomputeHot(const Model& model, const RebuildSpec& spec,
     cache->DropBelow(l, first);
     KVD_RETURN_IF_ERROR(cache->ReserveLayer(l, length));
     for (int64_t p = first; p < length; p += spec.block) {
+      units.Next();
       const int64_t n = std::min(spec.block, length - p);
       h.resize(n * c.d_model);
       positions.resize(n);
@@ -97,7 +113,7 @@ absl::Status RecomputeHot(const Model& model, const RebuildSpec& spec,
 // before the next segment starts.
 absl::Status PrefillSegments(const Model& model, const RebuildSpec& spec,
                              int64_t hot, int64_t length, KvCache* cache,
-                             ResidualStore* cold) {
+                             ResidualStore* cold, Units& units) {
   const ModelConfig& c = model.config();
   std::vector<float> h;
   for (int64_t s = 0; s < c.n_layers; s += spec.policy.stride) {
@@ -118,6 +134,7 @@ absl::Status PrefillSegments(const Model& model, const RebuildSpec& spec,
         cold->DropBelow(spec.sequence_id, l, start);
     }
     for (int64_t p = start; p < length; p += spec.block) {
+      units.Next();
       const int64_t n = std::min(spec.block, length - p);
       h.resize(n * c.d_model);
       KVD_RETURN_IF_ERROR(
@@ -134,9 +151,11 @@ absl::Status PrefillSegments(const Model& model, const RebuildSpec& spec,
 // tokens: a re-prefill (Forward drops local layers' rows past their windows
 // as it goes).
 absl::Status Prefill(const Model& model, const RebuildSpec& spec, int64_t hot,
-                     int64_t length, KvCache* cache, ResidualStore* cold) {
+                     int64_t length, KvCache* cache, ResidualStore* cold,
+                     Units& units) {
   ForwardOutput out;
   for (int64_t p = 0; p < length; p += spec.block) {
+    units.Next();
     const int64_t n = std::min(spec.block, length - p);
     const SequenceStep step{cache, spec.tokens.subspan(p, n), LogitsMode::kNone,
                             spec.sequence_id};
@@ -211,22 +230,24 @@ absl::Status RebuildKv(const Model& model, const RebuildSpec& spec,
     }
   }
 
+  Units units(spec.between_units);
   switch (spec.policy.kind) {
     case Kind::kKvDirect:
       // Length first, so each layer can drop up to its window start.
       cache->Reset(hot);
       cache->SetLength(length);
-      KVD_RETURN_IF_ERROR(RecomputeHot(model, spec, hot, length, cache));
+      KVD_RETURN_IF_ERROR(RecomputeHot(model, spec, hot, length, cache, units));
       break;
     case Kind::kStride:
       cache->Reset(0);
       KVD_RETURN_IF_ERROR(
-          PrefillSegments(model, spec, hot, length, cache, cold));
+          PrefillSegments(model, spec, hot, length, cache, cold, units));
       cache->SetLength(length);
       break;
     case Kind::kTokens:
       cache->Reset(0);
-      KVD_RETURN_IF_ERROR(Prefill(model, spec, hot, length, cache, cold));
+      KVD_RETURN_IF_ERROR(
+          Prefill(model, spec, hot, length, cache, cold, units));
       break;
     case Kind::kKv:
       break;

@@ -25,12 +25,17 @@
 //   SequenceStep step{&cache, next, LogitsMode::kLast, 7, &source};
 //   KVD_RETURN_IF_ERROR(model->Forward({&step, 1}, &out, &cold));
 //
+// A caller that shares the model with others (the engine's batch) sets
+// `between_units`: the rebuild calls it between bounded units of work, where
+// the caller may let other work use the model before the rebuild goes on.
+//
 // Thread-safety: uses the model's thread pool; one rebuild per cache and
 // store at a time.
 #ifndef KVD_OPS_KVDIRECT_REBUILD_H_
 #define KVD_OPS_KVDIRECT_REBUILD_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -55,6 +60,14 @@ struct RebuildSpec {
   // Tokens per partial-prefill or recompute step: bounds the activations'
   // memory; the bits do not depend on it.
   int64_t block = 256;
+  // Optional. Called on the calling thread between two units of work, never
+  // before the first or after the last. A unit is one block of `block`
+  // positions of one layer (kv-direct), of one segment's layers (stride:k)
+  // or of the whole model (tokens). The engine releases the model's mutex
+  // here so running sequences can take a step. The hook must not touch the
+  // cache or the stores being rebuilt; the bits never depend on it (units
+  // run in the same order with the same inputs whether or not it pauses).
+  std::function<void()> between_units;
 };
 
 // Empties `cache` and rebuilds it to length tokens.size(), each layer holding

@@ -7,6 +7,7 @@
 #include "ops/kvdirect/rebuild.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -171,6 +172,113 @@ TEST_P(Rebuild, RejectsWhatCannotBeRebuilt) {
   rs.budget = ResidualKvSource::kAll;
   EXPECT_TRUE(RebuildKv(**model, rs, &fresh, nullptr).ok());
   EXPECT_EQ(fresh.length(), 20);
+}
+
+// A caller that lets other work use the model between units (the engine's
+// batch stepping while a session restores) gets the same bytes: the hook
+// runs another sequence's forward pass at every pause, and the rebuilt K/V
+// rows and cold residuals equal those of a rebuild without a hook.
+TEST_P(Rebuild, PausingBetweenUnitsChangesNoByte) {
+  testing::TinyModelSpec spec;
+  spec.family = GetParam().family;
+  spec.n_layers = spec.family == "gemma3" ? 6 : 5;
+  absl::StatusOr<std::unique_ptr<Model>> loaded =
+      testing::LoadTinyModel(spec, GetParam().precision);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Model& model = **loaded;
+  const ModelConfig& c = model.config();
+  const std::vector<int32_t> tokens =
+      testing::RandomTokens(230, /*seed=*/7, c.vocab_size);
+  const int64_t length = tokens.size();
+  constexpr int64_t kBlock = 50;
+  const int64_t blocks = (length + kBlock - 1) / kBlock;
+
+  for (const std::string name : {"kv-direct", "stride:2", "tokens"}) {
+    const CheckpointPolicy policy = *ParseCheckpointPolicy(name);
+    ResidualStore checkpoint = testing::NewStore(model, policy);
+    {
+      KvCache cache = model.NewCache();
+      SequenceStep step{&cache, tokens, LogitsMode::kNone, kSeq};
+      ForwardOutput out;
+      ASSERT_TRUE(model.Forward({&step, 1}, &out, &checkpoint).ok());
+    }
+    for (int64_t budget : {int64_t{40}, ResidualKvSource::kAll}) {
+      SCOPED_TRACE(name + " budget " + std::to_string(budget));
+      RebuildSpec rs;
+      rs.policy = policy;
+      rs.tokens = tokens;
+      rs.checkpoint = &checkpoint;
+      rs.sequence_id = kSeq;
+      rs.budget = budget;
+      rs.block = kBlock;
+
+      ResidualStore want_cold =
+          testing::SessionStoreForRebuild(model, policy, checkpoint);
+      KvCache want = model.NewCache();
+      ASSERT_TRUE(RebuildKv(model, rs, &want, &want_cold).ok());
+
+      // Another sequence decodes one token per pause, as the batch would.
+      KvCache other = model.NewCache();
+      const std::vector<int32_t> other_tokens =
+          testing::RandomTokens(64, /*seed=*/8, c.vocab_size);
+      int64_t pauses = 0;
+      absl::Status other_status;
+      rs.between_units = [&] {
+        const SequenceStep s{&other,
+                             absl::MakeConstSpan(other_tokens)
+                                 .subspan(pauses % other_tokens.size(), 1),
+                             LogitsMode::kLast, 0};
+        ForwardOutput out;
+        other_status.Update(model.Forward({&s, 1}, &out, nullptr));
+        ++pauses;
+      };
+      ResidualStore got_cold =
+          testing::SessionStoreForRebuild(model, policy, checkpoint);
+      KvCache got = model.NewCache();
+      ASSERT_TRUE(RebuildKv(model, rs, &got, &got_cold).ok());
+      ASSERT_TRUE(other_status.ok()) << other_status;
+
+      // Pauses between units only: one unit per block (and per layer for
+      // kv-direct, per segment for stride:2, where windows allow).
+      EXPECT_GE(pauses, blocks - 1);
+      if (name == "tokens") {
+        EXPECT_EQ(pauses, blocks - 1);
+      }
+      if (name == "kv-direct" && budget == ResidualKvSource::kAll &&
+          spec.family != "gemma3") {
+        EXPECT_EQ(pauses, c.n_layers * blocks - 1);
+      }
+
+      ASSERT_EQ(got.length(), want.length());
+      int64_t differing_rows = 0;
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        ASSERT_EQ(got.first_kept(l), want.first_kept(l)) << "layer " << l;
+        differing_rows += testing::CountDifferingRows(
+            got, want, l, want.first_kept(l), length);
+      }
+      EXPECT_EQ(differing_rows, 0);
+
+      // The cold residuals the rebuild wrote (stride:k and tokens with a
+      // bounded budget) are the same bytes too.
+      ASSERT_EQ(got_cold.length(kSeq), want_cold.length(kSeq));
+      int64_t differing_residual_rows = 0;
+      for (int64_t l : want_cold.layers()) {
+        const int64_t first = want_cold.first_kept(kSeq, l);
+        ASSERT_EQ(got_cold.first_kept(kSeq, l), first) << "layer " << l;
+        const int64_t n = want_cold.length(kSeq) - first;
+        if (n <= 0) continue;
+        std::vector<float> a(n * c.d_model), b(n * c.d_model);
+        ASSERT_TRUE(want_cold.ReadRows(kSeq, l, first, n, a.data()).ok());
+        ASSERT_TRUE(got_cold.ReadRows(kSeq, l, first, n, b.data()).ok());
+        for (int64_t i = 0; i < n; ++i) {
+          differing_residual_rows +=
+              std::memcmp(a.data() + i * c.d_model, b.data() + i * c.d_model,
+                          c.d_model * sizeof(float)) != 0;
+        }
+      }
+      EXPECT_EQ(differing_residual_rows, 0);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Rebuild,

@@ -83,6 +83,20 @@ SchedulerStats Scheduler::stats() const {
   return s;
 }
 
+void Scheduler::WaitForNextStep() const {
+  absl::MutexLock lock(&mu_);
+  // A step that takes model_mu_ after this call: one already holding it (or
+  // past it) does not count, so the caller's release of model_mu_ really
+  // lets a new Forward run.
+  const int64_t target = steps_started_ + 1;
+  // Evaluated by the mutex whenever mu_ is released (every step's stats
+  // update, every finished sequence, stop), so no signal can be missed.
+  auto stepped = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || running_count_ == 0 || stats_.steps >= target;
+  };
+  mu_.Await(absl::Condition(&stepped));
+}
+
 absl::StatusOr<GenerateResult> Scheduler::Run(const ops::Tokenizer& tokenizer,
                                               const GenerateRequest& request,
                                               ops::KvCache* cache,
@@ -268,6 +282,10 @@ void Scheduler::Step(std::vector<std::shared_ptr<Job>>& running) {
     absl::Status status;
     {
       absl::MutexLock lock(&model_mu_);
+      {
+        absl::MutexLock stats_lock(&mu_);
+        steps_started_++;  // paired with stats_.steps below
+      }
       status = model_.Forward(steps, &out, mux.any() ? &mux : nullptr);
     }
     // A full pool: free idle blocks elsewhere, else fail the youngest member

@@ -31,7 +31,14 @@
 // the request's `on_logits` and `cancelled` are called on the scheduler thread
 // and must be quick. Any other use of the model's thread pool (restoring a
 // session) must hold model_mutex(), which the scheduler holds while Forward
-// runs. All methods are thread-safe.
+// runs, only for a bounded unit of work at a time: between units it releases
+// the mutex and calls WaitForNextStep(), so running sequences keep decoding
+// while a long restore proceeds:
+//   for (each unit) {
+//     { absl::MutexLock lock(scheduler.model_mutex()); RunUnit(); }
+//     scheduler.WaitForNextStep();
+//   }
+// All methods are thread-safe.
 #ifndef KVD_SERVICES_ENGINE_SCHEDULER_H_
 #define KVD_SERVICES_ENGINE_SCHEDULER_H_
 
@@ -116,8 +123,17 @@ class Scheduler {
   const SchedulerOptions& options() const { return options_; }
 
   // Held by the scheduler thread while Forward runs; hold it for any other
-  // use of the model's thread pool (ThreadPool::ParallelFor is single-caller).
+  // use of the model's thread pool (ThreadPool::ParallelFor is single-caller),
+  // one bounded unit of work at a time (see WaitForNextStep).
   absl::Mutex* model_mutex() const { return &model_mu_; }
+
+  // Blocks until a Forward step that took model_mutex() after this call has
+  // finished, so work that shares the model (a restore between its units)
+  // lets the running sequences advance instead of stalling them. Returns at
+  // once when no sequence is running, and as soon as none is or the
+  // scheduler is stopping. The caller must not hold model_mutex() (the step
+  // needs it).
+  void WaitForNextStep() const;
 
  private:
   struct Job;
@@ -144,6 +160,10 @@ class Scheduler {
   int64_t running_count_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   SchedulerStats stats_ ABSL_GUARDED_BY(mu_);
+  // Steps whose first Forward took model_mu_; stats_.steps counts them again
+  // when they finish (WaitForNextStep waits for one that starts later).
+  // Lock order: model_mu_, then mu_.
+  int64_t steps_started_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;  // last: starts after everything above exists
 };
 

@@ -7,9 +7,11 @@
 // logits at every step, the same tokens and the same streamed text. Also:
 // cancelling one sequence mid-batch leaves the others' bits alone and commits
 // nothing; the queue bound refuses with RESOURCE_EXHAUSTED; the K/V byte
-// budget demotes least recently used sessions.
+// budget demotes least recently used sessions; WaitForNextStep returns only
+// after a step that started once the model mutex was released.
 #include "services/engine/scheduler.h"
 
+#include <atomic>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -354,6 +356,42 @@ TEST_P(SchedulerTest, KvByteBudgetDemotesLeastRecentlyUsedSessions) {
   r = engine_->RunTurn(next, *tokenizer_, nullptr);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->path, StatePath::kDram);
+}
+
+// WaitForNextStep (what a restore calls between its units) returns at once
+// with nothing running, and otherwise only after a step that took the model
+// mutex after the call: each pause of the holder lets the batch advance.
+TEST_P(SchedulerTest, WaitForNextStepWaitsForAFreshStep) {
+  Scheduler scheduler(*model_, {});
+  scheduler.WaitForNextStep();  // nothing running: must not block
+  EXPECT_EQ(scheduler.stats().steps, 0);
+
+  std::atomic<bool> stop{false};
+  GenerateRequest g = Request(0);
+  g.max_tokens = 3000;  // far more steps than the pauses below
+  g.ignore_eos = true;
+  g.cancelled = [&] { return stop.load(); };
+  ops::KvCache cache = model_->NewCache();
+  absl::StatusOr<GenerateResult> result;
+  std::thread t([&] {
+    result = scheduler.Run(*tokenizer_, g, &cache, [](const GenerateDelta&) {});
+  });
+  while (scheduler.stats().steps < 1) absl::SleepFor(absl::Milliseconds(1));
+  for (int pause = 0; pause < 20; ++pause) {
+    int64_t before = 0;
+    {
+      // A unit of someone else's work: no step can start meanwhile.
+      absl::MutexLock lock(scheduler.model_mutex());
+      before = scheduler.stats().steps;
+    }
+    scheduler.WaitForNextStep();
+    EXPECT_GE(scheduler.stats().steps, before + 1) << "pause " << pause;
+  }
+  stop = true;
+  t.join();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->finish_reason, FinishReason::kCancelled);
+  scheduler.WaitForNextStep();  // finished: returns at once again
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, SchedulerTest,

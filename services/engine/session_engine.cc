@@ -253,8 +253,10 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
       spec.tokens = absl::MakeConstSpan(active->tokens).first(m.length());
       spec.checkpoint = &active->store;
       spec.budget = active->budget();
+      spec.between_units = [this] { PauseRestore(); };
       absl::Status rebuilt;
       do {  // a full pool: idle sessions make room first
+        // Held per unit of the rebuild only (PauseRestore releases it).
         absl::MutexLock model_lock(scheduler_->model_mutex());
         rebuilt =
             ops::RebuildKv(model_, spec, &active->cache, /*cold=*/nullptr);
@@ -283,8 +285,10 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
 absl::Status SessionEngine::Reprefill(Active& active) {
   const int64_t length = active.committed.length();
   ops::ForwardOutput out;
+  // Held per block only (PauseRestore releases it between blocks).
   absl::MutexLock model_lock(scheduler_->model_mutex());
   for (int64_t at = 0; at < length; at += kReprefillBlock) {
+    if (at > 0) PauseRestore();
     const int64_t n = std::min(kReprefillBlock, length - at);
     ops::SequenceStep step{&active.cache,
                            absl::MakeConstSpan(active.tokens).subspan(at, n),
@@ -292,6 +296,19 @@ absl::Status SessionEngine::Reprefill(Active& active) {
     KVD_RETURN_IF_ERROR(model_.Forward({&step, 1}, &out, &active.store));
   }
   return active.store.status();
+}
+
+void SessionEngine::PauseRestore() {
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.restore_pauses++;
+  }
+  // The caller holds the model mutex through a MutexLock; it is released and
+  // taken back here so that lock still owns it when the restore ends.
+  absl::Mutex* model_mu = scheduler_->model_mutex();
+  model_mu->Unlock();
+  scheduler_->WaitForNextStep();
+  model_mu->Lock();
 }
 
 absl::StatusOr<TurnResult> SessionEngine::RunTurn(

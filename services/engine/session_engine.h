@@ -28,9 +28,12 @@
 // together: each one becomes a sequence of the engine's Scheduler
 // (scheduler.h), which batches every running sequence into one Forward step
 // (continuous batching). Their outputs are bit-identical to running them one
-// at a time. Beyond options.scheduler's queue bound RunTurn and Complete
-// return RESOURCE_EXHAUSTED at once, before restoring anything; front ends
-// may also ask Saturated() (or stats().scheduler) to shed load earlier.
+// at a time. A restore runs on the turn's thread in bounded units (a block
+// of one layer, a re-prefill block) and lets the batch take a step between
+// units, so a long session coming back does not stall running ones. Beyond
+// options.scheduler's queue bound RunTurn and Complete return
+// RESOURCE_EXHAUSTED at once, before restoring anything; front ends may also
+// ask Saturated() (or stats().scheduler) to shed load earlier.
 #ifndef KVD_SERVICES_ENGINE_SESSION_ENGINE_H_
 #define KVD_SERVICES_ENGINE_SESSION_ENGINE_H_
 
@@ -140,6 +143,9 @@ struct EngineStats {
   int64_t kv_pool_blocks_peak = 0;
   int64_t kv_pool_block_bytes = 0;
   int64_t sessions_demoted_for_kv = 0;  // of those, to free pool blocks
+  // Times a restore (rebuild or re-prefill) released the model between two
+  // units of work so running sequences could take a step.
+  int64_t restore_pauses = 0;
   SchedulerStats scheduler;  // running / waiting sequences, steps, tokens
 };
 
@@ -203,6 +209,12 @@ class SessionEngine {
                                                   TurnResult* result);
   // Runs the model over every committed token, refilling residuals.
   absl::Status Reprefill(Active& active);
+  // Called with the model mutex held between two units of a restore (a
+  // rebuild block, a re-prefill block): releases it until the batch, if
+  // anything is running, has taken one step, then takes it back. Restores
+  // thus cost running sequences one unit per step instead of the whole
+  // restore; the bits do not change (RebuildSpec::between_units).
+  void PauseRestore();
   // Marks the session idle and most recently used, then demotes LRU idle
   // sessions beyond max_hot_sessions / max_hot_kv_bytes.
   void MakeHot(const Key& key, std::shared_ptr<Active> active);
