@@ -287,6 +287,9 @@ void HttpServerImpl::DeclareMetrics() {
                  "K/V block pool: used, peak and total (0: no limit) blocks "
                  "of kvd_kv_pool_block_bytes each.");
   m.DeclareGauge("kvd_kv_pool_block_bytes", "Bytes per K/V pool block.");
+  m.DeclareCounter("kvd_session_restore_pauses_total",
+                   "Times a session restore released the model so the "
+                   "running batch could take a step.");
   m.DeclareCounter("kvd_sessions_demoted_total",
                    "Idle sessions whose hot K/V were dropped (their "
                    "checkpoint stays), by reason.");
@@ -751,6 +754,8 @@ void HttpServerImpl::HandleMetrics(httplib::Response& res) {
         static_cast<double>(stats.kv_pool_blocks_peak));
   m.Set("kvd_kv_pool_blocks", {{"state", "total"}},
         static_cast<double>(stats.kv_pool_blocks_total));
+  m.Set("kvd_session_restore_pauses_total", {},
+        static_cast<double>(stats.restore_pauses));
   m.Set("kvd_kv_pool_block_bytes", {},
         static_cast<double>(stats.kv_pool_block_bytes));
   m.Set("kvd_sessions_demoted_total", {{"reason", "kv_pool_full"}},
