@@ -43,6 +43,7 @@ struct Scheduler::Job {
   ops::ResidualObserver* observer = nullptr;
   int64_t sequence_id = 0;
   ops::KvCache* cache = nullptr;  // the caller's, while Run waits
+  bool keep_cache = true;         // false: emptied by FinishJob
   bool closed = false;            // scheduler thread only: FinishJob ran
   bool admitted = false;  // scheduler thread only: counted in running_count_
 
@@ -100,8 +101,10 @@ void Scheduler::WaitForNextStep() const {
 absl::StatusOr<GenerateResult> Scheduler::Run(const ops::Tokenizer& tokenizer,
                                               const GenerateRequest& request,
                                               ops::KvCache* cache,
-                                              const DeltaCallback& on_delta) {
+                                              const DeltaCallback& on_delta,
+                                              bool keep_cache) {
   auto job = std::make_shared<Job>();
+  job->keep_cache = keep_cache;
   job->observer = request.observer;
   job->sequence_id = request.sequence_id;
   job->cache = cache;
@@ -164,6 +167,9 @@ void Scheduler::FinishJob(Job& job, absl::Status status) {
   }
   absl::MutexLock lock(&job.mu);
   if (status.ok()) job.result = job.seq->TakeResult();
+  // The blocks are back before Loop admits the next prompt; a caller that
+  // destroyed the cache itself would race with that admission.
+  if (!job.keep_cache) job.cache->Reset(0);
   job.status = std::move(status);
   job.finished = true;
   job.cv.Signal();
@@ -214,6 +220,30 @@ int64_t Scheduler::PromptBlocks(const Job& job) const {
                                cache.length() + job.seq->prefill_remaining());
 }
 
+bool Scheduler::ReclaimCanCover(int64_t wanted) const {
+  if (!options_.reclaim_kv) return false;
+  const int64_t available = options_.kv_pool->available_blocks();
+  if (available >= wanted) return false;  // nothing to reclaim for
+  if (!options_.reclaimable_kv_blocks) return true;
+  return available + options_.reclaimable_kv_blocks() >= wanted;
+}
+
+bool Scheduler::PoolShortFor(absl::Span<const ops::SequenceStep> steps) const {
+  const ops::KvBlockPool* pool = options_.kv_pool;
+  int64_t need = 0;
+  for (const ops::SequenceStep& step : steps) {
+    const ops::KvCache& cache = *step.cache;
+    // A cache of another pool is not ours to make room in.
+    if (cache.pool() != pool) continue;
+    std::vector<int64_t> keep(cache.n_layers());
+    for (int64_t l = 0; l < cache.n_layers(); ++l)
+      keep[l] = cache.first_kept(l);
+    need += cache.BlocksToPrepare(
+        keep, cache.length() + static_cast<int64_t>(step.tokens.size()));
+  }
+  return need > 0 && pool->available_blocks() < need;
+}
+
 void Scheduler::Admit(std::vector<std::shared_ptr<Job>>& running) {
   const size_t max_running = std::max<int64_t>(1, options_.max_running);
   ops::KvBlockPool* pool = options_.kv_pool;
@@ -233,16 +263,37 @@ void Scheduler::Admit(std::vector<std::shared_ptr<Job>>& running) {
       }
       const int64_t need = PromptBlocks(*next);
       if (pool->available_blocks() < promised + need) {
-        if (options_.reclaim_kv && options_.reclaim_kv()) continue;
+        // Demote an idle session only if demoting them all would make room;
+        // otherwise the blocks the running sequences hold are in the way and
+        // demoting would only thrash the hot sessions.
+        if (ReclaimCanCover(promised + need) && options_.reclaim_kv()) continue;
         if (!running.empty()) return;  // waits for running ones to finish
         {
           absl::MutexLock lock(&mu_);
           waiting_.pop_front();
         }
-        FinishJob(*next, PoolFull(absl::StrCat(
-                             "the prompt needs ", need,
-                             " more blocks and only ", pool->available_blocks(),
-                             " are free with nothing running")));
+        const int64_t held = next->cache->blocks_held();
+        if (held + need > pool->capacity_blocks()) {
+          // Not even an empty pool holds it: retrying cannot help, so it is
+          // not RESOURCE_EXHAUSTED (HTTP 429, retried by clients forever).
+          FinishJob(*next,
+                    absl::OutOfRangeError(absl::StrFormat(
+                        "the prompt needs %d K/V blocks (%d held by its "
+                        "cache, %d more) but the whole K/V pool of %.0f MiB "
+                        "has %d; shorten the prompt or the session, or raise "
+                        "--kv-pool-mb",
+                        held + need, held, need,
+                        pool->budget_bytes() / (1024.0 * 1024.0),
+                        pool->capacity_blocks())));
+        } else {
+          // Blocks held outside the scheduler (a restore in progress, a
+          // session in the middle of a turn) are in the way: transient.
+          FinishJob(
+              *next,
+              PoolFull(absl::StrCat(
+                  "the prompt needs ", need, " more blocks and only ",
+                  pool->available_blocks(), " are free with nothing running")));
+        }
         continue;
       }
     }
@@ -291,9 +342,12 @@ void Scheduler::Step(std::vector<std::shared_ptr<Job>>& running) {
     // A full pool: free idle blocks elsewhere, else fail the youngest member
     // (its cache emptied, so its blocks go back) and retry without it. The
     // refused Forward touched no cache, so the others' bits are unaffected.
+    // Any other RESOURCE_EXHAUSTED (say a cache of another, private pool)
+    // goes to the one-step-at-a-time path below, which fails only the
+    // sequence at fault, with its own error.
     while (options_.kv_pool != nullptr &&
            status.code() == absl::StatusCode::kResourceExhausted &&
-           !steps.empty()) {
+           !steps.empty() && PoolShortFor(steps)) {
       if (!options_.reclaim_kv || !options_.reclaim_kv()) {
         Job& youngest = *members.back();
         youngest.cache->Reset(0);

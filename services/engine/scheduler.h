@@ -16,10 +16,13 @@
 // RESOURCE_EXHAUSTED). `Saturated()` lets a caller refuse before doing any
 // work of its own (e.g. restoring a session). With a K/V block pool
 // (SchedulerOptions::kv_pool) memory is admitted too: a waiting sequence
-// enters the batch only when the pool's free blocks cover its prompt, and a
-// step the pool cannot serve first reclaims idle blocks (reclaim_kv), then
-// stops the youngest sequence of the batch with RESOURCE_EXHAUSTED; the
-// refused Forward wrote nothing, so the others continue bit-identically.
+// enters the batch only when the pool's free blocks cover its prompt
+// (reclaiming idle blocks with reclaim_kv only when that can make room, else
+// waiting for running sequences to finish; a prompt larger than the whole
+// pool is refused with OUT_OF_RANGE), and a step the pool cannot serve first
+// reclaims idle blocks, then stops the youngest sequence of the batch with
+// RESOURCE_EXHAUSTED; the refused Forward wrote nothing, so the others
+// continue bit-identically.
 //
 //   Scheduler scheduler(model, {.max_running = 16});
 //   KvCache cache = model.NewCache();
@@ -54,6 +57,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "ops/model/model.h"
 #include "ops/tokenizer/tokenizer.h"
 #include "services/engine/generator.h"
@@ -81,6 +85,12 @@ struct SchedulerOptions {
   // idle hot session); true if it freed something. Called on the scheduler
   // thread with no scheduler lock held. Optional.
   std::function<bool()> reclaim_kv;
+  // Pool blocks reclaim_kv could free in all (blocks of the idle hot
+  // sessions), so a waiting prompt that would not fit even then waits for
+  // running sequences instead of demoting every idle session for nothing.
+  // Same thread and locking as reclaim_kv. Optional: without it reclaim_kv
+  // is always tried.
+  std::function<int64_t()> reclaimable_kv_blocks;
 };
 
 struct SchedulerStats {
@@ -109,13 +119,20 @@ class Scheduler {
   // anything runs), RESOURCE_EXHAUSTED if the queue is full (nothing ran) or
   // the K/V pool is (a prompt refused at admission leaves `cache` alone; a
   // sequence stopped in the batch has `cache` emptied, its blocks returned),
+  // OUT_OF_RANGE if the prompt needs more blocks than the whole pool has
+  // (retrying cannot help; nothing ran),
   // UNAVAILABLE if the scheduler is shutting down, or Forward's error. A
   // cancelled sequence returns OK with finish_reason kCancelled, like
   // Generate. `cache` and the tokenizer must stay alive until Run returns.
+  // With keep_cache false the caller does not want `cache` afterwards (a
+  // stateless completion): it is emptied on the scheduler thread as the
+  // sequence finishes, so its pool blocks are free before the next waiting
+  // prompt is considered rather than whenever the caller gets to destroy it.
   absl::StatusOr<GenerateResult> Run(const ops::Tokenizer& tokenizer,
                                      const GenerateRequest& request,
                                      ops::KvCache* cache,
-                                     const DeltaCallback& on_delta);
+                                     const DeltaCallback& on_delta,
+                                     bool keep_cache = true);
 
   // True when Run would refuse a new sequence right now.
   bool Saturated() const;
@@ -139,11 +156,18 @@ class Scheduler {
   struct Job;
   void Loop();
   // Moves waiting jobs into `running` (FIFO) while there is room and, with a
-  // pool, blocks for their prompts; fails a prompt that cannot fit even
-  // with nothing running.
+  // pool, blocks for their prompts, demoting idle sessions only when that
+  // can make room; fails a prompt that cannot fit even with nothing running
+  // (OUT_OF_RANGE if it exceeds the whole pool, RESOURCE_EXHAUSTED if blocks
+  // held outside the scheduler are in the way).
   void Admit(std::vector<std::shared_ptr<Job>>& running);
   // Blocks `job`'s prompt still needs from the pool (no drops counted).
   int64_t PromptBlocks(const Job& job) const;
+  // Whether reclaim_kv can bring the pool's free blocks up to `wanted`.
+  bool ReclaimCanCover(int64_t wanted) const;
+  // Whether the pool really lacks the blocks `steps` need (an upper bound:
+  // no drops counted), i.e. a RESOURCE_EXHAUSTED from Forward is the pool's.
+  bool PoolShortFor(absl::Span<const ops::SequenceStep> steps) const;
   // One Forward batch over `running`; finishes the jobs that are done.
   void Step(std::vector<std::shared_ptr<Job>>& running);
   // RESOURCE_EXHAUSTED for a sequence the full pool cannot serve.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -97,28 +99,57 @@ struct SessionEngine::Active {
 
 namespace {
 
-std::unique_ptr<ops::KvBlockPool> MakePool(const ops::Model& model,
-                                           const SessionEngineOptions& o) {
+ops::KvBlockPool::Options PoolOptions(const ops::Model& model,
+                                      const SessionEngineOptions& o) {
   ops::KvBlockPool::Options po;
   po.block_rows = o.kv_pool_block_rows;
   const size_t block =
-      2 * po.block_rows *
+      2 * static_cast<size_t>(std::max<int64_t>(1, po.block_rows)) *
       ops::KvCache::RowBytes(model.config(), model.precision());
   po.budget_bytes =
       o.kv_pool_bytes <= 0 ? 0 : std::max<size_t>(o.kv_pool_bytes, block);
+  return po;
+}
+
+// The constructor cannot fail, so options ValidateOptions would refuse fall
+// back to defaults here, loudly, rather than aborting the process.
+std::unique_ptr<ops::KvBlockPool> MakePool(const ops::Model& model,
+                                           const SessionEngineOptions& o) {
+  SessionEngineOptions fixed = o;
+  if (o.kv_pool_bytes < 0) {
+    std::fprintf(stderr,
+                 "kvd: warning: kv_pool_bytes %lld is negative; using the "
+                 "default %lld (validate options with "
+                 "SessionEngine::ValidateOptions)\n",
+                 static_cast<long long>(o.kv_pool_bytes),
+                 static_cast<long long>(SessionEngineOptions().kv_pool_bytes));
+    fixed.kv_pool_bytes = SessionEngineOptions().kv_pool_bytes;
+  }
   absl::StatusOr<std::unique_ptr<ops::KvBlockPool>> pool =
-      model.NewBlockPool(po);
+      model.NewBlockPool(PoolOptions(model, fixed));
   if (pool.ok()) return *std::move(pool);
-  // A block size that splits an attention chunk: fall back to the default.
-  po.block_rows = ops::KvBlockPool::kDefaultBlockRows;
-  po.budget_bytes = po.budget_bytes == 0 ? 0 : std::max(po.budget_bytes, block);
-  return model.NewBlockPool(po).value();
+  std::fprintf(stderr,
+               "kvd: warning: K/V pool options refused (%s); using blocks of "
+               "%lld rows (validate options with "
+               "SessionEngine::ValidateOptions)\n",
+               std::string(pool.status().message()).c_str(),
+               static_cast<long long>(ops::KvBlockPool::kDefaultBlockRows));
+  fixed.kv_pool_block_rows = ops::KvBlockPool::kDefaultBlockRows;
+  pool = model.NewBlockPool(PoolOptions(model, fixed));
+  if (pool.ok()) return *std::move(pool);
+  // Default-size blocks and a budget of at least one block are valid for
+  // every model (its K/V rows are never empty): reaching this is our bug.
+  std::fprintf(stderr, "kvd: K/V pool cannot be created: %s\n",
+               std::string(pool.status().message()).c_str());
+  std::abort();
 }
 
 SchedulerOptions SchedulerWithPool(SchedulerOptions o, ops::KvBlockPool* pool,
-                                   std::function<bool()> reclaim) {
+                                   std::function<bool()> reclaim,
+                                   std::function<int64_t()> reclaimable) {
   o.kv_pool = pool;
   o.reclaim_kv = std::move(reclaim);
+  o.reclaimable_kv_blocks = std::move(reclaimable);
   return o;
 }
 
@@ -134,10 +165,42 @@ SessionEngine::SessionEngine(const ops::Model& model,
       options_(std::move(options)),
       kv_pool_(MakePool(model, options_)),
       scheduler_(std::make_unique<Scheduler>(
-          model, SchedulerWithPool(options_.scheduler, kv_pool_.get(),
-                                   [this] { return DemoteOneIdle(); }))) {}
+          model, SchedulerWithPool(
+                     options_.scheduler, kv_pool_.get(),
+                     [this] { return DemoteOneIdle(); },
+                     [this] { return IdleKvBlocks(); }))) {}
 
 SessionEngine::~SessionEngine() = default;
+
+absl::Status SessionEngine::ValidateOptions(
+    const ops::Model& model, const SessionEngineOptions& options) {
+  if (options.kv_pool_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_pool_bytes (--kv-pool-mb) is ", options.kv_pool_bytes,
+                     "; use 0 for an unlimited K/V pool or a positive budget"));
+  }
+  ops::KvBlockPool::Options po = PoolOptions(model, options);
+  po.budget_bytes = 0;  // only the block size is checked here
+  if (absl::Status s = model.NewBlockPool(po).status(); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_pool_block_rows is ", options.kv_pool_block_rows,
+                     ", which the K/V pool refuses (", s.message(),
+                     "); use a positive multiple of the attention chunk, e.g. ",
+                     ops::KvBlockPool::kDefaultBlockRows));
+  }
+  if (options.chunk_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_tokens is ", options.chunk_tokens,
+                     "; stored chunks need at least one position"));
+  }
+  if (options.max_hot_sessions < 0 || options.max_hot_kv_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_hot_sessions (", options.max_hot_sessions,
+                     ") and max_hot_kv_bytes (", options.max_hot_kv_bytes,
+                     ") must not be negative"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status SessionEngine::CreateSession(
     const std::string& tenant, const std::string& session,
@@ -191,6 +254,9 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
     if (it != hot_.end()) {
       result->path = StatePath::kHot;
       std::shared_ptr<Active> active = it->second;
+      // Under the lock that found it: DemoteOneIdle (scheduler thread) must
+      // not see it idle between here and the turn.
+      active->in_turn++;
       stats_.restores_by_path[StatePathName(StatePath::kHot)]++;
       return active;
     }
@@ -198,7 +264,12 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::shared_ptr<Active>> active = Restore(key, result);
   result->restore_seconds = SecondsSince(start);
-  if (active.ok()) CountRestore(result->path);
+  if (active.ok()) {
+    // Not in hot_ yet, so no other thread sees it; the lock orders the
+    // write before MakeHot's.
+    SetInTurn(**active, true);
+    CountRestore(result->path);
+  }
   return active;
 }
 
@@ -283,6 +354,20 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
 }
 
 absl::Status SessionEngine::Reprefill(Active& active) {
+  absl::Status status = ReprefillOnce(active);
+  // A full pool: idle sessions make room, as for RebuildKv. The failed
+  // attempt may have filled part of the cache and shown the observer a
+  // prefix of residuals, so each retry starts from nothing.
+  while (status.code() == absl::StatusCode::kResourceExhausted &&
+         DemoteOneIdle()) {
+    active.cache.Reset(0);
+    active.store.Erase(0);
+    status = ReprefillOnce(active);
+  }
+  return status;
+}
+
+absl::Status SessionEngine::ReprefillOnce(Active& active) {
   const int64_t length = active.committed.length();
   ops::ForwardOutput out;
   // Held per block only (PauseRestore releases it between blocks).
@@ -339,8 +424,7 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
 
   TurnResult result;
   KVD_ASSIGN_OR_RETURN(std::shared_ptr<Active> active, Acquire(key, &result));
-  Active& a = *active;
-  SetInTurn(a, true);
+  Active& a = *active;  // in a turn (Acquire): never demoted meanwhile
   std::vector<int32_t> turn_tokens = request.tokens;
   if (request.make_tokens) {
     absl::StatusOr<std::vector<int32_t>> made = request.make_tokens(a.tokens);
@@ -439,7 +523,8 @@ absl::StatusOr<GenerateResult> SessionEngine::Complete(
   g.kv_source = nullptr;
   g.observer = nullptr;
   KVD_ASSIGN_OR_RETURN(ops::KvCache cache, model_.NewCache(kv_pool_.get()));
-  return scheduler_->Run(tokenizer, g, &cache, on_delta);
+  return scheduler_->Run(tokenizer, g, &cache, on_delta,
+                         /*keep_cache=*/false);
 }
 
 absl::StatusOr<v1::SessionManifest> SessionEngine::GetSession(
@@ -501,6 +586,16 @@ bool SessionEngine::DemoteOneIdle() {
     return true;
   }
   return false;
+}
+
+int64_t SessionEngine::IdleKvBlocks() const {
+  absl::MutexLock lock(&mu_);
+  int64_t blocks = 0;
+  // Idle caches change only in a turn, which Acquire marks under mu_.
+  for (const auto& [key, active] : hot_) {
+    if (active->in_turn == 0) blocks += active->cache.blocks_held();
+  }
+  return blocks;
 }
 
 void SessionEngine::SetInTurn(Active& active, bool in_turn) {

@@ -94,7 +94,8 @@ struct SessionEngineOptions {
   // of 1k tokens plus idle sessions, small enough for a laptop. Rounded up
   // to one block.
   int64_t kv_pool_bytes = int64_t{512} << 20;
-  // Positions per pool block (a multiple of the attention chunk, 32).
+  // Positions per pool block (a positive multiple of the attention chunk,
+  // 32). See SessionEngine::ValidateOptions.
   int64_t kv_pool_block_rows = ops::KvBlockPool::kDefaultBlockRows;
   // Continuous batching: batch size, queue bound, prefill budget per step.
   SchedulerOptions scheduler;
@@ -154,9 +155,20 @@ class SessionEngine {
   // `identity`: the loaded model's fingerprint, precision and numerics
   // version (ModelIdentityOf); checkpoints of any other identity are refused.
   // The model and store must outlive the engine.
+  // Options that ValidateOptions refuses are not fatal here (a constructor
+  // cannot return a status): an invalid K/V pool block size or a negative
+  // pool budget falls back to the default with a warning on stderr. Callers
+  // that take options from a user (NodeRuntime) should validate first.
   SessionEngine(const ops::Model& model, v1::ModelIdentity identity,
                 storage::TieredStore* store, SessionEngineOptions options);
   ~SessionEngine();
+
+  // INVALID_ARGUMENT naming the option (and its flag) for options this model
+  // cannot use: kv_pool_block_rows not a positive multiple of the attention
+  // chunk, kv_pool_bytes negative, chunk_tokens < 1, max_hot_sessions < 0,
+  // max_hot_kv_bytes < 0.
+  static absl::Status ValidateOptions(const ops::Model& model,
+                                      const SessionEngineOptions& options);
 
   // INVALID_ARGUMENT for a bad name; ALREADY_EXISTS if the tenant has it.
   absl::Status CreateSession(const std::string& tenant,
@@ -202,13 +214,18 @@ class SessionEngine {
   struct Active;
   using Key = std::pair<std::string, std::string>;  // tenant, session
 
-  // The session's hot state, restoring it from the tiers if needed.
+  // The session's hot state, restoring it from the tiers if needed, marked
+  // in a turn (in_turn) under the same lock that found it, so DemoteOneIdle
+  // never takes it for idle; MakeHot or SetInTurn(false) ends the turn.
   absl::StatusOr<std::shared_ptr<Active>> Acquire(const Key& key,
                                                   TurnResult* result);
   absl::StatusOr<std::shared_ptr<Active>> Restore(const Key& key,
                                                   TurnResult* result);
-  // Runs the model over every committed token, refilling residuals.
+  // Runs the model over every committed token, refilling residuals, into an
+  // empty cache and store; a full pool demotes idle sessions and retries.
   absl::Status Reprefill(Active& active);
+  // One attempt of Reprefill.
+  absl::Status ReprefillOnce(Active& active);
   // Called with the model mutex held between two units of a restore (a
   // rebuild block, a re-prefill block): releases it until the batch, if
   // anything is running, has taken one step, then takes it back. Restores
@@ -223,6 +240,9 @@ class SessionEngine {
   // Demotes the least recently used idle hot session, returning its K/V
   // blocks to the pool; false if there is none. The scheduler's reclaim_kv.
   bool DemoteOneIdle();
+  // Pool blocks held by idle hot sessions: what DemoteOneIdle can free in
+  // all. The scheduler's reclaimable_kv_blocks.
+  int64_t IdleKvBlocks() const;
   void Drop(const Key& key);
   void CountRestore(StatePath path);
 

@@ -69,6 +69,8 @@ absl::StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Open(
           .count();
   rt->model_id_ =
       options.model_id.empty() ? rt->model_->config().name : options.model_id;
+  KVD_RETURN_IF_ERROR(
+      engine::SessionEngine::ValidateOptions(*rt->model_, options.engine));
   rt->engine_ = std::make_unique<engine::SessionEngine>(
       *rt->model_, engine::ModelIdentityOf(*rt->model_, fingerprint),
       rt->store_.get(), options.engine);
