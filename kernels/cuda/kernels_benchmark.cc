@@ -13,42 +13,20 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/bandwidth_probe.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/internal/bench_util.h"
 #include "kernels/cuda/paged_attention.h"
 
 namespace kvd::kernels::cuda {
 namespace {
 
-#define BENCH_CHECK(expr)                                               \
-  do {                                                                  \
-    const cudaError_t e_ = (expr);                                      \
-    if (e_ != cudaSuccess) {                                            \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, \
-                   cudaGetErrorString(e_));                             \
-      std::exit(1);                                                     \
-    }                                                                   \
-  } while (0)
-#define BENCH_OK(expr)                                       \
-  do {                                                       \
-    const absl::Status s_ = (expr);                          \
-    if (!s_.ok()) {                                          \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, \
-                   s_.ToString().c_str());                   \
-      std::exit(1);                                          \
-    }                                                        \
-  } while (0)
-
-void Result(const std::string& name, double value, const char* unit,
-            const std::string& note) {
-  std::printf("RESULT\t%s\t%.4g\t%s\t%s\n", name.c_str(), value, unit,
-              note.c_str());
-  std::fflush(stdout);
-}
+using bench::Result;
 
 // A device buffer filled by tiling a block of random host data.
 template <typename T>
@@ -63,27 +41,10 @@ T* RandomDevice(size_t n, const std::vector<T>& block) {
   return p;
 }
 
+// Three warm-up calls; events on the legacy stream.
 template <typename Fn>
 double MedianSeconds(int reps, Fn&& fn) {
-  cudaEvent_t a, b;
-  BENCH_CHECK(cudaEventCreate(&a));
-  BENCH_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) fn(i);
-  BENCH_CHECK(cudaDeviceSynchronize());
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    BENCH_CHECK(cudaEventRecord(a));
-    fn(i);
-    BENCH_CHECK(cudaEventRecord(b));
-    BENCH_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e-3);
-  }
-  BENCH_CHECK(cudaEventDestroy(a));
-  BENCH_CHECK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return bench::MedianSeconds(3, reps, nullptr, std::forward<Fn>(fn));
 }
 
 struct GemmShape {

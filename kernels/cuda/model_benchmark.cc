@@ -37,36 +37,13 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/internal/bench_kernels.h"
+#include "kernels/cuda/internal/bench_util.h"
 #include "kernels/cuda/kv_recompute.h"
 
 namespace kvd::kernels::cuda {
 namespace {
 
-#define BENCH_CHECK(expr)                                               \
-  do {                                                                  \
-    const cudaError_t e_ = (expr);                                      \
-    if (e_ != cudaSuccess) {                                            \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, \
-                   cudaGetErrorString(e_));                             \
-      std::exit(1);                                                     \
-    }                                                                   \
-  } while (0)
-#define BENCH_OK(expr)                                       \
-  do {                                                       \
-    const absl::Status s_ = (expr);                          \
-    if (!s_.ok()) {                                          \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, \
-                   s_.ToString().c_str());                   \
-      std::exit(1);                                          \
-    }                                                        \
-  } while (0)
-
-void Result(const std::string& name, double value, const char* unit,
-            const std::string& note) {
-  std::printf("RESULT\t%s\t%.4g\t%s\t%s\n", name.c_str(), value, unit,
-              note.c_str());
-  std::fflush(stdout);
-}
+using bench::Result;
 
 std::string Int(double v) { return std::to_string(static_cast<long long>(v)); }
 
@@ -206,28 +183,10 @@ void LayerForward(const Layer& L, int64_t rows, int64_t window, uint16_t* k,
   BENCH_OK(bench::AddInPlace(sc.x, sc.tmp, rows, kD, kD, s));
 }
 
-// Median seconds of `fn` on stream s (events), after warm-up.
+// Median seconds of `fn` on stream s (events), after two warm-up calls.
 template <typename Fn>
 double MedianSeconds(int reps, cudaStream_t s, Fn&& fn) {
-  cudaEvent_t a, b;
-  BENCH_CHECK(cudaEventCreate(&a));
-  BENCH_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 2; ++i) fn();
-  BENCH_CHECK(cudaStreamSynchronize(s));
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    BENCH_CHECK(cudaEventRecord(a, s));
-    fn();
-    BENCH_CHECK(cudaEventRecord(b, s));
-    BENCH_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e-3);
-  }
-  BENCH_CHECK(cudaEventDestroy(a));
-  BENCH_CHECK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return bench::MedianSeconds(2, reps, s, [&](int) { fn(); });
 }
 
 struct Options {

@@ -100,47 +100,20 @@ TEST_P(PagedRecomputeTest, EqualsAttentionOverRecomputedCache) {
     KVD_CUDA_ASSERT(dv[s]->Download(&v[s]));
   }
 
-  std::vector<int32_t> seq, last;
-  for (int64_t p = 0; p < c.len[0]; ++p) {
-    seq.push_back(0);
-    last.push_back(static_cast<int32_t>(p));
-  }
-  for (int64_t s = 0; s < n_seqs; ++s) {
-    seq.push_back(static_cast<int32_t>(s));
-    last.push_back(static_cast<int32_t>(c.len[s] - 1));
-  }
-  seq.push_back(0);
-  last.push_back(-1);
-  const int64_t nq = static_cast<int64_t>(seq.size());
+  const testing::Queries qs = testing::MakeQueries(c.len, 0);
+  const std::vector<int32_t>& seq = qs.seq;
+  const std::vector<int32_t>& last = qs.last;
+  const int64_t nq = qs.size();
   const std::vector<float> q =
       testing::RandomFloats(nq * q_stride, &rng, -2, 2);
   DeviceBuffer<float> dq(q.size()), dref(nq * q_stride), dout(nq * q_stride);
   DeviceBuffer<int32_t> dlast(nq), dseq(nq);
-  KVD_CUDA_ASSERT(dq.Upload(q));
-  KVD_CUDA_ASSERT(dlast.Upload(last));
-  KVD_CUDA_ASSERT(dseq.Upload(seq));
-  KVD_CUDA_ASSERT(dref.Poison());
-  for (int64_t i = 0; i < nq; ++i) {
-    AttentionArgs a;
-    a.q = dq.get() + i * q_stride;
-    a.nq = 1;
-    a.q_stride = q_stride;
-    a.n_heads = c.n_heads;
-    a.n_kv_heads = c.n_kv_heads;
-    a.head_dim = c.head_dim;
-    a.scale = scale;
-    a.k = dk[seq[i]]->get();
-    a.v = dv[seq[i]]->get();
-    a.kv_stride = kv_stride;
-    a.last = dlast.get() + i;
-    a.window = c.window;
-    a.out = dref.get() + i * q_stride;
-    a.out_stride = q_stride;
-    ASSERT_TRUE(Attention(a, nullptr).ok());
-  }
-  KVD_CUDA_SYNC();
+  const AttentionArgs shape =
+      testing::AttentionShape(c.n_heads, c.n_kv_heads, c.head_dim, scale,
+                              kv_stride, c.window, q_stride);
   std::vector<float> ref;
-  KVD_CUDA_ASSERT(dref.Download(&ref));
+  ASSERT_NO_FATAL_FAILURE(testing::ContiguousReference(
+      shape, q, qs, dk, dv, &dq, &dlast, &dseq, &dref, &ref));
   for (int64_t i = 0; i < nq; ++i) {
     for (int64_t j = 0; j < q_width; ++j)
       ASSERT_TRUE(std::isfinite(ref[i * q_stride + j])) << "reference NaN";
@@ -201,15 +174,12 @@ TEST_P(PagedRecomputeTest, EqualsAttentionOverRecomputedCache) {
       KVD_CUDA_SYNC();
       std::vector<float> out;
       KVD_CUDA_ASSERT(dout.Download(&out));
-      for (int64_t i = 0; i < nq; ++i) {
-        ASSERT_EQ(
-            std::memcmp(&out[i * q_stride], &ref[i * q_stride], q_width * 4), 0)
-            << "query " << i << " (sequence " << seq[i] << ", last " << last[i]
-            << ", hot_begin " << c.hot[seq[i]] << ")";
-        for (int64_t j = q_width; j < q_stride; ++j)
-          ASSERT_TRUE(std::isnan(out[i * q_stride + j]))
-              << "padding overwritten";
-      }
+      ASSERT_NO_FATAL_FAILURE(testing::ExpectReferenceBits(
+          out, ref, nq, q_width, q_stride, [&](int64_t i) {
+            return ::testing::Message()
+                   << "query " << i << " (sequence " << seq[i] << ", last "
+                   << last[i] << ", hot_begin " << c.hot[seq[i]] << ")";
+          }));
     }
   }
 }

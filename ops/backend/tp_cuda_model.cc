@@ -15,6 +15,8 @@
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/paged_attention.h"
 #include "ops/backend/cuda_model_support.h"
+#include "ops/backend/internal/cuda_batch.h"
+#include "ops/backend/internal/cuda_layer.h"
 #include "ops/backend/internal/cuda_step_plan.h"
 
 namespace kvd::ops {
@@ -158,14 +160,9 @@ absl::StatusOr<std::unique_ptr<TpCudaModel>> TpCudaModel::Create(
     const Model& model, const TpCudaModelOptions& options) {
   const ModelConfig& c = model.config();
   KVD_RETURN_IF_ERROR(CheckCudaModelSupport(c, model.precision()));
-  if (options.block_rows <= 0 ||
-      options.block_rows % kc::kAttentionChunk != 0 || options.max_blocks < 0 ||
-      options.max_blocks > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TpCudaModelOptions: block_rows (", options.block_rows,
-        ") must be a positive multiple of ", kc::kAttentionChunk,
-        " and max_blocks (", options.max_blocks, ") in [0, 2^30]"));
-  }
+  KVD_RETURN_IF_ERROR(
+      internal::CheckPoolOptions("TpCudaModelOptions", options.block_rows,
+                                 options.max_blocks, kc::kAttentionChunk));
   KVD_ASSIGN_OR_RETURN(TensorParallelPlan plan,
                        TensorParallelPlan::Make(c, options.degree));
   std::vector<int> devices = options.devices;
@@ -226,12 +223,8 @@ absl::StatusOr<std::unique_ptr<TpCudaModel>> TpCudaModel::Create(
   }
   KVD_RETURN_IF_ERROR(m->Upload(model));
 
-  int64_t blocks = options.max_blocks;
-  if (blocks == 0) {
-    const int64_t positions = std::min<int64_t>(16 * c.context_length, 16384);
-    blocks = c.n_layers *
-             ((positions + options.block_rows - 1) / options.block_rows);
-  }
+  const int64_t blocks = internal::PoolBlocks(
+      options.max_blocks, c.n_layers, c.context_length, options.block_rows);
   for (auto& shard : m->shards_) {
     KVD_RETURN_IF_ERROR(m->SetDevice(*shard));
     const size_t bytes =
@@ -408,13 +401,34 @@ absl::Status TpCudaModel::RunStep(const internal::StepPlan& plan,
                                   std::vector<float>* logits,
                                   std::vector<std::vector<float>>* residuals) {
   const ModelConfig& c = config_;
-  const int64_t d = c.d_model, hd = c.head_dim;
+  const int64_t d = c.d_model;
   const int64_t m = plan.rows, n_seqs = plan.n_seqs,
                 table_stride = plan.table_stride;
-  const kc::RopeStyle rope = c.rope_style == kernels::cpu::RopeStyle::kHalfSplit
-                                 ? kc::RopeStyle::kHalfSplit
-                                 : kc::RopeStyle::kInterleaved;
   const int64_t n_ints = plan.ints.size();
+  // A shard's layer, widths and step buffers as internal/cuda_layer.h takes
+  // them.
+  auto layer_weights = [](const Shard& w, int64_t l) {
+    const Shard::Layer& lw = w.layers[l];
+    return internal::CudaLayerWeights{w.rep->attn_norm[l],
+                                      w.rep->ffn_norm[l],
+                                      lw.bq,
+                                      lw.bk,
+                                      lw.bv,
+                                      lw.wq.view(),
+                                      lw.wk.view(),
+                                      lw.wv.view(),
+                                      lw.wo.view(),
+                                      lw.w_gate.view(),
+                                      lw.w_up.view(),
+                                      lw.w_down.view()};
+  };
+  auto dims = [](const Shard& w) {
+    return internal::CudaShardDims{w.n_heads, w.n_kv_heads, w.qd, w.kvd, w.ff};
+  };
+  auto buffers = [](const Shard& w) {
+    return internal::CudaStepBuffers{w.h,    w.x, w.q,    w.k, w.v,
+                                     w.attn, w.o, w.gate, w.up};
+  };
   for (auto& sp : shards_) {
     Shard& w = *sp;
     KVD_RETURN_IF_ERROR(SetDevice(w));
@@ -429,7 +443,6 @@ absl::Status TpCudaModel::RunStep(const internal::StepPlan& plan,
   }
   if (residuals != nullptr) residuals->assign(c.n_layers, {});
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    const LayerConfig& lc = c.layers[l];
     if (residuals != nullptr) {
       Shard& w0 = *shards_[0];
       KVD_RETURN_IF_ERROR(SetDevice(w0));
@@ -447,79 +460,25 @@ absl::Status TpCudaModel::RunStep(const internal::StepPlan& plan,
     for (auto& sp : shards_) {
       Shard& w = *sp;
       KVD_RETURN_IF_ERROR(SetDevice(w));
-      void* s = w.stream;
-      const Shard::Layer& lw = w.layers[l];
-      const int64_t qd = w.qd, kvd = w.kvd;
-      const int32_t* positions = w.ints_dev + plan.positions_offset();
-      const int32_t* row_seq = w.ints_dev + plan.row_seq_offset();
-      const int32_t* table = w.ints_dev + plan.table_offset(l);
-      const kc::Activations x_act{w.x, kc::ActType::kF32, m, d};
-      KVD_RETURN_IF_ERROR(
-          kc::RmsNorm(w.h, d, w.rep->attn_norm[l], c.rms_eps, m, d, w.x, d, s));
-      KVD_RETURN_IF_ERROR(kc::Gemm(x_act, lw.wq.view(), w.q, qd, s));
-      KVD_RETURN_IF_ERROR(kc::Gemm(x_act, lw.wk.view(), w.k, kvd, s));
-      KVD_RETURN_IF_ERROR(kc::Gemm(x_act, lw.wv.view(), w.v, kvd, s));
-      if (c.qkv_bias) {
-        KVD_RETURN_IF_ERROR(kc::AddBias(w.q, qd, lw.bq, m, qd, s));
-        KVD_RETURN_IF_ERROR(kc::AddBias(w.k, kvd, lw.bk, m, kvd, s));
-        KVD_RETURN_IF_ERROR(kc::AddBias(w.v, kvd, lw.bv, m, kvd, s));
-      }
-      KVD_RETURN_IF_ERROR(kc::Rope(w.q, qd, m, w.n_heads, hd, c.rope_dim,
-                                   positions, lc.rope_base, rope, s));
-      KVD_RETURN_IF_ERROR(kc::Rope(w.k, kvd, m, w.n_kv_heads, hd, c.rope_dim,
-                                   positions, lc.rope_base, rope, s));
-      kc::KvWriteArgs kw;
-      kw.k = w.k;
-      kw.v = w.v;
-      kw.ld = kvd;
-      kw.rows = m;
-      kw.n = kvd;
-      kw.row_seq = row_seq;
-      kw.positions = positions;
-      kw.pool = w.pool;
-      kw.block_table = table;
-      kw.table_stride = table_stride;
-      kw.block_rows = options_.block_rows;
-      kw.kv_stride = kvd;
-      KVD_RETURN_IF_ERROR(kc::WriteKvPaged(kw, s));
-      kc::PagedAttentionArgs a;
-      a.q = w.q;
-      a.nq = m;
-      a.q_stride = qd;
-      a.n_heads = w.n_heads;
-      a.n_kv_heads = w.n_kv_heads;
-      a.head_dim = hd;
-      a.scale = c.attn_scale();
-      a.kv = {w.pool, table, table_stride, options_.block_rows, kvd};
-      a.query_seq = row_seq;
-      a.last = positions;
-      a.window = lc.sliding_window;
-      a.out = w.attn;
-      a.out_stride = qd;
-      KVD_RETURN_IF_ERROR(kc::PagedAttention(a, s));
-      KVD_RETURN_IF_ERROR(kc::Gemm({w.attn, kc::ActType::kF32, m, qd},
-                                   lw.wo.view(), w.o, d, s));
+      internal::CudaStepRows rows;
+      rows.m = m;
+      rows.positions = w.ints_dev + plan.positions_offset();
+      rows.row_seq = w.ints_dev + plan.row_seq_offset();
+      rows.table = w.ints_dev + plan.table_offset(l);
+      rows.table_stride = table_stride;
+      rows.block_rows = options_.block_rows;
+      rows.pool = w.pool;
+      KVD_RETURN_IF_ERROR(internal::AttentionPartial(
+          c, l, layer_weights(w, l), dims(w), rows, buffers(w), w.stream));
     }
     KVD_RETURN_IF_ERROR(ReduceOutputs(m * d));
     // MLP: each shard's columns, then W_down's partial over them.
     for (auto& sp : shards_) {
       Shard& w = *sp;
       KVD_RETURN_IF_ERROR(SetDevice(w));
-      void* s = w.stream;
-      const Shard::Layer& lw = w.layers[l];
-      const int64_t ff = w.ff;
-      const kc::Activations x_act{w.x, kc::ActType::kF32, m, d};
-      KVD_RETURN_IF_ERROR(kc::AddRows(w.h, d, w.o, d, m, d, false, s));
-      KVD_RETURN_IF_ERROR(
-          kc::RmsNorm(w.h, d, w.rep->ffn_norm[l], c.rms_eps, m, d, w.x, d, s));
-      KVD_RETURN_IF_ERROR(kc::Gemm(x_act, lw.w_gate.view(), w.gate, ff, s));
-      KVD_RETURN_IF_ERROR(kc::Gemm(x_act, lw.w_up.view(), w.up, ff, s));
-      KVD_RETURN_IF_ERROR(kc::GatedActivation(
-          c.activation == Activation::kSilu ? kc::GatedAct::kSilu
-                                            : kc::GatedAct::kGeluTanh,
-          w.gate, ff, w.up, ff, m, ff, w.gate, ff, s));
-      KVD_RETURN_IF_ERROR(kc::Gemm({w.gate, kc::ActType::kF32, m, ff},
-                                   lw.w_down.view(), w.o, d, s));
+      KVD_RETURN_IF_ERROR(kc::AddRows(w.h, d, w.o, d, m, d, false, w.stream));
+      KVD_RETURN_IF_ERROR(internal::MlpPartial(c, layer_weights(w, l), dims(w),
+                                               m, buffers(w), w.stream));
     }
     KVD_RETURN_IF_ERROR(ReduceOutputs(m * d));
     for (auto& sp : shards_) {
@@ -564,91 +523,30 @@ absl::Status TpCudaModel::Forward(absl::Span<const TpStep> batch,
     return absl::OkStatus();
   }
   absl::MutexLock lock(&forward_mu_);
-  int64_t m = 0;
-  absl::flat_hash_set<const TpKvCache*> seen;
+  std::vector<internal::StepView> views(n_seqs);
   for (int64_t i = 0; i < n_seqs; ++i) {
-    const TpStep& st = batch[i];
-    if (st.cache == nullptr || st.cache->model_ != this) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TP CUDA forward: step ", i, " has no cache of this model"));
-    }
-    if (!seen.insert(st.cache).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TP CUDA forward: step ", i, "'s cache appears twice in the batch"));
-    }
-    if (st.tokens.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("TP CUDA forward: step ", i, " has no tokens"));
-    }
-    for (int32_t t : st.tokens) {
-      if (t < 0 || t >= c.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("TP CUDA forward: step ", i, " has token id ", t,
-                         " outside the vocabulary [0, ", c.vocab_size, ")"));
-      }
-    }
-    const int64_t end = st.cache->length() + st.tokens.size();
-    if (end > c.context_length) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("TP CUDA forward: step ", i, " would reach position ",
-                       end, " past the context length ", c.context_length));
-    }
-    m += st.tokens.size();
+    TpKvCache* cache = batch[i].cache;
+    const bool ours = cache != nullptr && cache->model_ == this;
+    views[i] = {cache, ours, batch[i].tokens, ours ? cache->length() : 0,
+                ours ? &cache->blocks_ : nullptr};
   }
-  if (m > 65535) {  // PagedAttention's grid limit (one grid row per query)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TP CUDA forward: ", m,
-        " tokens in one step; at most 65535 (split the prefill into chunks)"));
-  }
+  KVD_ASSIGN_OR_RETURN(
+      const int64_t m,
+      internal::CheckBatch(views, {c.vocab_size, c.context_length},
+                           "TP CUDA forward"));
 
   // Every layer's new blocks for every sequence, all or nothing; the same
   // block ids serve every shard's pool.
-  const int64_t br = options_.block_rows;
-  std::vector<int64_t> added(n_seqs, 0);
-  {
-    int64_t need = 0;
-    for (int64_t i = 0; i < n_seqs; ++i) {
-      const TpKvCache& cache = *batch[i].cache;
-      added[i] =
-          internal::BlocksFor(cache.length() + batch[i].tokens.size(), br) -
-          static_cast<int64_t>(cache.blocks_[0].size());
-      need += added[i] * c.n_layers;
-    }
-    absl::MutexLock block_lock(&blocks_mu_);
-    if (need > static_cast<int64_t>(free_blocks_.size())) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "TP CUDA K/V pool: the step needs ", need, " more blocks, ",
-          free_blocks_.size(), " of ", max_blocks_,
-          " are free; finish or drop sequences, or raise "
-          "TpCudaModelOptions::max_blocks"));
-    }
-    for (int64_t i = 0; i < n_seqs; ++i) {
-      for (int64_t l = 0; l < c.n_layers; ++l) {
-        for (int64_t b = 0; b < added[i]; ++b) {
-          batch[i].cache->blocks_[l].push_back(free_blocks_.back());
-          free_blocks_.pop_back();
-        }
-      }
-    }
-  }
-  std::vector<internal::StepSequence> seqs(n_seqs);
-  for (int64_t i = 0; i < n_seqs; ++i) {
-    seqs[i] = {batch[i].tokens, batch[i].cache->length(),
-               &batch[i].cache->blocks_};
-  }
-  const internal::StepPlan plan = internal::PlanStep(seqs, c.n_layers);
+  const internal::BlockPool pool{&blocks_mu_, &free_blocks_, max_blocks_};
+  KVD_ASSIGN_OR_RETURN(
+      const std::vector<int64_t> added,
+      internal::ReserveBlocks(views, c.n_layers, options_.block_rows, pool,
+                              "TP CUDA K/V pool", "TpCudaModelOptions"));
+  const internal::StepPlan plan = internal::PlanViews(views, c.n_layers);
   absl::Status st = EnsureWorkspace(m, n_seqs, plan.ints.size());
   if (st.ok()) st = RunStep(plan, logits, residuals);
   if (!st.ok()) {
-    absl::MutexLock block_lock(&blocks_mu_);
-    for (int64_t i = 0; i < n_seqs; ++i) {
-      for (auto& layer : batch[i].cache->blocks_) {
-        for (int64_t b = 0; b < added[i]; ++b) {
-          free_blocks_.push_back(layer.back());
-          layer.pop_back();
-        }
-      }
-    }
+    internal::ReleaseBlocks(views, added, pool);
     return st;
   }
   for (int64_t i = 0; i < n_seqs; ++i)
@@ -659,28 +557,14 @@ absl::Status TpCudaModel::Forward(absl::Span<const TpStep> batch,
 absl::StatusOr<std::vector<int32_t>> TpCudaModel::Generate(
     absl::Span<const int32_t> prompt, int64_t max_new_tokens,
     int64_t prefill_chunk, std::vector<std::vector<float>>* step_logits) {
-  if (prompt.empty()) {
-    return absl::InvalidArgumentError("TP CUDA generate: empty prompt");
-  }
-  KVD_ASSIGN_OR_RETURN(TpKvCache cache, NewCache());
-  std::vector<float> logits;
-  const int64_t chunk = prefill_chunk > 0 ? prefill_chunk : prompt.size();
-  for (size_t b = 0; b < prompt.size(); b += chunk) {
-    TpStep step{&cache, prompt.subspan(b, chunk)};
-    KVD_RETURN_IF_ERROR(Forward({&step, 1}, &logits));
-  }
-  std::vector<int32_t> out;
-  for (int64_t i = 0; i < max_new_tokens; ++i) {
-    if (step_logits != nullptr) step_logits->push_back(logits);
-    // Lowest id on ties, as the CPU sampler's greedy argmax.
-    const int32_t next = static_cast<int32_t>(
-        std::max_element(logits.begin(), logits.end()) - logits.begin());
-    out.push_back(next);
-    if (i + 1 == max_new_tokens) break;
-    TpStep step{&cache, {&out.back(), 1}};
-    KVD_RETURN_IF_ERROR(Forward({&step, 1}, &logits));
-  }
-  return out;
+  return internal::GreedyGenerate(
+      "TP CUDA generate", prompt, max_new_tokens, prefill_chunk, step_logits,
+      [this] { return NewCache(); },
+      [this](TpKvCache* cache, absl::Span<const int32_t> tokens,
+             std::vector<float>* logits) {
+        TpStep step{cache, tokens};
+        return Forward({&step, 1}, logits);
+      });
 }
 
 absl::Status TpCudaModel::ReadKv(const TpKvCache& cache, int shard,
