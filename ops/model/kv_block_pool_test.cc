@@ -55,7 +55,8 @@ TEST(KvBlockPool, BudgetIsAHardLimitWithAHelpfulMessage) {
   }
   const auto over = pool->Allocate();
   ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(over.status().message(), HasSubstr("K/V block pool of 0.04102 MiB (3 blocks of 64 rows"));
+  EXPECT_THAT(over.status().message(),
+              HasSubstr("K/V block pool of 0.04102 MiB (3 blocks of 64 rows"));
   EXPECT_THAT(over.status().message(), HasSubstr("3 in use"));
   EXPECT_THAT(over.status().message(), HasSubstr("raise the pool budget"));
   EXPECT_EQ(pool->stats().blocks_in_use, 3);
