@@ -413,13 +413,7 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
                      " waiting); retry ",
                      SessionName(request.tenant, request.session), " later"));
   }
-  std::shared_ptr<absl::Mutex> session_mu;
-  {
-    absl::MutexLock lock(&mu_);
-    std::shared_ptr<absl::Mutex>& m = session_mu_[key];
-    if (m == nullptr) m = std::make_shared<absl::Mutex>();
-    session_mu = m;
-  }
+  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
   absl::MutexLock session_lock(session_mu.get());
 
   TurnResult result;
@@ -619,6 +613,13 @@ bool SessionEngine::IsHot(const std::string& tenant,
   return hot_.contains(Key(tenant, session));
 }
 
+std::shared_ptr<absl::Mutex> SessionEngine::SessionMutex(const Key& key) {
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<absl::Mutex>& m = session_mu_[key];
+  if (m == nullptr) m = std::make_shared<absl::Mutex>();
+  return m;
+}
+
 void SessionEngine::Suspend(const std::string& tenant,
                             const std::string& session) {
   Drop({tenant, session});
@@ -629,13 +630,7 @@ absl::Status SessionEngine::DeleteSession(const std::string& tenant,
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   const Key key(tenant, session);
-  std::shared_ptr<absl::Mutex> session_mu;
-  {
-    absl::MutexLock lock(&mu_);
-    std::shared_ptr<absl::Mutex>& m = session_mu_[key];
-    if (m == nullptr) m = std::make_shared<absl::Mutex>();
-    session_mu = m;
-  }
+  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
   absl::MutexLock session_lock(session_mu.get());
   Drop(key);
   const absl::Status s = store_->Delete(tenant, session);

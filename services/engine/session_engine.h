@@ -244,6 +244,8 @@ class SessionEngine {
   // all. The scheduler's reclaimable_kv_blocks.
   int64_t IdleKvBlocks() const;
   void Drop(const Key& key);
+  // The mutex that serializes the session's turns (created on first use).
+  std::shared_ptr<absl::Mutex> SessionMutex(const Key& key);
   void CountRestore(StatePath path);
 
   const ops::Model& model_;

@@ -20,11 +20,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
-#include "base/process_memory.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/node/connection_probe.h"
 #include "services/node/http_admission.h"
+#include "services/node/node_metrics.h"
 #include "services/node/openai_generation.h"
 #include "services/node/openai_response.h"
 #include "storage/checkpoint/session_file.h"
@@ -270,39 +270,7 @@ void HttpServerImpl::DeclareMetrics() {
                    "Generations that failed after admission, by code.");
   m.DeclareGauge("kvd_http_queue_depth", "Generations waiting for a slot.");
   m.DeclareGauge("kvd_http_inflight_generations", "Generations running.");
-  m.DeclareGauge("kvd_sessions", "Sessions by state (hot: K/V in memory).");
-  m.DeclareGauge("kvd_store_bytes", "Session bytes per storage tier.");
-  m.DeclareGauge("kvd_engine_hot_bytes",
-                 "Bytes held by hot sessions, by kind (kv, residual).");
-  m.DeclareCounter("kvd_session_resumes_total",
-                   "Session turns by how their state was obtained.");
-  m.DeclareCounter("kvd_turns_total", "Session turns by outcome.");
-  m.DeclareHistogram(
-      "kvd_session_restore_seconds",
-      "Time a session turn spent obtaining the session's "
-      "state: loading its checkpoint and recomputing its K/V "
-      "from residuals (or re-prefilling), by state path.",
-      {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10});
-  m.DeclareGauge("kvd_kv_pool_blocks",
-                 "K/V block pool: used, peak and total (0: no limit) blocks "
-                 "of kvd_kv_pool_block_bytes each.");
-  m.DeclareGauge("kvd_kv_pool_block_bytes", "Bytes per K/V pool block.");
-  m.DeclareCounter("kvd_session_restore_pauses_total",
-                   "Times a session restore released the model so the "
-                   "running batch could take a step.");
-  m.DeclareCounter("kvd_sessions_demoted_total",
-                   "Idle sessions whose hot K/V were dropped (their "
-                   "checkpoint stays), by reason.");
-  m.DeclareGauge("process_resident_memory_bytes",
-                 "Resident memory of the server process (VmRSS).");
-  m.DeclareGauge("kvd_process_peak_resident_memory_bytes",
-                 "High-water mark of resident memory (VmHWM).");
-  m.DeclareGauge("kvd_heap_bytes",
-                 "malloc's books (mallinfo2): in_use = handed to the "
-                 "program, free = kept in its arenas (resident or trimmed).");
-  m.DeclareCounter("kvd_heap_trimmed_bytes_total",
-                   "Resident bytes returned to the kernel by the memory "
-                   "trimmer (malloc_trim).");
+  DeclareNodeMetrics(m);
 }
 
 void HttpServerImpl::Routes() {
@@ -741,56 +709,7 @@ void HttpServerImpl::HandleMetrics(httplib::Response& res) {
   Metrics& m = *metrics_;
   m.Set("kvd_http_queue_depth", {}, admission_.queued());
   m.Set("kvd_http_inflight_generations", {}, admission_.inflight());
-  const engine::EngineStats stats = runtime_->engine().stats();
-  m.Set("kvd_sessions", {{"state", "hot"}},
-        static_cast<double>(stats.hot_sessions));
-  m.Set("kvd_engine_hot_bytes", {{"kind", "kv"}},
-        static_cast<double>(stats.hot_kv_bytes));
-  m.Set("kvd_engine_hot_bytes", {{"kind", "residual"}},
-        static_cast<double>(stats.hot_residual_bytes));
-  m.Set("kvd_kv_pool_blocks", {{"state", "used"}},
-        static_cast<double>(stats.kv_pool_blocks_used));
-  m.Set("kvd_kv_pool_blocks", {{"state", "peak"}},
-        static_cast<double>(stats.kv_pool_blocks_peak));
-  m.Set("kvd_kv_pool_blocks", {{"state", "total"}},
-        static_cast<double>(stats.kv_pool_blocks_total));
-  m.Set("kvd_session_restore_pauses_total", {},
-        static_cast<double>(stats.restore_pauses));
-  m.Set("kvd_kv_pool_block_bytes", {},
-        static_cast<double>(stats.kv_pool_block_bytes));
-  m.Set("kvd_sessions_demoted_total", {{"reason", "kv_pool_full"}},
-        static_cast<double>(stats.sessions_demoted_for_kv));
-  m.Set("kvd_sessions_demoted_total", {{"reason", "hot_limits"}},
-        static_cast<double>(stats.sessions_demoted -
-                            stats.sessions_demoted_for_kv));
-  for (const auto& [path, count] : stats.restores_by_path) {
-    m.Set("kvd_session_resumes_total", {{"path", path}},
-          static_cast<double>(count));
-  }
-  m.Set("kvd_turns_total", {{"outcome", "committed"}},
-        static_cast<double>(stats.turns_committed));
-  m.Set("kvd_turns_total", {{"outcome", "failed"}},
-        static_cast<double>(stats.turns_failed));
-  const storage::TierBytes bytes = runtime_->store().bytes();
-  m.Set("kvd_store_bytes", {{"tier", "dram"}},
-        static_cast<double>(bytes.dram_bytes));
-  m.Set("kvd_store_bytes", {{"tier", "dram_spill_pending"}},
-        static_cast<double>(bytes.dram_spill_pending_bytes));
-  m.Set("kvd_store_bytes", {{"tier", "rocksdb"}},
-        static_cast<double>(bytes.rocksdb_disk_bytes));
-  const ProcessMemory memory = ReadProcessMemory();
-  m.Set("process_resident_memory_bytes", {},
-        static_cast<double>(memory.rss_bytes));
-  m.Set("kvd_process_peak_resident_memory_bytes", {},
-        static_cast<double>(memory.peak_rss_bytes));
-  m.Set("kvd_heap_bytes", {{"state", "in_use"}},
-        static_cast<double>(memory.heap_in_use_bytes));
-  m.Set("kvd_heap_bytes", {{"state", "free"}},
-        static_cast<double>(memory.heap_free_bytes));
-  if (const MemoryTrimmer* trimmer = runtime_->memory_trimmer()) {
-    m.Set("kvd_heap_trimmed_bytes_total", {},
-          static_cast<double>(trimmer->stats().released_bytes));
-  }
+  UpdateNodeGauges(*runtime_, m);
   res.set_content(m.Render(), "text/plain; version=0.0.4");
 }
 
