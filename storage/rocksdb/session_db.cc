@@ -148,6 +148,22 @@ struct SessionDb::Impl {
     return std::optional<v1::SessionManifest>(std::move(m));
   }
 
+  // Adds checked puts of `chunks` (ChunkId -> encoded chunk pairs) and of
+  // the manifest to `batch`: what a turn and an import both write.
+  template <typename Chunks>
+  absl::Status AddChunksAndManifest(const v1::SessionManifest& m,
+                                    const Chunks& chunks,
+                                    rocksdb::WriteBatch* batch) {
+    for (const auto& [id, value] : chunks) {
+      KVD_RETURN_IF_ERROR(CheckChunkForWrite(m, id, value));
+      const Cf cf = id.layer == kTokenLayer ? kTokens : kResiduals;
+      batch->Put(cfs[cf], ChunkKey(m.tenant(), m.session_id(), id), value);
+    }
+    batch->Put(cfs[kManifests], SessionKey(m.tenant(), m.session_id()),
+               m.SerializeAsString());
+    return absl::OkStatus();
+  }
+
   // Checks an encoded chunk a caller wants to store: it decodes, matches its
   // id, and has the manifest's row layout.
   absl::Status CheckChunkForWrite(const v1::SessionManifest& m,
@@ -405,13 +421,7 @@ absl::Status SessionDb::CommitTurn(const TurnUpdate& update) {
     const Cf cf = id.layer == kTokenLayer ? kTokens : kResiduals;
     batch.Delete(impl_->cfs[cf], ChunkKey(m.tenant(), m.session_id(), id));
   }
-  for (const auto& [id, value] : update.put) {
-    KVD_RETURN_IF_ERROR(impl_->CheckChunkForWrite(m, id, value));
-    const Cf cf = id.layer == kTokenLayer ? kTokens : kResiduals;
-    batch.Put(impl_->cfs[cf], ChunkKey(m.tenant(), m.session_id(), id), value);
-  }
-  batch.Put(impl_->cfs[kManifests], SessionKey(m.tenant(), m.session_id()),
-            m.SerializeAsString());
+  KVD_RETURN_IF_ERROR(impl_->AddChunksAndManifest(m, update.put, &batch));
   absl::ReaderMutexLock commit(&impl_->commit_mu);
   KVD_ASSIGN_OR_RETURN(auto old,
                        impl_->ReadManifest(m.tenant(), m.session_id()));
@@ -428,13 +438,8 @@ absl::Status SessionDb::PutSession(const SessionCheckpoint& checkpoint) {
   // Batch entries apply in order, so the puts below win over these ranges.
   batch.DeleteRange(impl_->cfs[kTokens], prefix, end);
   batch.DeleteRange(impl_->cfs[kResiduals], prefix, end);
-  for (const auto& [id, value] : checkpoint.chunks()) {
-    KVD_RETURN_IF_ERROR(impl_->CheckChunkForWrite(m, id, value));
-    const Cf cf = id.layer == kTokenLayer ? kTokens : kResiduals;
-    batch.Put(impl_->cfs[cf], ChunkKey(m.tenant(), m.session_id(), id), value);
-  }
-  batch.Put(impl_->cfs[kManifests], SessionKey(m.tenant(), m.session_id()),
-            m.SerializeAsString());
+  KVD_RETURN_IF_ERROR(
+      impl_->AddChunksAndManifest(m, checkpoint.chunks(), &batch));
   absl::ReaderMutexLock commit(&impl_->commit_mu);
   auto old = impl_->ReadManifest(m.tenant(), m.session_id());
   // A damaged old manifest must not block replacing it.
