@@ -24,8 +24,8 @@ void DeleteBlock(uint8_t* block) { ::operator delete(block, kBlockAlignment); }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(
-    size_t row_bytes, const Options& options) {
+absl::Status KvBlockPool::CheckOptions(size_t row_bytes,
+                                       const Options& options) {
   constexpr int64_t kChunk = kernels::cpu::kAttentionChunk;
   if (row_bytes == 0) {
     return absl::InvalidArgumentError("K/V block pool: row_bytes must be > 0");
@@ -43,21 +43,70 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(
                      " bytes is below one block (", block_bytes,
                      " bytes); raise it or use 0 for unlimited"));
   }
-  return std::unique_ptr<KvBlockPool>(new KvBlockPool(row_bytes, options));
+  return absl::OkStatus();
 }
 
-KvBlockPool::KvBlockPool(size_t row_bytes, const Options& options)
+absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(
+    size_t row_bytes, const Options& options) {
+  if (absl::Status s = CheckOptions(row_bytes, options); !s.ok()) return s;
+  Region heap;  // no region: blocks from operator new
+  heap.host_accessible = true;
+  return std::unique_ptr<KvBlockPool>(
+      new KvBlockPool(row_bytes, options, heap));
+}
+
+absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::CreateInRegion(
+    size_t row_bytes, const Options& options, const Region& region) {
+  if (absl::Status s = CheckOptions(row_bytes, options); !s.ok()) return s;
+  if (region.base == nullptr || region.blocks <= 0) {
+    return absl::InvalidArgumentError(
+        "K/V block pool: a region pool needs memory for at least one block");
+  }
+  return std::unique_ptr<KvBlockPool>(
+      new KvBlockPool(row_bytes, options, region));
+}
+
+namespace {
+
+int64_t Capacity(size_t budget_bytes, size_t block_bytes,
+                 const KvBlockPool::Region& region) {
+  const int64_t budget = static_cast<int64_t>(budget_bytes / block_bytes);
+  if (region.base == nullptr) return budget;
+  return budget == 0 ? region.blocks : std::min(budget, region.blocks);
+}
+
+}  // namespace
+
+KvBlockPool::KvBlockPool(size_t row_bytes, const Options& options,
+                         const Region& region)
     : row_bytes_(row_bytes),
       block_rows_(options.block_rows),
       block_bytes_(2 * options.block_rows * row_bytes),
       budget_bytes_(options.budget_bytes),
-      capacity_blocks_(
-          static_cast<int64_t>(options.budget_bytes / block_bytes_)),
-      retain_free_blocks_(options.retain_free_blocks) {}
+      capacity_blocks_(Capacity(options.budget_bytes, block_bytes_, region)),
+      retain_free_blocks_(options.retain_free_blocks || region.base != nullptr),
+      region_(region),
+      host_accessible_(region.base == nullptr || region.host_accessible) {
+  if (region_.base == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  // Popped from the back: the lowest blocks go out first.
+  free_.reserve(capacity_blocks_);
+  for (int64_t b = capacity_blocks_ - 1; b >= 0; --b)
+    free_.push_back(region_.base + b * block_bytes_);
+}
 
 KvBlockPool::~KvBlockPool() {
+  if (region_.base != nullptr) return;
   absl::MutexLock lock(&mu_);
   for (uint8_t* b : free_) DeleteBlock(b);
+}
+
+int64_t KvBlockPool::BlockIndex(const uint8_t* block) const {
+  if (region_.base == nullptr || block < region_.base) return -1;
+  const size_t offset = static_cast<size_t>(block - region_.base);
+  if (offset % block_bytes_ != 0) return -1;
+  const int64_t index = static_cast<int64_t>(offset / block_bytes_);
+  return index < region_.blocks ? index : -1;
 }
 
 int64_t KvBlockPool::available_blocks() const {
@@ -116,6 +165,8 @@ uint8_t* KvBlockPool::Take() {
       return b;
     }
   }
+  // A region pool's free list holds every block its capacity allows, so
+  // only a pool without a region gets here.
   return NewBlock(block_bytes_);
 }
 
@@ -138,6 +189,7 @@ void KvBlockPool::Release(uint8_t* block) {
 }
 
 void KvBlockPool::ReleaseFreeMemory() {
+  if (region_.base != nullptr) return;
   std::vector<uint8_t*> blocks;
   {
     absl::MutexLock lock(&mu_);

@@ -22,6 +22,12 @@
 // with retain_free_blocks = false (a cache's private pool) returns them to the
 // allocator instead, so a windowed cache's memory really shrinks.
 //
+// A pool can also carve its blocks from a region the caller owns
+// (CreateInRegion): device memory for a GPU backend, whose kernels read the
+// blocks by index. Such a pool never reads, writes, allocates or frees block
+// memory; it only hands out addresses, so the caches' bookkeeping and the
+// budget arithmetic are the same on every backend.
+//
 // Thread-safety: every method may be called from any thread at once. The
 // pool must outlive the caches that draw from it.
 //
@@ -77,6 +83,25 @@ class KvBlockPool {
   static absl::StatusOr<std::unique_ptr<KvBlockPool>> Create(
       size_t row_bytes, const Options& options);
 
+  // Memory for `blocks` consecutive blocks of block_bytes() at `base`, owned
+  // by the caller: it must outlive the pool, unless `owner` holds it (the
+  // pool keeps `owner` until it is destroyed; e.g. a shared_ptr whose
+  // deleter calls cudaFree).
+  struct Region {
+    uint8_t* base = nullptr;
+    int64_t blocks = 0;
+    std::shared_ptr<void> owner;
+    // Whether the host may read and write the blocks (false for device
+    // memory: KvCache then refuses its host-side row accessors).
+    bool host_accessible = false;
+  };
+  // A pool over `region`: capacity min(budget / block_bytes, region.blocks)
+  // (the budget 0 means the whole region); blocks are handed out lowest
+  // address first and always retained. Create's errors, and INVALID_ARGUMENT
+  // for an empty region.
+  static absl::StatusOr<std::unique_ptr<KvBlockPool>> CreateInRegion(
+      size_t row_bytes, const Options& options, const Region& region);
+
   KvBlockPool(const KvBlockPool&) = delete;
   KvBlockPool& operator=(const KvBlockPool&) = delete;
   // Every block must have been released (the caches destroyed) by now.
@@ -89,6 +114,12 @@ class KvBlockPool {
   size_t budget_bytes() const { return budget_bytes_; }
   // 0 when unlimited.
   int64_t capacity_blocks() const { return capacity_blocks_; }
+  // False for a region pool over memory the host cannot touch.
+  bool host_accessible() const { return host_accessible_; }
+  // A region pool's block number of `block` (from Take): its offset from the
+  // region's base in blocks. -1 for a block not in the region, and for a
+  // pool without one.
+  int64_t BlockIndex(const uint8_t* block) const;
   // Blocks that could still be reserved; INT64_MAX when unlimited.
   int64_t available_blocks() const;
   Stats stats() const;
@@ -105,11 +136,13 @@ class KvBlockPool {
   absl::StatusOr<uint8_t*> Allocate();
   // Returns a block from Take()/Allocate().
   void Release(uint8_t* block);
-  // Frees the free list's memory (blocks in use stay).
+  // Frees the free list's memory (blocks in use stay); nothing for a region
+  // pool.
   void ReleaseFreeMemory();
 
  private:
-  KvBlockPool(size_t row_bytes, const Options& options);
+  KvBlockPool(size_t row_bytes, const Options& options, const Region& region);
+  static absl::Status CheckOptions(size_t row_bytes, const Options& options);
   absl::Status Exhausted(int64_t n) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t row_bytes_;
@@ -118,6 +151,8 @@ class KvBlockPool {
   const size_t budget_bytes_;
   const int64_t capacity_blocks_;
   const bool retain_free_blocks_;
+  const Region region_;  // base null: blocks come from operator new
+  const bool host_accessible_;
 
   mutable absl::Mutex mu_;
   int64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;

@@ -110,6 +110,70 @@ TEST(KvBlockPool, UnlimitedPoolWithoutRetentionFreesBlocks) {
   EXPECT_EQ(pool->stats().peak_blocks_in_use, 100);
 }
 
+// A region pool (what a GPU backend makes over device memory; host memory
+// stands in here) hands out the region's own blocks, lowest first, maps
+// them back to block numbers, and never frees them.
+TEST(KvBlockPool, RegionPoolHandsOutTheRegionsBlocks) {
+  const size_t block = 2 * 32 * kRowBytes;
+  std::vector<uint8_t> memory(5 * block);
+  bool freed = false;
+  KvBlockPool::Region region;
+  region.base = memory.data();
+  region.blocks = 5;
+  region.owner = std::shared_ptr<void>(nullptr, [&](void*) { freed = true; });
+  KvBlockPool::Options o;
+  o.budget_bytes = 4 * block;    // the budget is below the region: 4 blocks
+  o.retain_free_blocks = false;  // ignored: region blocks are never freed
+  auto pool = KvBlockPool::CreateInRegion(kRowBytes, o, region);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  region.owner.reset();
+  EXPECT_FALSE((*pool)->host_accessible());
+  EXPECT_EQ((*pool)->capacity_blocks(), 4);
+  std::vector<uint8_t*> held;
+  for (int64_t i = 0; i < 4; ++i) {
+    auto b = (*pool)->Allocate();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(*b, memory.data() + i * block);
+    EXPECT_EQ((*pool)->BlockIndex(*b), i);
+    held.push_back(*b);
+  }
+  EXPECT_EQ((*pool)->Allocate().status().code(),
+            absl::StatusCode::kResourceExhausted);
+  (*pool)->Release(held[2]);
+  auto again = (*pool)->Allocate();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, held[2]);
+  EXPECT_EQ((*pool)->BlockIndex(memory.data() + 1), -1);  // not a block start
+  EXPECT_EQ((*pool)->BlockIndex(memory.data() + 5 * block), -1);  // past end
+  uint8_t elsewhere = 0;
+  EXPECT_EQ((*pool)->BlockIndex(&elsewhere), -1);
+  for (uint8_t* b : held) (*pool)->Release(b);
+  (*pool)->ReleaseFreeMemory();  // a no-op: the memory is the region's
+  EXPECT_EQ((*pool)->stats().free_list_blocks, 4);
+  EXPECT_FALSE(freed);
+  pool->reset();
+  EXPECT_TRUE(freed);  // the pool kept the region's owner until now
+
+  // A heap pool is host memory and has no block numbers.
+  auto heap = MakePool(32, 0);
+  EXPECT_TRUE(heap->host_accessible());
+  auto b = heap->Allocate();
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(heap->BlockIndex(*b), -1);
+  heap->Release(*b);
+}
+
+TEST(KvBlockPool, RegionPoolRefusesAnEmptyRegion) {
+  KvBlockPool::Region none;
+  EXPECT_EQ(KvBlockPool::CreateInRegion(kRowBytes, {}, none).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<uint8_t> memory(2 * 32 * kRowBytes);
+  KvBlockPool::Region zero;
+  zero.base = memory.data();
+  EXPECT_EQ(KvBlockPool::CreateInRegion(kRowBytes, {}, zero).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(KvBlockPool, ThreadsNeverExceedTheBudget) {
   constexpr int kThreads = 4, kCapacity = 10, kRounds = 2000;
   auto pool = MakePool(32, kCapacity * 2 * 32 * kRowBytes);

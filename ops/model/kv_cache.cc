@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -82,6 +84,7 @@ KvCache::KvCache(const KvCache& other)
       length_(other.length_),
       trims_past_windows_(other.trims_past_windows_),
       layers_(other.layers_) {
+  other.CheckHostAccess("copying a KvCache");
   const size_t bytes = pool_->block_bytes();
   for (LayerBlocks& l : layers_) {
     for (uint8_t*& b : l.blocks) {
@@ -283,14 +286,25 @@ void KvCache::Prepare(absl::Span<const int64_t> keep, int64_t length) {
   for (uint8_t* b : spare) pool_->Release(b);
 }
 
+void KvCache::CheckHostAccess(const char* what) const {
+  if (pool_->host_accessible()) return;
+  std::fprintf(stderr,
+               "kvd: %s: the cache's blocks are not host memory (a device "
+               "pool); only its backend may touch them\n",
+               what);
+  std::abort();
+}
+
 uint8_t* KvCache::Row(const LayerBlocks& l, int64_t position,
                       bool value) const {
+  CheckHostAccess("reading or writing K/V rows on the host");
   const int64_t r = position % block_rows_;
   return l.blocks[position / block_rows_] +
          (value ? block_rows_ + r : r) * row_bytes();
 }
 
 kernels::cpu::KvRows KvCache::Keys(int64_t layer) const {
+  CheckHostAccess("KvCache::Keys/Values");
   kernels::cpu::KvRows rows{type(), nullptr, row_size_};
   rows.blocks = layers_[layer].blocks.data();
   rows.block_rows = block_rows_;
@@ -298,6 +312,7 @@ kernels::cpu::KvRows KvCache::Keys(int64_t layer) const {
 }
 
 kernels::cpu::KvRows KvCache::Values(int64_t layer) const {
+  CheckHostAccess("KvCache::Keys/Values");
   kernels::cpu::KvRows rows = Keys(layer);
   rows.offset_bytes = block_rows_ * row_bytes();
   return rows;

@@ -64,7 +64,8 @@ class KvCache {
   static absl::StatusOr<KvCache> InPool(const ModelConfig& config,
                                         Precision precision, KvBlockPool* pool);
   // A deep copy in a private unlimited pool (a snapshot for tests and
-  // experiments: it never competes for the original's budget).
+  // experiments: it never competes for the original's budget). Host pools
+  // only: copying a cache whose blocks are device memory aborts.
   KvCache(const KvCache& other);
   KvCache& operator=(const KvCache& other);
   KvCache(KvCache&& other) noexcept;
@@ -121,6 +122,10 @@ class KvCache {
   int64_t BlocksToPrepare(absl::Span<const int64_t> keep, int64_t length) const;
   void Prepare(absl::Span<const int64_t> keep, int64_t length);
 
+  // Host access to the rows (Keys through MutableValueBytes) needs a pool
+  // whose blocks the host can touch (KvBlockPool::host_accessible); on any
+  // other pool they abort, naming the call: a backend bug, not bad input.
+  //
   // Rows of `layer` indexed by absolute position (row p is position p) through
   // the block table, the layout AttendCausalBlock reads; only rows in
   // [first_kept(layer), length()) may be read. Valid until the next call that
@@ -145,6 +150,19 @@ class KvCache {
   uint8_t* MutableKeyBytes(int64_t layer, int64_t position);
   uint8_t* MutableValueBytes(int64_t layer, int64_t position);
   size_t row_bytes() const { return row_size_ * elem_bytes_; }
+
+  // The block table of `layer`: entry i holds positions [i * block_rows,
+  // (i + 1) * block_rows), null below first_kept(layer) / block_rows. What a
+  // backend whose blocks the host cannot touch (a region pool in device
+  // memory) turns into its kernels' block numbers (KvBlockPool::BlockIndex).
+  // Valid until the next call that adds or releases blocks.
+  absl::Span<uint8_t* const> BlockTable(int64_t layer) const {
+    return layers_[layer].blocks;
+  }
+  // One past the last position whose block `layer` holds.
+  int64_t covered_end(int64_t layer) const {
+    return static_cast<int64_t>(layers_[layer].blocks.size()) * block_rows_;
+  }
 
   // Called by Model::Forward once every layer holds rows up to `length`.
   void SetLength(int64_t length) { length_ = length; }
@@ -172,6 +190,8 @@ class KvCache {
   void Grow(LayerBlocks& l, int64_t length, std::vector<uint8_t*>* spare);
   void ReleaseAll();
   uint8_t* Row(const LayerBlocks& l, int64_t position, bool value) const;
+  // Aborts unless the host may touch the pool's blocks.
+  void CheckHostAccess(const char* what) const;
   void Write(uint8_t* dst, const float* row);
   kernels::cpu::WeightType type() const;
 

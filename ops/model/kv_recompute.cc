@@ -469,4 +469,31 @@ void Model::AttendSelected(int64_t l, const SequenceStep& step, int64_t g,
   }
 }
 
+absl::Status Model::RecomputeKvIntoCache(int64_t layer, const float* residuals,
+                                         int64_t position, int64_t n,
+                                         KvCache* cache) const {
+  if (cache == nullptr || cache->precision() != precision_ ||
+      cache->n_layers() != config_.n_layers) {
+    return absl::InvalidArgumentError(
+        "RecomputeKvIntoCache: no cache, or one made for another model");
+  }
+  if (layer < 0 || layer >= config_.n_layers || n < 0 || position < 0 ||
+      position < cache->first_kept(layer) ||
+      position + n > cache->covered_end(layer)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RecomputeKvIntoCache: layer ", layer, " positions [", position, ", ",
+        position + n, ") are not rows the cache holds; reserve them first"));
+  }
+  if (n == 0) return absl::OkStatus();
+  std::vector<int64_t> positions(n);
+  for (int64_t i = 0; i < n; ++i) positions[i] = position + i;
+  Workspace::Recompute scratch;
+  const uint8_t* k_rows;
+  const uint8_t* v_rows;
+  RecomputeRows(layer, residuals, positions.data(), n, scratch, &k_rows,
+                &v_rows, pool_.get());
+  cache->WriteRows(layer, position, n, k_rows, v_rows);
+  return absl::OkStatus();
+}
+
 }  // namespace kvd::ops

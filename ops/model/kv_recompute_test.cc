@@ -173,6 +173,72 @@ TEST_P(TinyRecompute, RejectsBadArguments) {
       model->RecomputeKv(0, h.data(), &pos, 0, k.data(), v.data()).ok());
 }
 
+// The backend interface's form (model_backend.h) that the rebuild uses:
+// rows recomputed straight into a second cache's blocks, in pieces that
+// straddle blocks, equal the rows Forward cached, byte for byte.
+TEST_P(TinyRecompute, RecomputeIntoCacheWritesTheRowsForwardCached) {
+  auto model = Load();
+  const ModelConfig& c = model->config();
+  const int64_t n = 75;  // three blocks of 32, the last one partly used
+  const std::vector<int32_t> a = testing::RandomTokens(n, 6, c.vocab_size);
+  Recorder rec(c.d_model);
+  KvCache forward = model->NewCache();
+  forward.KeepRowsPastWindows();
+  SequenceStep step{&forward, a, LogitsMode::kLast, 0};
+  ForwardOutput out;
+  ASSERT_TRUE(model->Forward({&step, 1}, &out, &rec).ok());
+
+  KvCache rebuilt = model->NewCache();
+  rebuilt.KeepRowsPastWindows();
+  ASSERT_TRUE(rebuilt.Reserve(n).ok());
+  const ModelBackend& backend = *model;
+  const size_t rb = forward.row_bytes();
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    for (int64_t at = 0; at < n; at += 29) {
+      const int64_t m = std::min<int64_t>(29, n - at);
+      ASSERT_TRUE(
+          backend
+              .RecomputeKvIntoCache(l, rec.Rows(0, l).data() + at * c.d_model,
+                                    at, m, &rebuilt)
+              .ok());
+    }
+    int64_t differing = 0;
+    for (int64_t p = 0; p < n; ++p) {
+      differing +=
+          std::memcmp(forward.KeyBytes(l, p), rebuilt.KeyBytes(l, p), rb) != 0;
+      differing += std::memcmp(forward.ValueBytes(l, p),
+                               rebuilt.ValueBytes(l, p), rb) != 0;
+    }
+    EXPECT_EQ(differing, 0) << "layer " << l;
+  }
+  // The comparison can fail: one layer's residuals written into another.
+  ASSERT_TRUE(
+      backend.RecomputeKvIntoCache(0, rec.Rows(0, 1).data(), 0, n, &rebuilt)
+          .ok());
+  EXPECT_NE(std::memcmp(forward.KeyBytes(0, 5), rebuilt.KeyBytes(0, 5), rb), 0);
+}
+
+TEST_P(TinyRecompute, RecomputeIntoCacheRefusesRowsTheCacheDoesNotHold) {
+  auto model = Load();
+  const ModelConfig& c = model->config();
+  std::vector<float> h(40 * c.d_model, 0.25f);
+  KvCache cache = model->NewCache();
+  ASSERT_TRUE(cache.Reserve(32).ok());  // one block: positions [0, 32)
+  const auto code = [&](int64_t layer, int64_t position, int64_t n,
+                        KvCache* target) {
+    return model->RecomputeKvIntoCache(layer, h.data(), position, n, target)
+        .code();
+  };
+  EXPECT_EQ(code(0, 0, 32, &cache), absl::StatusCode::kOk);
+  EXPECT_EQ(code(0, 0, 33, &cache), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(0, -1, 1, &cache), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(c.n_layers, 0, 1, &cache), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(0, 0, 1, nullptr), absl::StatusCode::kInvalidArgument);
+  cache.SetLength(32);
+  cache.DropBelow(0, 32);  // layer 0 no longer holds [0, 32)
+  EXPECT_EQ(code(0, 0, 1, &cache), absl::StatusCode::kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, TinyRecompute,
                          ::testing::ValuesIn(testing::AllFamilyCases()),
                          testing::FamilyCaseName);

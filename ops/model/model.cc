@@ -51,12 +51,6 @@ const std::vector<float>& Model::Workspace::RopeTable(float base) {
   return rope.back().second;
 }
 
-const float* ForwardOutput::Logits(size_t seq, int64_t row) const {
-  if (seq >= first_row.size() || first_row[seq] < 0) return nullptr;
-  const int64_t r = row < 0 ? num_rows[seq] - 1 : row;
-  return logits.data() + (first_row[seq] + r) * vocab_size;
-}
-
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
                                                    const LoadOptions& options) {
   std::error_code is_dir_error;
@@ -86,56 +80,40 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
   return m;
 }
 
-absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
-                            ForwardOutput* out, ResidualObserver* observer,
-                            ResidualPatcher* patcher) const {
+absl::StatusOr<KvCache> Model::NewCache(KvBlockPool* pool) const {
+  if (pool != nullptr && !pool->host_accessible()) {
+    return absl::InvalidArgumentError(
+        "the CPU backend cannot use a K/V pool in device memory; make the "
+        "pool with this model's NewBlockPool");
+  }
+  return KvCache::InPool(config_, precision_, pool);
+}
+
+absl::Status Model::RunForward(absl::Span<const SequenceStep> batch,
+                               ForwardOutput* out, ResidualObserver* observer,
+                               ResidualPatcher* patcher) const {
   const ModelConfig& c = config_;
-  // Validate everything before touching any cache.
-  int64_t total = 0;
-  for (size_t s = 0; s < batch.size(); ++s) {
-    const SequenceStep& step = batch[s];
-    if (step.cache == nullptr)
-      return absl::InvalidArgumentError("sequence without a K/V cache");
-    if (step.cache->precision() != precision_ ||
-        step.cache->n_layers() != c.n_layers) {
-      return absl::FailedPreconditionError(
-          "K/V cache was made for another model or precision");
-    }
-    for (int32_t t : step.tokens) {
-      if (t < 0 || t >= c.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "token id ", t, " out of range [0, ", c.vocab_size, ")"));
-      }
-    }
-    if (step.kv_source != nullptr) {
-      KVD_RETURN_IF_ERROR(
-          step.kv_source->Check(c.n_layers, step.cache->length()));
+  for (const SequenceStep& step : batch) {
+    if (step.cache == nullptr) continue;  // PrepareStepCaches refuses it
+    if (!step.cache->pool()->host_accessible()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", step.sequence_id,
+          ": its K/V cache lives in device memory; the CPU backend cannot "
+          "run it"));
     }
     KVD_RETURN_IF_ERROR(CheckKeySelection(step));
-    KVD_RETURN_IF_ERROR(CheckKeptRows(step));
-    const int64_t end =
-        step.cache->length() + static_cast<int64_t>(step.tokens.size());
-    if (end > c.context_length) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", step.sequence_id, " would reach ", end,
-          " tokens, beyond the model's context length of ", c.context_length));
-    }
-    total += step.tokens.size();
   }
-
   // Every block the step needs is reserved before any cache changes, so an
   // exhausted pool fails the whole step cleanly.
-  std::vector<std::vector<int64_t>> keep(batch.size());
-  for (size_t s = 0; s < batch.size(); ++s) keep[s] = KeepBegins(batch[s]);
-  KVD_RETURN_IF_ERROR(ReserveBlocks(batch, keep));
+  KVD_ASSIGN_OR_RETURN(const int64_t total,
+                       PrepareStepCaches(c, precision_, batch));
 
   // Flatten the batch: row r is token row_pos[r] of sequence row_seq[r].
+  // Prepare has grown the caches; their lengths are still the old ones.
   std::vector<int64_t> row_seq, row_pos;
   row_seq.reserve(total);
   row_pos.reserve(total);
   for (size_t s = 0; s < batch.size(); ++s) {
-    batch[s].cache->Prepare(keep[s],
-                            batch[s].cache->length() + batch[s].tokens.size());
     for (size_t i = 0; i < batch[s].tokens.size(); ++i) {
       row_seq.push_back(s);
       row_pos.push_back(batch[s].cache->length() + i);
@@ -166,23 +144,7 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
   }
 
   // Logits for the rows that want them.
-  out->vocab_size = c.vocab_size;
-  out->first_row.assign(batch.size(), -1);
-  out->num_rows.assign(batch.size(), 0);
-  std::vector<int64_t> rows;
-  {
-    int64_t r = 0;
-    for (size_t s = 0; s < batch.size(); ++s) {
-      const int64_t n = batch[s].tokens.size();
-      if (n > 0 && batch[s].logits != LogitsMode::kNone) {
-        out->first_row[s] = rows.size();
-        const int64_t first = batch[s].logits == LogitsMode::kAll ? 0 : n - 1;
-        for (int64_t i = first; i < n; ++i) rows.push_back(r + i);
-        out->num_rows[s] = n - first;
-      }
-      r += n;
-    }
-  }
+  const std::vector<int64_t> rows = SelectLogitRows(batch, c.vocab_size, out);
   std::vector<float> normed(rows.size() * c.d_model);
   for (size_t i = 0; i < rows.size(); ++i) {
     cpu::RmsNorm(h.data() + rows[i] * c.d_model, weights_.output_norm.data(),
@@ -192,77 +154,6 @@ absl::Status Model::Forward(absl::Span<const SequenceStep> batch,
   cpu::Gemm(normed.data(), rows.size(), c.d_model,
             weights_.output_matrix().view(), out->logits.data(), c.vocab_size,
             pool_.get());
-  return absl::OkStatus();
-}
-
-absl::Status Model::CheckKeptRows(const SequenceStep& step) const {
-  const KvCache& cache = *step.cache;
-  for (int64_t l = 0; l < config_.n_layers; ++l) {
-    // Without a KvSource attention reads every row its window reaches; with
-    // one, rows from HotBegin on. A local layer never reads below its window.
-    int64_t needed = step.kv_source == nullptr
-                         ? 0
-                         : std::min(step.kv_source->HotBegin(l, cache.length()),
-                                    cache.length());
-    needed = std::max(
-        needed, WindowStart(config_.layers[l].sliding_window, cache.length()));
-    if (cache.first_kept(l) > needed) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "sequence ", step.sequence_id, ": layer ", l,
-          " needs K/V rows from position ", needed,
-          " but the cache dropped them below ", cache.first_kept(l),
-          step.kv_source == nullptr
-              ? "; attach the KvSource the rows were dropped for"
-              : "; a larger hot window needs a rebuild "
-                "(ops/kvdirect/rebuild.h)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-std::vector<int64_t> Model::KeepBegins(const SequenceStep& step) const {
-  const KvCache& cache = *step.cache;
-  const int64_t length = cache.length();
-  // Rows below the KvSource's hot window, and a local layer's rows below its
-  // window, are never read again, so they are freed.
-  std::vector<int64_t> keep(config_.n_layers, 0);
-  for (int64_t l = 0; l < config_.n_layers; ++l) {
-    if (step.kv_source != nullptr)
-      keep[l] = step.kv_source->HotBegin(l, length);
-    if (cache.trims_past_windows()) {
-      keep[l] = std::max(keep[l],
-                         WindowStart(config_.layers[l].sliding_window, length));
-    }
-  }
-  return keep;
-}
-
-absl::Status Model::ReserveBlocks(
-    absl::Span<const SequenceStep> batch,
-    const std::vector<std::vector<int64_t>>& keep) const {
-  // Per pool, in first-seen order; caches of one pool reserve together.
-  std::vector<std::pair<KvBlockPool*, int64_t>> need;
-  for (size_t s = 0; s < batch.size(); ++s) {
-    const KvCache& cache = *batch[s].cache;
-    const int64_t n = cache.BlocksToPrepare(
-        keep[s], cache.length() + static_cast<int64_t>(batch[s].tokens.size()));
-    auto it = std::find_if(need.begin(), need.end(), [&](const auto& p) {
-      return p.first == cache.pool();
-    });
-    if (it == need.end()) {
-      need.emplace_back(cache.pool(), n);
-    } else {
-      it->second += n;
-    }
-  }
-  for (size_t i = 0; i < need.size(); ++i) {
-    if (absl::Status s = need[i].first->Reserve(need[i].second); !s.ok()) {
-      for (size_t j = 0; j < i; ++j) need[j].first->Unreserve(need[j].second);
-      return absl::ResourceExhaustedError(
-          absl::StrCat("forward step of ", batch.size(), " sequence(s) needs ",
-                       need[i].second, " more K/V blocks: ", s.message()));
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -295,10 +186,11 @@ void Model::RunLayers(int64_t first, int64_t end,
   }
 }
 
-absl::Status Model::ForwardLayers(KvCache* cache, int64_t position, int64_t n,
-                                  int64_t first_layer, int64_t end_layer,
-                                  float* h, ResidualObserver* observer,
-                                  int64_t sequence_id) const {
+absl::Status Model::RunForwardLayers(KvCache* cache, int64_t position,
+                                     int64_t n, int64_t first_layer,
+                                     int64_t end_layer, float* h,
+                                     ResidualObserver* observer,
+                                     int64_t sequence_id) const {
   const ModelConfig& c = config_;
   if (cache == nullptr || h == nullptr)
     return absl::InvalidArgumentError("ForwardLayers: null cache or residuals");

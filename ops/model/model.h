@@ -33,109 +33,11 @@
 #include "kernels/cpu/thread_pool.h"
 #include "ops/gguf/gguf_file.h"
 #include "ops/model/kv_cache.h"
+#include "ops/model/model_backend.h"
 #include "ops/model/model_config.h"
 #include "ops/model/weights.h"
 
 namespace kvd::ops {
-
-enum class LogitsMode { kNone, kLast, kAll };
-
-// KV-Direct bounded-memory attention: where a sequence's K/V older than its
-// hot window come from. Attention reads cache rows only at positions >=
-// HotBegin; a canonical chunk that reaches below it is rebuilt whole into a
-// bounded scratch buffer (each layer's cold rows are recomputed once per step
-// for all heads, in rounds of at most kRecomputeRows rows shared by the
-// batch's sequences), older rows from these residuals, so the chunk folds
-// into the online softmax exactly as the cached one would.
-// Forward frees the cache rows below HotBegin before the step (the hot window
-// is real memory), so HotBegin must not move backwards for a cache.
-// Called concurrently from attention tasks: the const methods must be safe to
-// call from several threads at once.
-class KvSource {
- public:
-  virtual ~KvSource() = default;
-  // First position of `layer` whose cache rows are kept, given the cache's
-  // length before this step (<= that length: this step's rows stay hot).
-  virtual int64_t HotBegin(int64_t layer, int64_t cache_length) const = 0;
-  // OK if every position below HotBegin can be served at every layer; Forward
-  // calls it before touching any cache.
-  virtual absl::Status Check(int64_t n_layers, int64_t cache_length) const = 0;
-  // Residuals entering `layer` at positions [first, first + n), fp32, into out
-  // (n x d_model). Only asked for what Check promised.
-  virtual void ReadResiduals(int64_t layer, int64_t first, int64_t n,
-                             float* out) const = 0;
-};
-
-// Experiment-only: the eviction baselines KV-Direct is measured against
-// (ops/kvdirect/eviction.h; the product never evicts lossily). Restricts
-// which cached positions attention visits, per layer and K/V head, and can
-// report the softmax weights the score-based baselines (H2O, TOVA, SnapKV)
-// rank keys by. A query attends to the kept positions that its sliding window
-// (if any) reaches, then to the step's own positions up to itself, grouped by
-// canonical chunk: with every position kept the result is bit-identical to
-// attention without a selection. Methods are called concurrently from
-// attention tasks.
-class KeySelection {
- public:
-  virtual ~KeySelection() = default;
-  // Positions below `cache_length` (the cache's length before the step) that
-  // K/V head `kv_head` of `layer` attends to: strictly ascending, valid until
-  // the step ends. Forward refuses the step (INVALID_ARGUMENT) otherwise.
-  virtual absl::Span<const int64_t> KeptKeys(int64_t layer, int64_t kv_head,
-                                             int64_t cache_length) const = 0;
-  // Whether OnWeights should be called (it costs a second pass over the keys).
-  virtual bool WantsWeights() const { return false; }
-  // Softmax weights of the query at `position`: weights[i * keys.size() + j]
-  // for query head i of the K/V head's group and key position keys[j]. Called
-  // from several threads at once (different heads and query blocks).
-  virtual void OnWeights(int64_t layer, int64_t kv_head, int64_t position,
-                         absl::Span<const int64_t> keys, const float* weights) {
-  }
-};
-
-struct SequenceStep {
-  KvCache* cache = nullptr;
-  // New tokens, at positions cache->length() onwards.
-  absl::Span<const int32_t> tokens;
-  LogitsMode logits = LogitsMode::kLast;
-  int64_t sequence_id = 0;              // passed to the ResidualObserver
-  const KvSource* kv_source = nullptr;  // null: every cached row is hot
-  // Experiment-only (eviction baselines); not with a kv_source.
-  KeySelection* key_selection = nullptr;
-};
-
-struct ForwardOutput {
-  int64_t vocab_size = 0;
-  std::vector<float> logits;       // rows x vocab_size
-  std::vector<int64_t> first_row;  // per sequence: first row (-1 if none)
-  std::vector<int64_t> num_rows;   // per sequence: how many rows
-  // Row `row` of sequence `seq` (-1: its last row).
-  const float* Logits(size_t seq, int64_t row = -1) const;
-};
-
-class ResidualObserver {
- public:
-  virtual ~ResidualObserver() = default;
-  // `residual` (d_model fp32 values; in the bf16 mode exactly
-  // bf16-representable) is the input of `layer` for the token at `position` of
-  // sequence `sequence_id`. layer == n_layers is the final residual (input of
-  // the output norm).
-  virtual void OnResidual(int64_t sequence_id, int64_t layer, int64_t position,
-                          const float* residual) = 0;
-};
-
-// Overwrites residuals as they enter a layer, before the ResidualObserver sees
-// them: the "residual patching" experiment of the KV-Direct paper (replace
-// every position's residual entering layer l with another prompt's and the
-// output must become that prompt's exactly). Also the entry point for resuming
-// from a checkpointed residual.
-class ResidualPatcher {
- public:
-  virtual ~ResidualPatcher() = default;
-  // May modify `residual` (d_model values) in place.
-  virtual void Patch(int64_t sequence_id, int64_t layer, int64_t position,
-                     float* residual) = 0;
-};
 
 struct LoadOptions {
   Precision precision = Precision::kF32;
@@ -143,7 +45,7 @@ struct LoadOptions {
   std::function<void(int done, int total)> progress;
 };
 
-class Model {
+class Model final : public ModelBackend {
  public:
   static absl::StatusOr<std::unique_ptr<Model>> Load(
       const std::string& path, const LoadOptions& options);
@@ -152,8 +54,9 @@ class Model {
   static absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(
       const std::string& dir, const LoadOptions& options);
 
-  const ModelConfig& config() const { return config_; }
-  Precision precision() const { return precision_; }
+  const char* backend_name() const override { return "cpu"; }
+  const ModelConfig& config() const override { return config_; }
+  Precision precision() const override { return precision_; }
   // The GGUF file the model came from (none for Hugging Face checkpoints).
   bool has_gguf() const { return file_ != nullptr; }
   const GgufFile& file() const { return *file_; }
@@ -164,40 +67,18 @@ class Model {
   KvCache NewCache() const { return KvCache(config_, precision_); }
   // A cache drawing from `pool` (shared with other caches, must outlive
   // them). INVALID_ARGUMENT if the pool was made for other rows.
-  absl::StatusOr<KvCache> NewCache(KvBlockPool* pool) const {
-    return KvCache::InPool(config_, precision_, pool);
-  }
+  // INVALID_ARGUMENT also for a pool in memory the host cannot touch
+  // (another backend's).
+  absl::StatusOr<KvCache> NewCache(KvBlockPool* pool) const override;
   // A block pool whose rows fit this model's caches.
   absl::StatusOr<std::unique_ptr<KvBlockPool>> NewBlockPool(
-      const KvBlockPool::Options& options) const {
+      const KvBlockPool::Options& options) const override {
     return KvBlockPool::Create(KvCache::RowBytes(config_, precision_), options);
   }
 
-  // Runs one step over `batch`. INVALID_ARGUMENT for out-of-range token ids or
-  // a sequence that would exceed the context length, RESOURCE_EXHAUSTED when
-  // a cache's block pool cannot hold the step's rows; nothing is written to
-  // any cache in those cases.
-  absl::Status Forward(absl::Span<const SequenceStep> batch, ForwardOutput* out,
-                       ResidualObserver* observer = nullptr,
-                       ResidualPatcher* patcher = nullptr) const;
-
-  // A partial forward pass, what a stride:k rebuild runs for one segment:
-  // layers [first_layer, end_layer) for `n` tokens of one sequence at
-  // positions [position, position + n), whose residuals entering first_layer
-  // are `h` (n x d_model, exactly as the ResidualObserver saw them). On return
-  // `h` holds the residuals entering end_layer. Writes those layers' K/V rows
-  // into `cache` at those positions; their rows below `position` must be
-  // there (run front to back). cache->length() is left alone. The observer
-  // sees the residual entering each layer of the range (and the final one if
-  // end_layer == n_layers). Runs Forward's own layer code, so rows and
-  // residuals are bit-identical to Forward's. INVALID_ARGUMENT for a bad
-  // range, FAILED_PRECONDITION if the layers dropped rows, RESOURCE_EXHAUSTED
-  // if the cache's block pool is full (rows are then unwritten, though
-  // earlier layers of the range may hold blocks for them: reset the cache).
-  absl::Status ForwardLayers(KvCache* cache, int64_t position, int64_t n,
-                             int64_t first_layer, int64_t end_layer, float* h,
-                             ResidualObserver* observer = nullptr,
-                             int64_t sequence_id = 0) const;
+  // Forward and ForwardLayers (model_backend.h) run Forward's layer code on
+  // the CPU kernels; ForwardLayers runs the same code a full step does, so
+  // its rows and residuals are bit-identical to Forward's.
 
   // KV-Direct: rebuilds layer `layer`'s K and V rows for `n` tokens from their
   // residuals entering that layer (`residuals`: n x d_model values exactly as
@@ -211,6 +92,20 @@ class Model {
                            const int64_t* positions, int64_t n, uint8_t* k_out,
                            uint8_t* v_out,
                            kernels::cpu::ThreadPool* pool = nullptr) const;
+
+  // RecomputeKv into the cache's rows (model_backend.h).
+  absl::Status RecomputeKvIntoCache(int64_t layer, const float* residuals,
+                                    int64_t position, int64_t n,
+                                    KvCache* cache) const override;
+
+ protected:
+  absl::Status RunForward(absl::Span<const SequenceStep> batch,
+                          ForwardOutput* out, ResidualObserver* observer,
+                          ResidualPatcher* patcher) const override;
+  absl::Status RunForwardLayers(KvCache* cache, int64_t position, int64_t n,
+                                int64_t first_layer, int64_t end_layer,
+                                float* h, ResidualObserver* observer,
+                                int64_t sequence_id) const override;
 
  private:
   Model() = default;
@@ -264,17 +159,6 @@ class Model {
   // INVALID_ARGUMENT if the KeySelection's kept positions are not ascending
   // cached positions, or it is combined with a KvSource.
   absl::Status CheckKeySelection(const SequenceStep& step) const;
-  // FAILED_PRECONDITION if attention would need rows the cache dropped.
-  absl::Status CheckKeptRows(const SequenceStep& step) const;
-  // Per layer, the first position the step's cache keeps: rows below the
-  // KvSource's hot window and below a local layer's window are released.
-  std::vector<int64_t> KeepBegins(const SequenceStep& step) const;
-  // Reserves, per block pool, the blocks every cache of the batch needs for
-  // the step (KvCache::BlocksToPrepare), all or nothing: RESOURCE_EXHAUSTED
-  // with no reservation held otherwise.
-  absl::Status ReserveBlocks(
-      absl::Span<const SequenceStep> batch,
-      const std::vector<std::vector<int64_t>>& keep) const;
   // Layers [first, end) over the flattened rows, with the patcher and
   // observer hooks at each layer's input.
   void RunLayers(int64_t first, int64_t end,

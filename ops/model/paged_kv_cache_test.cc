@@ -275,6 +275,51 @@ TEST(PagedKvCacheOptions, PoolMustFitTheModelsRows) {
   EXPECT_THAT(cache.status().message(), HasSubstr("one pool per model"));
 }
 
+// A cache over a pool in memory the host cannot touch (a GPU backend's
+// device slab; host memory stands in for it here, flagged not host
+// accessible) keeps its block tables on the host, in the region's block
+// numbers, but the CPU backend refuses it and host row access aborts.
+TEST(PagedKvCacheOptions, DevicePoolCachesAreBookkeepingOnlyOnTheHost) {
+  auto model = testing::LoadTinyModel({}, Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config();
+  const size_t row_bytes = KvCache::RowBytes(c, Precision::kF32);
+  const int64_t blocks = 4 * c.n_layers;
+  std::vector<uint8_t> memory(blocks * 2 * 32 * row_bytes);
+  KvBlockPool::Region region;
+  region.base = memory.data();
+  region.blocks = blocks;
+  auto pool = KvBlockPool::CreateInRegion(row_bytes, {}, region);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+
+  EXPECT_EQ((*model)->NewCache(pool->get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto cache = KvCache::InPool(c, Precision::kF32, pool->get());
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  ASSERT_TRUE(cache->Reserve(40).ok());  // two blocks per layer
+  std::vector<int64_t> numbers;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    ASSERT_EQ(cache->BlockTable(l).size(), 2u);
+    EXPECT_EQ(cache->covered_end(l), 64);
+    for (uint8_t* b : cache->BlockTable(l))
+      numbers.push_back((*pool)->BlockIndex(b));
+  }
+  std::sort(numbers.begin(), numbers.end());
+  std::vector<int64_t> expected(2 * c.n_layers);
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] = i;
+  EXPECT_EQ(numbers, expected);  // distinct blocks, lowest first
+
+  const std::vector<int32_t> t = {1, 2, 3};
+  const SequenceStep step{&*cache, t, LogitsMode::kLast, 7};
+  ForwardOutput out;
+  const absl::Status refused = (*model)->Forward({&step, 1}, &out);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("device memory"));
+  EXPECT_EQ(cache->length(), 0);
+  EXPECT_DEATH(cache->KeyBytes(0, 0), "not host memory");
+  EXPECT_DEATH({ KvCache copy = *cache; }, "not host memory");
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, PagedKvCache,
                          ::testing::ValuesIn(testing::AllFamilyCases()),
                          testing::FamilyCaseName);
