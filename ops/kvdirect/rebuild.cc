@@ -26,7 +26,7 @@ class Units {
   bool started_ = false;
 };
 
-absl::Status CheckStore(const ResidualStore& store, const Model& model,
+absl::Status CheckStore(const ResidualStore& store, const ModelBackend& model,
                         int64_t sequence_id, absl::Span<const int64_t> layers,
                         int64_t length, const char* what) {
   const ModelConfig& c = model.config();
@@ -56,7 +56,7 @@ absl::Status CheckStore(const ResidualStore& store, const Model& model,
 // First position of layer l a rebuilt cache keeps: the hot window's start,
 // or a local layer's window start if later (older rows are never read again;
 // a cache that keeps rows past windows gets them all).
-int64_t KeepBegin(const Model& model, const KvCache& cache, int64_t l,
+int64_t KeepBegin(const ModelBackend& model, const KvCache& cache, int64_t l,
                   int64_t hot, int64_t length) {
   if (!cache.trims_past_windows()) return hot;
   return std::max(hot,
@@ -64,13 +64,11 @@ int64_t KeepBegin(const Model& model, const KvCache& cache, int64_t l,
 }
 
 // kv-direct: one projection per layer for the kept positions only.
-absl::Status RecomputeHot(const Model& model, const RebuildSpec& spec,
+absl::Status RecomputeHot(const ModelBackend& model, const RebuildSpec& spec,
                           int64_t hot, int64_t length, KvCache* cache,
                           Units& units) {
   const ModelConfig& c = model.config();
   std::vector<float> h;
-  std::vector<int64_t> positions;
-  std::vector<uint8_t> k_rows, v_rows;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const int64_t first = KeepBegin(model, *cache, l, hot, length);
     if (first < length &&
@@ -86,18 +84,11 @@ absl::Status RecomputeHot(const Model& model, const RebuildSpec& spec,
       units.Next();
       const int64_t n = std::min(spec.block, length - p);
       h.resize(n * c.d_model);
-      positions.resize(n);
-      k_rows.resize(n * cache->row_bytes());
-      v_rows.resize(n * cache->row_bytes());
-      for (int64_t i = 0; i < n; ++i) positions[i] = p + i;
       KVD_RETURN_IF_ERROR(
           spec.checkpoint->ReadRows(spec.sequence_id, l, p, n, h.data()));
-      // One projection for the whole segment, then stored block by block
-      // (cache rows are consecutive only within a block).
-      KVD_RETURN_IF_ERROR(model.RecomputeKv(l, h.data(), positions.data(), n,
-                                            k_rows.data(), v_rows.data(),
-                                            model.pool()));
-      cache->WriteRows(l, p, n, k_rows.data(), v_rows.data());
+      // Positions [p, p + n), whose blocks ReserveLayer took above: the
+      // backend writes the rows wherever its blocks live.
+      KVD_RETURN_IF_ERROR(model.RecomputeKvIntoCache(l, h.data(), p, n, cache));
     }
   }
   return absl::OkStatus();
@@ -111,7 +102,7 @@ absl::Status RecomputeHot(const Model& model, const RebuildSpec& spec,
 // dropped (and trimmed from `cold`) before anyone reads them. Each segment
 // needs all its layers' rows while it runs; they shrink to what is kept
 // before the next segment starts.
-absl::Status PrefillSegments(const Model& model, const RebuildSpec& spec,
+absl::Status PrefillSegments(const ModelBackend& model, const RebuildSpec& spec,
                              int64_t hot, int64_t length, KvCache* cache,
                              ResidualStore* cold, Units& units) {
   const ModelConfig& c = model.config();
@@ -150,9 +141,9 @@ absl::Status PrefillSegments(const Model& model, const RebuildSpec& spec,
 
 // tokens: a re-prefill (Forward drops local layers' rows past their windows
 // as it goes).
-absl::Status Prefill(const Model& model, const RebuildSpec& spec, int64_t hot,
-                     int64_t length, KvCache* cache, ResidualStore* cold,
-                     Units& units) {
+absl::Status Prefill(const ModelBackend& model, const RebuildSpec& spec,
+                     int64_t hot, int64_t length, KvCache* cache,
+                     ResidualStore* cold, Units& units) {
   ForwardOutput out;
   for (int64_t p = 0; p < length; p += spec.block) {
     units.Next();
@@ -168,7 +159,7 @@ absl::Status Prefill(const Model& model, const RebuildSpec& spec, int64_t hot,
 
 }  // namespace
 
-absl::Status RebuildKv(const Model& model, const RebuildSpec& spec,
+absl::Status RebuildKv(const ModelBackend& model, const RebuildSpec& spec,
                        KvCache* cache, ResidualStore* cold_residuals) {
   const ModelConfig& c = model.config();
   const int64_t length = spec.tokens.size();

@@ -5,9 +5,9 @@
 // RebuildKv fills a fresh KvCache with the K/V of the last `budget` positions
 // (or all), bit-identical to the rows the uninterrupted forward pass cached,
 // so decoding continues with bit-identical logits:
-//   kv-direct  one projection per layer (Model::RecomputeKv) for the hot
+//   kv-direct  one projection per layer (RecomputeKvIntoCache) for the hot
 //              positions only; the checkpoint keeps serving the cold ones.
-//   stride:k   per segment [s, s + k): a partial prefill (Model::ForwardLayers)
+//   stride:k   per segment [s, s + k): a partial prefill (ForwardLayers)
 //              of the segment's layers over every token, starting from the
 //              residuals checkpointed at layer s.
 //   tokens     a re-prefill from the token ids.
@@ -16,21 +16,26 @@
 // attention needs the cold K/V, and their intermediate layers' residuals are
 // not in the checkpoint. The session then decodes as kv-direct.
 //
+// The rebuild drives the model only through ModelBackend (model_backend.h)
+// and never touches the cache's rows itself, so it runs unchanged on a
+// backend whose blocks live in device memory.
+//
+//   const ModelBackend& backend = *model;   // CPU Model or a GPU backend
 //   RebuildSpec spec{.policy = policy, .tokens = ids, .checkpoint = &store,
 //                    .sequence_id = 7, .budget = 64};
-//   KvCache cache = model->NewCache();
+//   KVD_ASSIGN_OR_RETURN(KvCache cache, backend.NewCache(pool));
 //   ResidualStore cold(config, precision, CheckpointLayers(kv_direct, L));
-//   KVD_RETURN_IF_ERROR(RebuildKv(*model, spec, &cache, &cold));
+//   KVD_RETURN_IF_ERROR(RebuildKv(backend, spec, &cache, &cold));
 //   ResidualKvSource source(&cold, 7, 64);   // &store for kv-direct
 //   SequenceStep step{&cache, next, LogitsMode::kLast, 7, &source};
-//   KVD_RETURN_IF_ERROR(model->Forward({&step, 1}, &out, &cold));
+//   KVD_RETURN_IF_ERROR(backend.Forward({&step, 1}, &out, &cold));
 //
 // A caller that shares the model with others (the engine's batch) sets
 // `between_units`: the rebuild calls it between bounded units of work, where
 // the caller may let other work use the model before the rebuild goes on.
 //
-// Thread-safety: uses the model's thread pool; one rebuild per cache and
-// store at a time.
+// Thread-safety: runs on the backend's compute (the CPU Model's thread
+// pool); one rebuild per cache and store at a time.
 #ifndef KVD_OPS_KVDIRECT_REBUILD_H_
 #define KVD_OPS_KVDIRECT_REBUILD_H_
 
@@ -42,7 +47,8 @@
 #include "ops/kvdirect/checkpoint_policy.h"
 #include "ops/kvdirect/residual_kv_source.h"
 #include "ops/kvdirect/residual_store.h"
-#include "ops/model/model.h"
+#include "ops/model/kv_cache.h"
+#include "ops/model/model_backend.h"
 
 namespace kvd::ops {
 
@@ -80,7 +86,7 @@ struct RebuildSpec {
 // otherwise it may be null and is not touched. INVALID_ARGUMENT for policy kv,
 // a bad budget or block, or a missing/unsuitable store; FAILED_PRECONDITION if
 // the checkpoint lacks a layer or positions, or does not belong to this model.
-absl::Status RebuildKv(const Model& model, const RebuildSpec& spec,
+absl::Status RebuildKv(const ModelBackend& model, const RebuildSpec& spec,
                        KvCache* cache, ResidualStore* cold_residuals);
 
 }  // namespace kvd::ops

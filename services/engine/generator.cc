@@ -28,7 +28,7 @@ void GenerateDelta::Append(GenerateDelta&& next) {
                   std::make_move_iterator(next.logprobs.end()));
 }
 
-absl::StatusOr<GenerateResult> Generate(const ops::Model& model,
+absl::StatusOr<GenerateResult> Generate(const ops::ModelBackend& model,
                                         const ops::Tokenizer& tokenizer,
                                         const GenerateRequest& request,
                                         ops::KvCache* cache,

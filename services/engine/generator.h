@@ -8,13 +8,17 @@
 //
 //   GenerateRequest req;
 //   req.prompt = tokenizer.Encode(text, /*add_special=*/true,
-//   /*parse_special=*/true); KvCache cache = model.NewCache();
-//   KVD_ASSIGN_OR_RETURN(GenerateResult r,
-//                        Generate(model, tokenizer, req, &cache,
-//                                 [](std::string_view s) { std::cout << s <<
-//                                 std::flush; }));
+//                                 /*parse_special=*/true);
+//   KvCache cache = model->NewCache();
+//   KVD_ASSIGN_OR_RETURN(
+//       GenerateResult r,
+//       Generate(*model, tokenizer, req, &cache, [](std::string_view s) {
+//         std::cout << s << std::flush;
+//       }));
 //
-// Thread-safety: one call per cache; the model and tokenizer may be shared.
+// The model is any ops::ModelBackend (model_backend.h), driven only through
+// Forward. Thread-safety: one call per cache; the model and tokenizer may be
+// shared.
 #ifndef KVD_SERVICES_ENGINE_GENERATOR_H_
 #define KVD_SERVICES_ENGINE_GENERATOR_H_
 
@@ -28,7 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "ops/model/model.h"
+#include "ops/model/model_backend.h"
 #include "ops/sampler/sampler.h"
 #include "ops/tokenizer/tokenizer.h"
 
@@ -142,7 +146,7 @@ class DeltaCallback {
   std::function<void(const GenerateDelta&)> fn_;
 };
 
-absl::StatusOr<GenerateResult> Generate(const ops::Model& model,
+absl::StatusOr<GenerateResult> Generate(const ops::ModelBackend& model,
                                         const ops::Tokenizer& tokenizer,
                                         const GenerateRequest& request,
                                         ops::KvCache* cache,

@@ -55,7 +55,7 @@ struct Scheduler::Job {
   GenerateResult result ABSL_GUARDED_BY(mu);
 };
 
-Scheduler::Scheduler(const ops::Model& model, SchedulerOptions options)
+Scheduler::Scheduler(const ops::ModelBackend& model, SchedulerOptions options)
     : model_(model), options_(options) {
   thread_ = std::thread([this] { Loop(); });
 }

@@ -24,19 +24,19 @@
 // RESOURCE_EXHAUSTED; the refused Forward wrote nothing, so the others
 // continue bit-identically.
 //
-//   Scheduler scheduler(model, {.max_running = 16});
-//   KvCache cache = model.NewCache();
+//   Scheduler scheduler(backend, {.max_running = 16});
+//   KVD_ASSIGN_OR_RETURN(KvCache cache, backend.NewCache(pool));
 //   KVD_ASSIGN_OR_RETURN(GenerateResult r,
 //                        scheduler.Run(tokenizer, request, &cache, on_delta));
 //
 // Threads: Run blocks its caller until the sequence finishes; `on_delta` is
 // called on the caller's thread (a slow client never stalls the batch), while
 // the request's `on_logits` and `cancelled` are called on the scheduler thread
-// and must be quick. Any other use of the model's thread pool (restoring a
-// session) must hold model_mutex(), which the scheduler holds while Forward
-// runs, only for a bounded unit of work at a time: between units it releases
-// the mutex and calls WaitForNextStep(), so running sequences keep decoding
-// while a long restore proceeds:
+// and must be quick. Any other use of the model (restoring a session) must
+// hold model_mutex(), which the scheduler holds while Forward runs, only for a
+// bounded unit of work at a time: between units it releases the mutex and calls
+// WaitForNextStep(), so running sequences keep decoding while a long restore
+// proceeds:
 //   for (each unit) {
 //     { absl::MutexLock lock(scheduler.model_mutex()); RunUnit(); }
 //     scheduler.WaitForNextStep();
@@ -58,7 +58,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "ops/model/model.h"
+#include "ops/model/model_backend.h"
 #include "ops/tokenizer/tokenizer.h"
 #include "services/engine/generator.h"
 
@@ -106,7 +106,7 @@ struct SchedulerStats {
 class Scheduler {
  public:
   // The model must outlive the scheduler. Starts the scheduler thread.
-  Scheduler(const ops::Model& model, SchedulerOptions options);
+  Scheduler(const ops::ModelBackend& model, SchedulerOptions options);
   // Stops the thread; sequences still queued or running end with
   // UNAVAILABLE (callers of Run must not outlive the scheduler).
   ~Scheduler();
@@ -174,7 +174,7 @@ class Scheduler {
   absl::Status PoolFull(absl::string_view why) const;
   void FinishJob(Job& job, absl::Status status);
 
-  const ops::Model& model_;
+  const ops::ModelBackend& model_;
   const SchedulerOptions options_;
 
   mutable absl::Mutex model_mu_;

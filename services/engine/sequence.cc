@@ -17,7 +17,7 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(
-    const ops::Model& model, const ops::Tokenizer& tokenizer,
+    const ops::ModelBackend& model, const ops::Tokenizer& tokenizer,
     GenerateRequest request, ops::KvCache* cache, DeltaCallback on_delta) {
   if (request.prompt.empty()) {
     // The prompt's last token yields the first logits, so even a session
@@ -48,10 +48,10 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(
                    std::move(on_delta), std::move(sampler), std::move(stop)));
 }
 
-Sequence::Sequence(const ops::Model& model, const ops::Tokenizer& tokenizer,
-                   GenerateRequest request, ops::KvCache* cache,
-                   DeltaCallback on_delta, ops::Sampler sampler,
-                   ops::StopMatcher stop)
+Sequence::Sequence(const ops::ModelBackend& model,
+                   const ops::Tokenizer& tokenizer, GenerateRequest request,
+                   ops::KvCache* cache, DeltaCallback on_delta,
+                   ops::Sampler sampler, ops::StopMatcher stop)
     : model_(model),
       tokenizer_(tokenizer),
       request_(std::move(request)),

@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "ops/model/model.h"
+#include "ops/model/model_backend.h"
 #include "ops/sampler/sampler.h"
 #include "ops/sampler/stop_matcher.h"
 #include "ops/tokenizer/tokenizer.h"
@@ -50,7 +50,7 @@ class Sequence {
   // parameters or stop strings, or a prompt that does not fit the context.
   // Touches neither the cache nor any callback.
   static absl::StatusOr<std::unique_ptr<Sequence>> Create(
-      const ops::Model& model, const ops::Tokenizer& tokenizer,
+      const ops::ModelBackend& model, const ops::Tokenizer& tokenizer,
       GenerateRequest request, ops::KvCache* cache, DeltaCallback on_delta);
 
   Sequence(const Sequence&) = delete;
@@ -87,7 +87,7 @@ class Sequence {
   GenerateResult TakeResult();
 
  private:
-  Sequence(const ops::Model& model, const ops::Tokenizer& tokenizer,
+  Sequence(const ops::ModelBackend& model, const ops::Tokenizer& tokenizer,
            GenerateRequest request, ops::KvCache* cache, DeltaCallback on_delta,
            ops::Sampler sampler, ops::StopMatcher stop);
   // Releases `s` with the tokens sampled since the last delta; with
@@ -95,7 +95,7 @@ class Sequence {
   void Emit(const std::string& s, bool flush = false);
   void Finish(FinishReason reason);
 
-  const ops::Model& model_;
+  const ops::ModelBackend& model_;
   const ops::Tokenizer& tokenizer_;
   const GenerateRequest request_;
   ops::KvCache* const cache_;

@@ -52,7 +52,7 @@ const char* StatePathName(StatePath path) {
   return "unknown";
 }
 
-v1::ModelIdentity ModelIdentityOf(const ops::Model& model,
+v1::ModelIdentity ModelIdentityOf(const ops::ModelBackend& model,
                                   const std::string& fingerprint) {
   v1::ModelIdentity id;
   id.set_model_name(model.config().name);
@@ -65,7 +65,7 @@ v1::ModelIdentity ModelIdentityOf(const ops::Model& model,
 // One session's state while it is hot: every committed token, its K/V and
 // the residual rows its policy keeps (sequence 0 of its own store).
 struct SessionEngine::Active {
-  Active(const ops::Model& model, ops::KvBlockPool* pool,
+  Active(const ops::ModelBackend& model, ops::KvBlockPool* pool,
          const ops::CheckpointPolicy& p, int64_t hot_budget)
       : policy(p),
         hot_budget_value(hot_budget),
@@ -99,7 +99,7 @@ struct SessionEngine::Active {
 
 namespace {
 
-ops::KvBlockPool::Options PoolOptions(const ops::Model& model,
+ops::KvBlockPool::Options PoolOptions(const ops::ModelBackend& model,
                                       const SessionEngineOptions& o) {
   ops::KvBlockPool::Options po;
   po.block_rows = o.kv_pool_block_rows;
@@ -113,7 +113,7 @@ ops::KvBlockPool::Options PoolOptions(const ops::Model& model,
 
 // The constructor cannot fail, so options ValidateOptions would refuse fall
 // back to defaults here, loudly, rather than aborting the process.
-std::unique_ptr<ops::KvBlockPool> MakePool(const ops::Model& model,
+std::unique_ptr<ops::KvBlockPool> MakePool(const ops::ModelBackend& model,
                                            const SessionEngineOptions& o) {
   SessionEngineOptions fixed = o;
   if (o.kv_pool_bytes < 0) {
@@ -155,7 +155,7 @@ SchedulerOptions SchedulerWithPool(SchedulerOptions o, ops::KvBlockPool* pool,
 
 }  // namespace
 
-SessionEngine::SessionEngine(const ops::Model& model,
+SessionEngine::SessionEngine(const ops::ModelBackend& model,
                              v1::ModelIdentity identity,
                              storage::TieredStore* store,
                              SessionEngineOptions options)
@@ -173,7 +173,7 @@ SessionEngine::SessionEngine(const ops::Model& model,
 SessionEngine::~SessionEngine() = default;
 
 absl::Status SessionEngine::ValidateOptions(
-    const ops::Model& model, const SessionEngineOptions& options) {
+    const ops::ModelBackend& model, const SessionEngineOptions& options) {
   if (options.kv_pool_bytes < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv_pool_bytes (--kv-pool-mb) is ", options.kv_pool_bytes,

@@ -53,7 +53,7 @@
 #include "absl/synchronization/mutex.h"
 #include "ops/kvdirect/checkpoint_policy.h"
 #include "ops/kvdirect/residual_kv_source.h"
-#include "ops/model/model.h"
+#include "ops/model/model_backend.h"
 #include "ops/tokenizer/tokenizer.h"
 #include "proto/kvd/v1/checkpoint.pb.h"
 #include "services/engine/generator.h"
@@ -154,12 +154,13 @@ class SessionEngine {
  public:
   // `identity`: the loaded model's fingerprint, precision and numerics
   // version (ModelIdentityOf); checkpoints of any other identity are refused.
-  // The model and store must outlive the engine.
+  // The model (any ops::ModelBackend, used only through that interface) and
+  // the store must outlive the engine.
   // Options that ValidateOptions refuses are not fatal here (a constructor
   // cannot return a status): an invalid K/V pool block size or a negative
   // pool budget falls back to the default with a warning on stderr. Callers
   // that take options from a user (NodeRuntime) should validate first.
-  SessionEngine(const ops::Model& model, v1::ModelIdentity identity,
+  SessionEngine(const ops::ModelBackend& model, v1::ModelIdentity identity,
                 storage::TieredStore* store, SessionEngineOptions options);
   ~SessionEngine();
 
@@ -167,7 +168,7 @@ class SessionEngine {
   // cannot use: kv_pool_block_rows not a positive multiple of the attention
   // chunk, kv_pool_bytes negative, chunk_tokens < 1, max_hot_sessions < 0,
   // max_hot_kv_bytes < 0.
-  static absl::Status ValidateOptions(const ops::Model& model,
+  static absl::Status ValidateOptions(const ops::ModelBackend& model,
                                       const SessionEngineOptions& options);
 
   // INVALID_ARGUMENT for a bad name; ALREADY_EXISTS if the tenant has it.
@@ -248,7 +249,7 @@ class SessionEngine {
   std::shared_ptr<absl::Mutex> SessionMutex(const Key& key);
   void CountRestore(StatePath path);
 
-  const ops::Model& model_;
+  const ops::ModelBackend& model_;
   const v1::ModelIdentity identity_;
   storage::TieredStore* const store_;
   const SessionEngineOptions options_;
@@ -271,7 +272,9 @@ class SessionEngine {
 
 // The identity stored sessions are checked against: `fingerprint` from
 // ops::FingerprintModelFiles (or any stable id for in-memory test models).
-v1::ModelIdentity ModelIdentityOf(const ops::Model& model,
+// The numerics version is the CPU kernels' (kernels/cpu/numerics_version.h)
+// whichever backend `model` is.
+v1::ModelIdentity ModelIdentityOf(const ops::ModelBackend& model,
                                   const std::string& fingerprint);
 
 }  // namespace kvd::engine

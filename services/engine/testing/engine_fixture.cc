@@ -30,15 +30,17 @@ absl::StatusOr<std::unique_ptr<storage::TieredStore>> OpenTestStore(
   return storage::TieredStore::Create(std::move(*db), to);
 }
 
-void EngineTest::OpenEngine(const SessionEngineOptions& options) {
+void EngineTest::OpenEngine(const SessionEngineOptions& options,
+                            const ops::ModelBackend* backend) {
   engine_.reset();
   store_.reset();
   absl::StatusOr<std::unique_ptr<storage::TieredStore>> store =
       OpenTestStore(FreshTestDir("engine"));
   ASSERT_TRUE(store.ok()) << store.status();
   store_ = std::move(*store);
+  const ops::ModelBackend& b = backend != nullptr ? *backend : *model_;
   engine_ = std::make_unique<SessionEngine>(
-      *model_, ModelIdentityOf(*model_, "sha256:tiny"), store_.get(), options);
+      b, ModelIdentityOf(b, "sha256:tiny"), store_.get(), options);
 }
 
 }  // namespace kvd::engine::testing

@@ -41,8 +41,10 @@ absl::StatusOr<std::unique_ptr<storage::TieredStore>> OpenTestStore(
 class EngineTest : public TinyModelTest {
  protected:
   // Replaces engine_ and store_ with an engine of `options` (model identity
-  // "sha256:tiny") over an empty store in a fresh directory.
-  void OpenEngine(const SessionEngineOptions& options);
+  // "sha256:tiny") over an empty store in a fresh directory, driving
+  // `backend` (not owned; outlives the engine) or, when null, model_.
+  void OpenEngine(const SessionEngineOptions& options,
+                  const ops::ModelBackend* backend = nullptr);
 
   // Declared before engine_, which points into it: destroyed after it.
   std::unique_ptr<storage::TieredStore> store_;
