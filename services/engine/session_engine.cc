@@ -306,6 +306,12 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
   }
   const v1::SessionManifest& m = checkpoint->manifest();
   KVD_RETURN_IF_ERROR(storage::CheckCompatible(m.model(), identity_, session));
+  if (absl::Status same = storage::SameNumerics(m.model(), identity_);
+      !same.ok() && fallback.empty()) {
+    // Residuals from another backend or kernel build: the tokens are good,
+    // so the session continues from a re-prefill on this node's numerics.
+    fallback = std::string(same.message());
+  }
   KVD_ASSIGN_OR_RETURN(ops::CheckpointPolicy policy,
                        ops::ParseCheckpointPolicy(m.policy()));
   auto active = std::make_shared<Active>(model_, kv_pool_.get(), policy,
@@ -477,6 +483,8 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   tokens.insert(tokens.end(), turn_tokens.begin(), turn_tokens.end());
   tokens.insert(tokens.end(), gen->tokens.begin(), gen->tokens.end());
   v1::SessionManifest next = a.committed;
+  // Every residual is rewritten: under this node's numerics from now on.
+  if (a.rewrite_all) *next.mutable_model() = identity_;
   next.set_token_count(tokens.size());
   next.set_length(a.cache.length());
   next.add_turn_ends(tokens.size());

@@ -225,11 +225,33 @@ TEST_P(SessionEngineTest, CheckpointOfAnotherModelIsRefused) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("fingerprint"), std::string::npos)
       << r.status();
-  other = identity_;
-  other.set_numerics_version(identity_.numerics_version() + 1);
-  NewEngine(v, other);
-  r = Turn(1, &t);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A checkpoint written under other numerics (the other backend, or a kernel
+// build with other reduction orders) keeps good tokens: the session is
+// re-prefilled from them on this node's numerics, continues exactly as a
+// session that never left, and is rewritten under this node's identity.
+TEST_P(SessionEngineTest, CheckpointOfOtherNumericsIsReprefilled) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
+  const Transcript reference = Converse(v, nullptr);
+  v1::ModelIdentity other = identity_;
+  other.set_numerics_version(identity_.numerics_version() + 1000);
+  int switches = 0;
+  const Transcript got = Converse(v, [&] {
+    OpenStore();
+    // Turn 1 runs on "other numerics"; turn 2 back on the original ones.
+    NewEngine(v, switches++ == 0 ? other : identity_);
+  });
+  // The kernels are the same here, so a re-prefill gives the same bits.
+  ExpectSameBits(reference, got);
+  ASSERT_EQ(got.paths.size(), kTurns);
+  EXPECT_EQ(got.paths[1], StatePath::kReprefill);
+  EXPECT_NE(got.details[1].find("numerics version"), std::string::npos)
+      << got.details[1];
+  // Turn 1 rewrote the checkpoint under `other`, so turn 2 (original
+  // numerics) re-prefills again, and turn 3 reads its own rewrite.
+  EXPECT_EQ(got.paths[2], StatePath::kReprefill);
+  EXPECT_EQ(got.paths[3], StatePath::kRocksDb);
 }
 
 TEST_P(SessionEngineTest, UnknownOrForeignSessionIsNotFound) {

@@ -200,11 +200,19 @@ absl::Status CheckCompatible(const v1::ModelIdentity& stored,
   if (stored.precision() != loaded.precision()) {
     return mismatch("precision", stored.precision(), loaded.precision());
   }
-  if (stored.numerics_version() != loaded.numerics_version()) {
-    return mismatch("numerics version", absl::StrCat(stored.numerics_version()),
-                    absl::StrCat(loaded.numerics_version()));
-  }
   return absl::OkStatus();
+}
+
+absl::Status SameNumerics(const v1::ModelIdentity& stored,
+                          const v1::ModelIdentity& loaded) {
+  if (stored.numerics_version() == loaded.numerics_version())
+    return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "its residuals were computed under numerics version ",
+      stored.numerics_version(), " and this node runs version ",
+      loaded.numerics_version(),
+      " (another backend or kernel build), so they would not give this "
+      "node's bits"));
 }
 
 absl::Status ValidateManifest(const v1::SessionManifest& m) {

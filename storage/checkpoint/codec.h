@@ -76,11 +76,22 @@ absl::StatusOr<DecodedChunk> DecodeChunk(absl::string_view value,
 absl::Status ValidateName(absl::string_view what, absl::string_view name);
 
 // FAILED_PRECONDITION unless `stored` (from a checkpoint of `session`) and
-// `loaded` (the running model) agree on fingerprint, precision and numerics
-// version; the message says which field differs, both values, and what to do.
+// `loaded` (the running model) agree on fingerprint and precision: the
+// session's tokens mean nothing to another model. The message says which
+// field differs, both values, and what to do. The numerics version is not
+// checked here (see SameNumerics).
 absl::Status CheckCompatible(const v1::ModelIdentity& stored,
                              const v1::ModelIdentity& loaded,
                              absl::string_view session);
+
+// FAILED_PRECONDITION unless `stored` and `loaded` have the same numerics
+// version: the residuals of a checkpoint computed under other numerics (the
+// other backend, or a kernel build with other reduction orders) would not
+// give this build's bits, though its tokens are still good. The engine then
+// re-prefills the session from its tokens instead of refusing it; the
+// message says why, for the restore's path detail.
+absl::Status SameNumerics(const v1::ModelIdentity& stored,
+                          const v1::ModelIdentity& loaded);
 
 // A manifest's internal consistency: format version, names, policy and layer
 // list, chunk_tokens > 0, dtype/row_bytes, 0 <= length <= token_count,

@@ -206,10 +206,15 @@ TEST(CheckCompatible, NamesTheDifferingField) {
   other.set_precision("fp32");
   EXPECT_THAT(CheckCompatible(Identity(), other, "s").message(),
               HasSubstr("precision bf16"));
+  // Other numerics leave the tokens good: compatible, but not SameNumerics.
   other = Identity();
-  other.set_numerics_version(2);
-  EXPECT_THAT(CheckCompatible(Identity(), other, "s").message(),
-              HasSubstr("numerics version 1"));
+  other.set_numerics_version(1001);
+  EXPECT_TRUE(CheckCompatible(Identity(), other, "s").ok());
+  EXPECT_TRUE(SameNumerics(Identity(), Identity()).ok());
+  const absl::Status numerics = SameNumerics(Identity(), other);
+  EXPECT_EQ(numerics.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(numerics.message(), HasSubstr("numerics version 1 and"));
+  EXPECT_THAT(numerics.message(), HasSubstr("version 1001"));
 }
 
 v1::SessionManifest GoodManifest() {
