@@ -43,7 +43,7 @@
 
 namespace kvd::ops {
 namespace internal {
-struct StepPlan;
+class CudaForward;
 }  // namespace internal
 
 class CudaModel;
@@ -127,19 +127,14 @@ class CudaModel {
 
  private:
   friend class CudaKvCache;
-  struct DeviceWeights;
-  struct Workspace;
   CudaModel() = default;
-  absl::Status Upload(const Model& model);
-  absl::Status EnsureWorkspace(int64_t rows, int64_t n_seqs, int64_t ints);
   void FreeBlocks(std::vector<std::vector<int32_t>>* blocks);
-  absl::Status RunLayers(const internal::StepPlan& plan);
 
   ModelConfig config_;
   CudaModelOptions options_;
-  void* stream_ = nullptr;  // cudaStream_t
-  std::unique_ptr<DeviceWeights> weights_;
-  std::unique_ptr<Workspace> ws_;
+  // Weights, stream, step buffers and the kernel sequence, shared with
+  // CudaBackendModel (internal/cuda_forward.h).
+  std::unique_ptr<internal::CudaForward> fwd_;
   uint16_t* pool_ = nullptr;  // max_blocks blocks, bf16
   int64_t max_blocks_ = 0;
   mutable absl::Mutex blocks_mu_;

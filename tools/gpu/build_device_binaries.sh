@@ -11,9 +11,10 @@
 # Then, with the device tool: run(command="tools/gpu/device_check.sh",
 # carry=["tools/gpu/bin"], timeout_s=570).
 #
-# cuda_model_test (the CUDA model vs the CPU engine) and tp_cuda_model_test
+# cuda_model_test (the CUDA model vs the CPU engine), tp_cuda_model_test
 # (tensor parallelism simulated on one GPU; the NCCL all-reduce is not linked)
-# are compiled by Bazel and relinked statically here (below), so this script
+# and cuda_backend_model_test (the engine's backend interface on the GPU) are
+# compiled by Bazel and relinked statically here (below), so this script
 # needs Bazel too.
 #
 # Linking: CUDA runtime static (libcudart_static.a; it dlopens the driver's
@@ -102,7 +103,8 @@ for j in $(jobs -p); do wait "$j" || wait_all_ok=1; done
 # objects, not shared libraries), and they are relinked here from the objects
 # in Bazel's -2.params file with the static Abseil/GoogleTest/CUDA runtime in
 # place of its -l flags. Bazel's link uses gold (--start-lib groups).
-BAZEL_TESTS=(//ops/backend:cuda_model_test //ops/backend:tp_cuda_model_test)
+BAZEL_TESTS=(//ops/backend:cuda_model_test //ops/backend:tp_cuda_model_test
+             //ops/backend:cuda_backend_model_test)
 bazel build "${BAZEL_TESTS[@]}"
 for target in "${BAZEL_TESTS[@]}"; do
   pkg="${target#//}"; pkg="${pkg%%:*}"; name="${target##*:}"

@@ -36,7 +36,8 @@ cap() {
 [[ -f "$BIN/dequant_fixture.bin" ]] && export KVD_DEQUANT_FIXTURE="$BIN/dequant_fixture.bin"
 TESTS=(argument_checks_test bf16_convert_test elementwise_test attention_test
        gemm_test dequant_test kv_recompute_test paged_attention_test
-       paged_recompute_test cuda_model_test tp_cuda_model_test)
+       paged_recompute_test cuda_model_test tp_cuda_model_test
+       cuda_backend_model_test)
 
 if [[ ! -x "$BIN/gemm_test" ]]; then
   echo "no binaries in $BIN: run tools/gpu/build_device_binaries.sh here and carry tools/gpu/bin" >&2
@@ -62,6 +63,8 @@ for t in "${TESTS[@]}"; do
   limit=60
   # Four model cases, each run at TP 1, 2 (and 4) against TP 1.
   [[ $t == tp_cuda_model_test ]] && limit=120
+  # Two families, each against CudaModel, the CPU engine and itself.
+  [[ $t == cuda_backend_model_test ]] && limit=120
   timeout "$(cap "$limit")" "$BIN/$t" --gtest_color=no >"$TMP_LOG" 2>&1
   rc=$?
   cat "$TMP_LOG" >>"$OUT/tests.log"
@@ -102,6 +105,11 @@ echo "   kernels_benchmark rc=$? ($(( $(date +%s) - START ))s so far)"
   # The CUDA model against the CPU engine (cuda_model_test's own lines).
   echo "CUDA model vs CPU engine (random-weight llama/qwen2, 4 x 256):"
   grep -E '^\[ (llama|qwen2) \]' "$OUT/tests.log" || echo "  (no cuda_model_test output)"
+  echo
+  # The backend interface on the GPU vs the CPU engine
+  # (cuda_backend_model_test).
+  echo "CUDA backend (ModelBackend) vs CPU engine:"
+  grep -E '^\[ (llama|qwen2) backend \]' "$OUT/tests.log" || echo "  (no cuda_backend_model_test output)"
   echo
   # Tensor parallelism simulated on one GPU vs TP = 1 (tp_cuda_model_test).
   echo "Tensor parallel (simulated on one GPU) vs TP=1:"

@@ -10,33 +10,32 @@ namespace {
 namespace kc = ::kvd::kernels::cuda;
 }  // namespace
 
-absl::Status AttentionPartial(const ModelConfig& c, int64_t layer,
-                              const CudaLayerWeights& lw,
-                              const CudaShardDims& dims,
-                              const CudaStepRows& rows,
-                              const CudaStepBuffers& w, void* stream) {
+namespace {
+
+kc::RopeStyle CudaRopeStyle(const ModelConfig& c) {
+  return c.rope_style == kernels::cpu::RopeStyle::kHalfSplit
+             ? kc::RopeStyle::kHalfSplit
+             : kc::RopeStyle::kInterleaved;
+}
+
+}  // namespace
+
+absl::Status KvPartial(const ModelConfig& c, int64_t layer,
+                       const CudaLayerWeights& lw, const CudaShardDims& dims,
+                       const CudaStepRows& rows, const CudaStepBuffers& w,
+                       void* stream) {
   void* s = stream;
-  const LayerConfig& lc = c.layers[layer];
-  const int64_t d = c.d_model, hd = c.head_dim, m = rows.m;
-  const int64_t qd = dims.qd, kvd = dims.kvd;
-  const kc::RopeStyle rope = c.rope_style == kernels::cpu::RopeStyle::kHalfSplit
-                                 ? kc::RopeStyle::kHalfSplit
-                                 : kc::RopeStyle::kInterleaved;
+  const int64_t d = c.d_model, m = rows.m, kvd = dims.kvd;
   const kc::Activations x_act{w.x, kc::ActType::kF32, m, d};
-  KVD_RETURN_IF_ERROR(
-      kc::RmsNorm(w.h, d, lw.attn_norm, c.rms_eps, m, d, w.x, d, s));
-  KVD_RETURN_IF_ERROR(kc::Gemm(x_act, lw.wq, w.q, qd, s));
   KVD_RETURN_IF_ERROR(kc::Gemm(x_act, lw.wk, w.k, kvd, s));
   KVD_RETURN_IF_ERROR(kc::Gemm(x_act, lw.wv, w.v, kvd, s));
   if (c.qkv_bias) {
-    KVD_RETURN_IF_ERROR(kc::AddBias(w.q, qd, lw.bq, m, qd, s));
     KVD_RETURN_IF_ERROR(kc::AddBias(w.k, kvd, lw.bk, m, kvd, s));
     KVD_RETURN_IF_ERROR(kc::AddBias(w.v, kvd, lw.bv, m, kvd, s));
   }
-  KVD_RETURN_IF_ERROR(kc::Rope(w.q, qd, m, dims.n_heads, hd, c.rope_dim,
-                               rows.positions, lc.rope_base, rope, s));
-  KVD_RETURN_IF_ERROR(kc::Rope(w.k, kvd, m, dims.n_kv_heads, hd, c.rope_dim,
-                               rows.positions, lc.rope_base, rope, s));
+  KVD_RETURN_IF_ERROR(kc::Rope(w.k, kvd, m, dims.n_kv_heads, c.head_dim,
+                               c.rope_dim, rows.positions,
+                               c.layers[layer].rope_base, CudaRopeStyle(c), s));
   kc::KvWriteArgs kw;
   kw.k = w.k;
   kw.v = w.v;
@@ -50,7 +49,30 @@ absl::Status AttentionPartial(const ModelConfig& c, int64_t layer,
   kw.table_stride = rows.table_stride;
   kw.block_rows = rows.block_rows;
   kw.kv_stride = kvd;
-  KVD_RETURN_IF_ERROR(kc::WriteKvPaged(kw, s));
+  return kc::WriteKvPaged(kw, s);
+}
+
+absl::Status AttentionPartial(const ModelConfig& c, int64_t layer,
+                              const CudaLayerWeights& lw,
+                              const CudaShardDims& dims,
+                              const CudaStepRows& rows,
+                              const CudaStepBuffers& w, void* stream) {
+  void* s = stream;
+  const LayerConfig& lc = c.layers[layer];
+  const int64_t d = c.d_model, hd = c.head_dim, m = rows.m;
+  const int64_t qd = dims.qd, kvd = dims.kvd;
+  KVD_RETURN_IF_ERROR(
+      kc::RmsNorm(w.h, d, lw.attn_norm, c.rms_eps, m, d, w.x, d, s));
+  // K/V first: the same launches RecomputeKvIntoCache makes. Each kernel is
+  // a fixed function of its inputs, so their order on the stream does not
+  // change a bit.
+  KVD_RETURN_IF_ERROR(KvPartial(c, layer, lw, dims, rows, w, s));
+  KVD_RETURN_IF_ERROR(
+      kc::Gemm({w.x, kc::ActType::kF32, m, d}, lw.wq, w.q, qd, s));
+  if (c.qkv_bias) KVD_RETURN_IF_ERROR(kc::AddBias(w.q, qd, lw.bq, m, qd, s));
+  KVD_RETURN_IF_ERROR(kc::Rope(w.q, qd, m, dims.n_heads, hd, c.rope_dim,
+                               rows.positions, lc.rope_base, CudaRopeStyle(c),
+                               s));
   kc::PagedAttentionArgs a;
   a.q = w.q;
   a.nq = m;
@@ -65,7 +87,36 @@ absl::Status AttentionPartial(const ModelConfig& c, int64_t layer,
   a.window = lc.sliding_window;
   a.out = w.attn;
   a.out_stride = qd;
-  KVD_RETURN_IF_ERROR(kc::PagedAttention(a, s));
+  if (rows.cold == nullptr) {
+    KVD_RETURN_IF_ERROR(kc::PagedAttention(a, s));
+  } else {
+    if (kvd != c.kv_dim()) {
+      return absl::InvalidArgumentError(
+          "cold K/V recompute inside attention needs the whole model's K/V "
+          "heads, not a tensor-parallel shard's");
+    }
+    const CudaColdRows& cold = *rows.cold;
+    kc::PagedRecomputeArgs r;
+    r.attn = a;
+    r.n_seqs = cold.n_seqs;
+    r.hot_begin = cold.hot_begin;
+    r.residual = cold.residual;
+    r.ld_residual = d;
+    r.d_model = d;
+    r.norm_weight = lw.attn_norm;
+    r.eps = c.rms_eps;
+    // RecomputeKv reads all K/V heads' rows of the dense (d_model wide)
+    // weights: the whole model's, not a shard's slice.
+    r.wk = lw.wk.data;
+    r.wv = lw.wv.data;
+    r.rot_dim = c.rope_dim;
+    r.rope_base = lc.rope_base;
+    r.rope_style = CudaRopeStyle(c);
+    r.group_rows = cold.group_rows;
+    r.workspace = cold.workspace;
+    r.workspace_bytes = cold.workspace_bytes;
+    KVD_RETURN_IF_ERROR(kc::PagedAttentionRecompute(r, s));
+  }
   return kc::Gemm({w.attn, kc::ActType::kF32, m, qd}, lw.wo, w.o, d, s);
 }
 

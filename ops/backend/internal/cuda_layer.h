@@ -37,6 +37,25 @@ struct CudaShardDims {
   int64_t ff = 0;   // MLP columns
 };
 
+// Attention whose positions below a per-sequence hot boundary are
+// recomputed from residuals inside the call (kernels/cuda paged_attention.h,
+// PagedAttentionRecompute: RecomputeKv per group, folded in canonical
+// order) instead of read from the pool. RecomputeKv runs Forward's K/V
+// arithmetic without the q/k/v bias, so for models without bias the result
+// is the bits attention over rows Forward cached would give.
+struct CudaColdRows {
+  int64_t n_seqs = 0;
+  // HOST int64[n_seqs]: multiples of the attention chunk; 0 where nothing
+  // is recomputed.
+  const int64_t* hot_begin = nullptr;
+  // HOST [n_seqs] device pointers: sequence s's bf16 residual of position p
+  // at residual[s] + p * d_model (null where hot_begin[s] is 0).
+  const uint16_t* const* residual = nullptr;
+  int64_t group_rows = 256;
+  void* workspace = nullptr;  // PagedRecomputeWorkspaceBytes
+  int64_t workspace_bytes = 0;
+};
+
 // The step's m rows and where their K/V go (cuda_step_plan.h's layout).
 struct CudaStepRows {
   int64_t m = 0;
@@ -46,6 +65,9 @@ struct CudaStepRows {
   int64_t table_stride = 0;
   int64_t block_rows = 0;
   uint16_t* pool = nullptr;
+  // Non-null: attention recomputes the cold positions (whole model only,
+  // not a tensor-parallel shard).
+  const CudaColdRows* cold = nullptr;
 };
 
 // Step buffers with at least m rows; the residual h is d_model wide.
@@ -54,8 +76,17 @@ struct CudaStepBuffers {
         *attn = nullptr, *o = nullptr, *gate = nullptr, *up = nullptr;
 };
 
-// x = RmsNorm(h); q, k, v projections (+ bias), RoPE; K/V written to the
-// pool; paged attention; o = attn W_o^T (this shard's partial sum).
+// From x = RmsNorm(h) (already in w.x): the k, v projections (+ bias), RoPE
+// on k, and the K/V rows written to the pool at rows.positions, rounded to
+// bf16. Forward's K/V and a recompute from the same residuals run exactly
+// these launches, so their rows are the same bits.
+absl::Status KvPartial(const ModelConfig& c, int64_t layer,
+                       const CudaLayerWeights& lw, const CudaShardDims& dims,
+                       const CudaStepRows& rows, const CudaStepBuffers& w,
+                       void* stream);
+
+// x = RmsNorm(h); KvPartial; q projection (+ bias), RoPE; paged attention;
+// o = attn W_o^T (this shard's partial sum).
 absl::Status AttentionPartial(const ModelConfig& c, int64_t layer,
                               const CudaLayerWeights& lw,
                               const CudaShardDims& dims,

@@ -7,6 +7,7 @@ namespace kvd::ops::internal {
 StepPlan PlanStep(absl::Span<const StepSequence> seqs, int64_t n_layers) {
   StepPlan p;
   p.n_seqs = seqs.size();
+  p.n_gather = p.n_seqs;
   p.table_stride = 1;
   for (const StepSequence& s : seqs) {
     p.rows += s.tokens.size();

@@ -36,8 +36,11 @@ inline int64_t BlocksFor(int64_t positions, int64_t block_rows) {
 struct StepPlan {
   int64_t rows = 0;  // m: new tokens over all sequences
   int64_t n_seqs = 0;
+  // Rows the LM head gathers: each sequence's last row for PlanStep; the
+  // rows that want logits for CudaBackendModel (cuda_cache_plan.h).
+  int64_t n_gather = 0;
   int64_t table_stride = 0;  // entries per sequence in a layer's table
-  // tokens[m], positions[m], row_seq[m], last_row[n_seqs], then one
+  // tokens[m], positions[m], row_seq[m], gathered rows[n_gather], then one
   // n_seqs x table_stride table per layer (unused entries 0).
   std::vector<int32_t> ints;
 
@@ -46,7 +49,7 @@ struct StepPlan {
   int64_t row_seq_offset() const { return 2 * rows; }
   int64_t last_row_offset() const { return 3 * rows; }
   int64_t table_offset(int64_t layer) const {
-    return 3 * rows + n_seqs + layer * n_seqs * table_stride;
+    return 3 * rows + n_gather + layer * n_seqs * table_stride;
   }
 };
 

@@ -1,0 +1,489 @@
+#include "ops/backend/cuda_backend_model.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/internal/cuda_check.h"
+#include "kernels/cuda/paged_attention.h"
+#include "ops/backend/internal/cuda_batch.h"
+#include "ops/backend/internal/cuda_cache_plan.h"
+#include "ops/backend/internal/cuda_forward.h"
+#include "ops/backend/internal/cuda_step_plan.h"
+
+namespace kvd::ops {
+namespace {
+
+namespace kc = ::kvd::kernels::cuda;
+using kc::internal::CudaStatus;
+
+// Rows per launch sequence for ForwardLayers and RecomputeKvIntoCache: bounds
+// the step buffers (rows x d_ff floats) whatever the segment length; rows do
+// not depend on how they are chunked.
+constexpr int64_t kChunkRows = 4096;
+static_assert(kChunkRows <= internal::kMaxCudaStepRows);
+
+// Frees a pool's slab on its device, leaving the caller's current device as
+// it was (the pool may go on any thread, after the model).
+struct SlabDeleter {
+  int device;
+  void operator()(void* p) const {
+    int previous = 0;
+    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+    cudaSetDevice(device);
+    cudaFree(p);
+    if (restore) cudaSetDevice(previous);
+  }
+};
+
+// Shows the observer each row's residual entering each layer in `layers`
+// (pinned: layers.size() x m x d_model, layer-major), rows in step order.
+void ShowResiduals(ResidualObserver* observer, const float* pinned,
+                   int64_t first_layer, int64_t n_shown, int64_t m, int64_t d,
+                   absl::Span<const int64_t> row_seq_id,
+                   absl::Span<const int64_t> row_pos) {
+  for (int64_t i = 0; i < n_shown; ++i) {
+    for (int64_t r = 0; r < m; ++r) {
+      observer->OnResidual(row_seq_id[r], first_layer + i, row_pos[r],
+                           pinned + (i * m + r) * d);
+    }
+  }
+}
+
+// Positions recomputed per sequence per fused-recompute group
+// (PagedRecomputeArgs::group_rows' default).
+constexpr int64_t kColdGroupRows = 256;
+
+struct ColdSizes {
+  bool any = false;
+  int64_t workspace_bytes = 0;  // PagedAttentionRecompute's, worst layer
+  int64_t residual_values = 0;  // bf16 cold residuals of the worst layer
+};
+
+ColdSizes SizeColdBuffers(
+    const ModelConfig& c,
+    const std::vector<std::vector<internal::ColdSpan>>& spans, int64_t rows) {
+  ColdSizes sizes;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    int64_t values = 0, max_cold = 0;
+    for (const auto& seq : spans) {
+      values += seq[l].cold * c.d_model;
+      max_cold = std::max(max_cold, seq[l].cold);
+    }
+    if (max_cold == 0) continue;
+    sizes.any = true;
+    sizes.residual_values = std::max(sizes.residual_values, values);
+    sizes.workspace_bytes = std::max(
+        sizes.workspace_bytes, kc::PagedRecomputeWorkspaceBytes(
+                                   rows, c.n_heads, c.n_kv_heads, c.head_dim,
+                                   static_cast<int64_t>(spans.size()),
+                                   c.d_model, kColdGroupRows, max_cold));
+  }
+  return sizes;
+}
+
+// Enqueues the upload of layer `layer`'s cold residuals of every sequence
+// (spans[s][layer].cold rows each) to targets[s].
+absl::Status UploadColdResiduals(
+    internal::CudaForward& f, int64_t d, absl::Span<const SequenceStep> batch,
+    const std::vector<std::vector<internal::ColdSpan>>& spans, int64_t layer,
+    absl::Span<uint16_t* const> targets) {
+  std::vector<float> rows;
+  std::vector<uint16_t> bf16;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const internal::ColdSpan& span = spans[s][layer];
+    if (span.cold == 0) continue;
+    // Below the window start nothing is visible (the fold clips it) and the
+    // source need not hold it: zeros.
+    rows.assign(span.cold * d, 0.0f);
+    batch[s].kv_source->ReadResiduals(layer, span.from, span.cold - span.from,
+                                      rows.data() + span.from * d);
+    // Residuals are bf16 values in this mode: the conversion is exact.
+    bf16.resize(rows.size());
+    kernels::cpu::FloatToBf16(rows.data(), bf16.data(), rows.size());
+    // From pageable memory: staged before the call returns.
+    KVD_RETURN_IF_ERROR(f.UploadBf16(targets[s], bf16.data(), bf16.size()));
+  }
+  return absl::OkStatus();
+}
+
+// Recomputes into the cache the rows [boundary, hot) of each cold span: below
+// the hot boundary but in its chunk, which the fused recompute reads from
+// the pool. Forward's own K/V launches on the source's residuals, so the
+// rows are the bits Forward wrote for them.
+absl::Status PatchColdChunks(
+    internal::CudaForward& f, const ModelConfig& c,
+    absl::Span<const SequenceStep> batch,
+    const std::vector<std::vector<internal::ColdSpan>>& spans,
+    const internal::CudaPool& pool) {
+  std::vector<float> rows;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const internal::ColdSpan& span = spans[s][l];
+      const int64_t n = span.hot - span.boundary;
+      if (n == 0) continue;
+      rows.resize(n * c.d_model);
+      batch[s].kv_source->ReadResiduals(l, span.boundary, n, rows.data());
+      const internal::CacheRows patch{batch[s].cache, {}, span.boundary, n};
+      KVD_ASSIGN_OR_RETURN(
+          const internal::StepPlan plan,
+          internal::PlanCacheRows({&patch, 1}, c.n_layers, {}));
+      KVD_RETURN_IF_ERROR(f.EnsureWorkspace(n, 0, plan.ints.size()));
+      KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
+      KVD_RETURN_IF_ERROR(f.UploadResiduals(rows.data(), n));
+      KVD_RETURN_IF_ERROR(f.ProjectKv(plan, pool, l));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackendModel>> CudaBackendModel::Create(
+    const Model& cpu_model, const CudaBackendOptions& options) {
+  if (options.device < 0 || options.max_pool_blocks < 0 ||
+      options.max_pool_blocks > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaBackendOptions: device (", options.device,
+                     ") must be >= 0 and max_pool_blocks (",
+                     options.max_pool_blocks, ") in [0, 2^30]"));
+  }
+  std::unique_ptr<CudaBackendModel> m(new CudaBackendModel());
+  m->config_ = cpu_model.config();
+  m->options_ = options;
+  KVD_ASSIGN_OR_RETURN(
+      m->fwd_, internal::CudaForward::Create(cpu_model, options.device));
+  return m;
+}
+
+CudaBackendModel::~CudaBackendModel() = default;
+
+absl::StatusOr<std::unique_ptr<KvBlockPool>> CudaBackendModel::NewBlockPool(
+    const KvBlockPool::Options& options) const {
+  const size_t row_bytes = KvCache::RowBytes(config_, Precision::kBf16);
+  // The CPU pool's checks and messages; a heap pool allocates nothing up
+  // front.
+  KVD_RETURN_IF_ERROR(KvBlockPool::Create(row_bytes, options).status());
+  const size_t block_bytes = 2 * options.block_rows * row_bytes;
+  int64_t blocks =
+      internal::PoolBlocks(options_.max_pool_blocks, config_.n_layers,
+                           config_.context_length, options.block_rows);
+  if (options.budget_bytes != 0) {
+    blocks = std::min<int64_t>(blocks, options.budget_bytes / block_bytes);
+  }
+  const size_t bytes = static_cast<size_t>(blocks) * block_bytes;
+  void* slab = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    KVD_RETURN_IF_ERROR(fwd_->SetDevice());
+    KVD_RETURN_IF_ERROR(
+        CudaStatus(cudaMalloc(&slab, bytes),
+                   absl::StrCat("cudaMalloc of a K/V block pool (", blocks,
+                                " blocks of ", block_bytes, " bytes)")));
+  }
+  KvBlockPool::Region region;
+  region.base = static_cast<uint8_t*>(slab);
+  region.blocks = blocks;
+  region.owner = std::shared_ptr<void>(slab, SlabDeleter{options_.device});
+  region.host_accessible = false;
+  KvBlockPool::Options pool_options = options;
+  // The budget the pool reports and names when full is the slab it has.
+  pool_options.budget_bytes = bytes;
+  return KvBlockPool::CreateInRegion(row_bytes, pool_options, region);
+}
+
+absl::StatusOr<KvCache> CudaBackendModel::NewCache(KvBlockPool* pool) const {
+  if (pool == nullptr) {
+    return absl::InvalidArgumentError("CUDA backend: null K/V block pool");
+  }
+  if (pool->host_accessible()) {
+    return absl::InvalidArgumentError(
+        "CUDA backend: the K/V block pool is host memory; make it with the "
+        "CUDA backend's NewBlockPool");
+  }
+  return KvCache::InPool(config_, Precision::kBf16, pool);
+}
+
+absl::StatusOr<internal::CudaPool> CudaBackendModel::DevicePool(
+    const KvCache& cache) const {
+  KVD_ASSIGN_OR_RETURN(uint8_t * base, internal::RegionBase(cache));
+  cudaPointerAttributes attributes;
+  KVD_RETURN_IF_ERROR(
+      CudaStatus(cudaPointerGetAttributes(&attributes, base),
+                 "CUDA backend: asking where the K/V pool's memory lives"));
+  if (attributes.type != cudaMemoryTypeDevice ||
+      attributes.device != options_.device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA backend: the K/V cache's blocks are not device memory of "
+        "device ",
+        options_.device, "; make its pool with this backend's NewBlockPool"));
+  }
+  return internal::CudaPool{reinterpret_cast<uint16_t*>(base),
+                            cache.block_rows()};
+}
+
+absl::Status CudaBackendModel::RunForward(absl::Span<const SequenceStep> batch,
+                                          ForwardOutput* out,
+                                          ResidualObserver* observer,
+                                          ResidualPatcher* patcher) const {
+  const ModelConfig& c = config_;
+  const int64_t d = c.d_model, n_layers = c.n_layers;
+  KVD_ASSIGN_OR_RETURN(
+      const internal::CudaBatchCheck check,
+      internal::CheckCudaBackendBatch(batch, patcher, n_layers,
+                                      /*cold_supported=*/!c.qkv_bias));
+  ForwardOutput result;
+  const std::vector<int64_t> logit_rows =
+      SelectLogitRows(batch, c.vocab_size, &result);
+  // KvSources' cold positions per sequence and layer, from the lengths
+  // PrepareStepCaches will see.
+  const std::vector<std::vector<internal::ColdSpan>> spans =
+      internal::PlanColdSpans(batch, c, kc::kAttentionChunk);
+  const ColdSizes cold_sizes = SizeColdBuffers(c, spans, check.rows);
+
+  absl::MutexLock lock(&mu_);
+  internal::CudaForward& f = *fwd_;
+  KVD_RETURN_IF_ERROR(f.SetDevice());
+  // Every allocation that can fail comes before the caches change: the step
+  // buffers (sized from the caches as Prepare will leave them), the cold
+  // recompute's scratch and the observer's staging memory.
+  const int64_t m = check.rows;
+  const int64_t n_shown = n_layers + 1;
+  if (m > 0) {
+    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(
+        std::max(m, kc::kAttentionChunk), logit_rows.size(),
+        // PatchColdChunks' plans: up to a chunk of rows of one sequence.
+        internal::PlannedInts(batch, n_layers, logit_rows.size()) +
+            3 * kc::kAttentionChunk));
+    KVD_RETURN_IF_ERROR(f.EnsureColdBuffers(cold_sizes.workspace_bytes,
+                                            cold_sizes.residual_values));
+  }
+  float* pinned = nullptr;
+  if (observer != nullptr && m > 0) {
+    KVD_ASSIGN_OR_RETURN(pinned, f.PinnedFloats(n_shown * m * d));
+  }
+
+  KVD_RETURN_IF_ERROR(PrepareStepCaches(c, Precision::kBf16, batch).status());
+  std::vector<int64_t> old_length(batch.size());
+  for (size_t s = 0; s < batch.size(); ++s)
+    old_length[s] = batch[s].cache->length();
+
+  std::vector<int64_t> row_seq_id, row_pos;
+  absl::Status st = [&]() -> absl::Status {
+    if (m == 0) return absl::OkStatus();
+    std::vector<internal::CacheRows> seqs(batch.size());
+    for (size_t s = 0; s < batch.size(); ++s) {
+      const SequenceStep& step = batch[s];
+      seqs[s] = {step.cache, step.tokens, step.cache->length(),
+                 static_cast<int64_t>(step.tokens.size())};
+      for (size_t i = 0; i < step.tokens.size(); ++i) {
+        row_seq_id.push_back(step.sequence_id);
+        row_pos.push_back(step.cache->length() + i);
+      }
+    }
+    // Every cache draws from check.pool; one with new rows holds blocks.
+    const KvCache* any = nullptr;
+    for (const SequenceStep& step : batch)
+      if (any == nullptr && !step.tokens.empty()) any = step.cache;
+    KVD_ASSIGN_OR_RETURN(const internal::CudaPool pool, DevicePool(*any));
+    // Before the step's rows take the buffers: the rows below each hot
+    // boundary but in its chunk, which attention reads from the pool.
+    KVD_RETURN_IF_ERROR(PatchColdChunks(f, c, batch, spans, pool));
+    KVD_ASSIGN_OR_RETURN(const internal::StepPlan plan,
+                         internal::PlanCacheRows(seqs, n_layers, logit_rows));
+    // Prepare never lengthens a table beyond PlannedInts' count; grow anyway
+    // rather than trust it.
+    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, plan.n_gather, plan.ints.size()));
+    KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
+    KVD_RETURN_IF_ERROR(f.Embed(plan));
+
+    // Per layer, the cold recompute's host arrays (read by each launch).
+    const int64_t n_seqs = batch.size();
+    std::vector<std::vector<int64_t>> hot_begin(n_layers);
+    std::vector<std::vector<const uint16_t*>> residual(n_layers);
+    std::vector<std::vector<uint16_t*>> targets(n_layers);
+    std::vector<internal::CudaColdRows> cold(n_layers);
+    std::vector<const internal::CudaColdRows*> cold_of(n_layers, nullptr);
+    if (cold_sizes.any) {
+      for (int64_t l = 0; l < n_layers; ++l) {
+        hot_begin[l].assign(n_seqs, 0);
+        residual[l].assign(n_seqs, nullptr);
+        targets[l].assign(n_seqs, nullptr);
+        int64_t offset = 0;
+        for (int64_t s = 0; s < n_seqs; ++s) {
+          const int64_t rows = spans[s][l].cold;
+          if (rows == 0) continue;
+          hot_begin[l][s] = rows;
+          targets[l][s] = f.cold_residuals() + offset;
+          residual[l][s] = targets[l][s];
+          offset += rows * d;
+        }
+        if (offset == 0) continue;
+        cold[l] = {
+            n_seqs,         hot_begin[l].data(), residual[l].data(),
+            kColdGroupRows, f.cold_workspace(),  f.cold_workspace_bytes()};
+        cold_of[l] = &cold[l];
+      }
+    }
+    std::function<absl::Status(int64_t)> before_layer;
+    if (pinned != nullptr || cold_sizes.any) {
+      before_layer = [&](int64_t l) -> absl::Status {
+        if (pinned != nullptr)
+          KVD_RETURN_IF_ERROR(f.DownloadResiduals(pinned + l * m * d, m));
+        // The previous layer's attention has read the shared residual
+        // buffer by the time this upload runs (stream order).
+        if (cold_of[l] != nullptr)
+          KVD_RETURN_IF_ERROR(
+              UploadColdResiduals(f, d, batch, spans, l, targets[l]));
+        return absl::OkStatus();
+      };
+    }
+    KVD_RETURN_IF_ERROR(
+        f.RunLayers(plan, pool, 0, n_layers, before_layer, cold_of));
+    if (pinned != nullptr)
+      KVD_RETURN_IF_ERROR(f.DownloadResiduals(pinned + n_layers * m * d, m));
+    result.logits.resize(plan.n_gather * c.vocab_size);
+    KVD_RETURN_IF_ERROR(f.Logits(plan, result.logits.data()));
+    return f.Sync("CUDA backend: running the forward step");
+  }();
+  if (!st.ok()) {
+    for (size_t s = 0; s < batch.size(); ++s)
+      batch[s].cache->Truncate(old_length[s]);
+    return st;
+  }
+  for (size_t s = 0; s < batch.size(); ++s) {
+    batch[s].cache->SetLength(old_length[s] + batch[s].tokens.size());
+  }
+  if (pinned != nullptr) {
+    ShowResiduals(observer, pinned, 0, n_shown, m, d, row_seq_id, row_pos);
+  }
+  *out = std::move(result);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackendModel::RunForwardLayers(KvCache* cache,
+                                                int64_t position, int64_t n,
+                                                int64_t first_layer,
+                                                int64_t end_layer, float* h,
+                                                ResidualObserver* observer,
+                                                int64_t sequence_id) const {
+  const ModelConfig& c = config_;
+  const int64_t d = c.d_model;
+  if (cache == nullptr || h == nullptr)
+    return absl::InvalidArgumentError("ForwardLayers: null cache or residuals");
+  if (cache->precision() != Precision::kBf16 ||
+      cache->n_layers() != c.n_layers) {
+    return absl::FailedPreconditionError(
+        "ForwardLayers: K/V cache was made for another model or precision");
+  }
+  KVD_RETURN_IF_ERROR(internal::CheckDeviceCache(cache, "ForwardLayers"));
+  if (first_layer < 0 || first_layer > end_layer || end_layer > c.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardLayers: layers [", first_layer, ", ", end_layer,
+                     ") are not a range of the model's ", c.n_layers));
+  }
+  if (n < 0 || position < 0 || position + n > c.context_length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ForwardLayers: positions [", position, ", ", position + n,
+        ") are outside the model's context of ", c.context_length));
+  }
+  for (int64_t l = first_layer; l < end_layer; ++l) {
+    if (cache->first_kept(l) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ForwardLayers: layer ", l, " dropped its rows below ",
+          cache->first_kept(l), "; a partial prefill needs all of them"));
+    }
+  }
+  if (n == 0 || first_layer == end_layer) return absl::OkStatus();
+  for (int64_t l = first_layer; l < end_layer; ++l)
+    KVD_RETURN_IF_ERROR(cache->ReserveLayer(l, position + n));
+
+  // The final residual (layer n_layers) is shown only by a run that ends
+  // there, as on the CPU.
+  const int64_t n_shown =
+      (end_layer == c.n_layers ? end_layer + 1 : end_layer) - first_layer;
+  absl::MutexLock lock(&mu_);
+  internal::CudaForward& f = *fwd_;
+  KVD_RETURN_IF_ERROR(f.SetDevice());
+  KVD_ASSIGN_OR_RETURN(const internal::CudaPool pool, DevicePool(*cache));
+  for (int64_t done = 0; done < n; done += kChunkRows) {
+    const int64_t m = std::min(kChunkRows, n - done);
+    const internal::CacheRows rows{cache, {}, position + done, m};
+    KVD_ASSIGN_OR_RETURN(const internal::StepPlan plan,
+                         internal::PlanCacheRows({&rows, 1}, c.n_layers, {}));
+    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, 0, plan.ints.size()));
+    float* pinned = nullptr;
+    if (observer != nullptr) {
+      KVD_ASSIGN_OR_RETURN(pinned, f.PinnedFloats(n_shown * m * d));
+    }
+    float* chunk = h + done * d;
+    KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
+    KVD_RETURN_IF_ERROR(f.UploadResiduals(chunk, m));
+    std::function<absl::Status(int64_t)> show;
+    if (pinned != nullptr) {
+      show = [&](int64_t l) {
+        return f.DownloadResiduals(pinned + (l - first_layer) * m * d, m);
+      };
+    }
+    KVD_RETURN_IF_ERROR(f.RunLayers(plan, pool, first_layer, end_layer, show));
+    if (show && end_layer == c.n_layers) KVD_RETURN_IF_ERROR(show(end_layer));
+    KVD_RETURN_IF_ERROR(f.DownloadResiduals(chunk, m));
+    KVD_RETURN_IF_ERROR(f.Sync("ForwardLayers: running the layers"));
+    if (pinned != nullptr) {
+      std::vector<int64_t> ids(m, sequence_id), pos(m);
+      for (int64_t i = 0; i < m; ++i) pos[i] = position + done + i;
+      ShowResiduals(observer, pinned, first_layer, n_shown, m, d, ids, pos);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackendModel::RecomputeKvIntoCache(int64_t layer,
+                                                    const float* residuals,
+                                                    int64_t position, int64_t n,
+                                                    KvCache* cache) const {
+  if (cache == nullptr || cache->precision() != Precision::kBf16 ||
+      cache->n_layers() != config_.n_layers) {
+    return absl::InvalidArgumentError(
+        "RecomputeKvIntoCache: no cache, or one made for another model");
+  }
+  KVD_RETURN_IF_ERROR(
+      internal::CheckDeviceCache(cache, "RecomputeKvIntoCache"));
+  if (layer < 0 || layer >= config_.n_layers || n < 0 || position < 0 ||
+      position < cache->first_kept(layer) ||
+      position + n > cache->covered_end(layer)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RecomputeKvIntoCache: layer ", layer, " positions [", position, ", ",
+        position + n, ") are not rows the cache holds; reserve them first"));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (residuals == nullptr) {
+    return absl::InvalidArgumentError("RecomputeKvIntoCache: null residuals");
+  }
+  absl::MutexLock lock(&mu_);
+  internal::CudaForward& f = *fwd_;
+  KVD_RETURN_IF_ERROR(f.SetDevice());
+  KVD_ASSIGN_OR_RETURN(const internal::CudaPool pool, DevicePool(*cache));
+  for (int64_t done = 0; done < n; done += kChunkRows) {
+    const int64_t m = std::min(kChunkRows, n - done);
+    const internal::CacheRows rows{cache, {}, position + done, m};
+    KVD_ASSIGN_OR_RETURN(
+        const internal::StepPlan plan,
+        internal::PlanCacheRows({&rows, 1}, config_.n_layers, {}));
+    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, 0, plan.ints.size()));
+    KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
+    KVD_RETURN_IF_ERROR(
+        f.UploadResiduals(residuals + done * config_.d_model, m));
+    KVD_RETURN_IF_ERROR(f.ProjectKv(plan, pool, layer));
+  }
+  return f.Sync("RecomputeKvIntoCache: writing K/V rows");
+}
+
+}  // namespace kvd::ops
