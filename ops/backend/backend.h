@@ -18,6 +18,7 @@
 #ifndef KVD_OPS_BACKEND_BACKEND_H_
 #define KVD_OPS_BACKEND_BACKEND_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -62,6 +63,17 @@ CudaModelSupport CudaServingSupport(absl::string_view model_name);
 // the device check's date in docs/BENCHMARKS.md, once it has.
 // `--backend cuda` is not affected.
 inline constexpr bool kCudaAutoSelectVerified = false;
+
+// The numerics version of the CUDA backend's kernels (kernels/cuda/README.md:
+// GEMM k order, attention chunking, the bf16 rounding points), what
+// CudaBackendModel::numerics_version reports and session checkpoints made on
+// a GPU record. It is its own number space, above the CPU contract's
+// (kernels/cpu/numerics_version.h), since the CPU and the GPU agree on
+// tokens, not bits. The device binaries are built for sm_90a only; a build
+// for several architectures whose tensor cores could round differently
+// must fold the architecture in. Bump it whenever a CUDA kernel change can
+// alter an output bit.
+inline constexpr uint32_t kCudaNumericsVersion = 1'000'001;
 
 struct BackendChoice {
   Backend backend = Backend::kCpu;

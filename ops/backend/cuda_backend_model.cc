@@ -13,6 +13,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/internal/cuda_check.h"
 #include "kernels/cuda/paged_attention.h"
+#include "ops/backend/backend.h"
 #include "ops/backend/internal/cuda_batch.h"
 #include "ops/backend/internal/cuda_cache_plan.h"
 #include "ops/backend/internal/cuda_forward.h"
@@ -197,6 +198,10 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> CudaBackendModel::NewBlockPool(
   // The budget the pool reports and names when full is the slab it has.
   pool_options.budget_bytes = bytes;
   return KvBlockPool::CreateInRegion(row_bytes, pool_options, region);
+}
+
+uint32_t CudaBackendModel::numerics_version() const {
+  return kCudaNumericsVersion;
 }
 
 absl::StatusOr<KvCache> CudaBackendModel::NewCache(KvBlockPool* pool) const {

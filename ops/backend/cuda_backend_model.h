@@ -83,6 +83,8 @@ class CudaBackendModel final : public ModelBackend {
   const char* backend_name() const override { return "cuda"; }
   const ModelConfig& config() const override { return config_; }
   Precision precision() const override { return Precision::kBf16; }
+  // kCudaNumericsVersion (backend.h).
+  uint32_t numerics_version() const override;
 
   // A pool over one cudaMalloc'd slab of min(budget_bytes / block_bytes,
   // max_pool_blocks or its default) blocks, freed when the pool goes. Its

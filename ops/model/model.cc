@@ -10,6 +10,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/numerics_version.h"
 #include "ops/model/architecture.h"
 
 namespace kvd::ops {
@@ -78,6 +79,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
                        LoadWeights(*m->file_, m->config_, options.precision,
                                    m->pool_.get(), options.progress));
   return m;
+}
+
+uint32_t Model::numerics_version() const {
+  return kernels::cpu::kNumericsVersion;
 }
 
 absl::StatusOr<KvCache> Model::NewCache(KvBlockPool* pool) const {

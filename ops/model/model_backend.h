@@ -146,6 +146,11 @@ class ModelBackend {
   virtual const char* backend_name() const = 0;
   virtual const ModelConfig& config() const = 0;
   virtual Precision precision() const = 0;
+  // The numerics contract this backend computes under: two runs with the
+  // same version give the same bits. A session checkpoint records it; one
+  // from other numerics is re-prefilled from its tokens, not resumed from
+  // its residuals (services/engine). CPU: kernels::cpu::kNumericsVersion.
+  virtual uint32_t numerics_version() const = 0;
 
   // A block pool whose blocks live where this backend's kernels read them
   // and fit this model's caches. INVALID_ARGUMENT for bad options;

@@ -11,7 +11,6 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/numerics_version.h"
 #include "ops/kvdirect/rebuild.h"
 #include "ops/kvdirect/residual_store.h"
 #include "services/engine/session_chunks.h"
@@ -58,7 +57,7 @@ v1::ModelIdentity ModelIdentityOf(const ops::ModelBackend& model,
   id.set_model_name(model.config().name);
   id.set_fingerprint(fingerprint);
   id.set_precision(ops::PrecisionName(model.precision()));
-  id.set_numerics_version(kernels::cpu::kNumericsVersion);
+  id.set_numerics_version(model.numerics_version());
   return id;
 }
 
@@ -181,7 +180,13 @@ absl::Status SessionEngine::ValidateOptions(
   }
   ops::KvBlockPool::Options po = PoolOptions(model, options);
   po.budget_bytes = 0;  // only the block size is checked here
-  if (absl::Status s = model.NewBlockPool(po).status(); !s.ok()) {
+  // A host pool with the backend's rows runs the same checks as the
+  // backend's own, without reserving device memory for them.
+  if (absl::Status s =
+          ops::KvBlockPool::Create(
+              ops::KvCache::RowBytes(model.config(), model.precision()), po)
+              .status();
+      !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv_pool_block_rows is ", options.kv_pool_block_rows,
                      ", which the K/V pool refuses (", s.message(),

@@ -153,7 +153,9 @@ struct EngineStats {
 class SessionEngine {
  public:
   // `identity`: the loaded model's fingerprint, precision and numerics
-  // version (ModelIdentityOf); checkpoints of any other identity are refused.
+  // version (ModelIdentityOf). Checkpoints of another model or precision are
+  // refused; checkpoints of other numerics are re-prefilled from their
+  // tokens (path kReprefill, saying why) and rewritten under `identity`.
   // The model (any ops::ModelBackend, used only through that interface) and
   // the store must outlive the engine.
   // Options that ValidateOptions refuses are not fatal here (a constructor
@@ -178,7 +180,7 @@ class SessionEngine {
 
   // Restores the session if needed, runs the turn, commits it. NOT_FOUND for
   // an unknown session (or another tenant's); FAILED_PRECONDITION if its
-  // checkpoint belongs to another model/precision/numerics version;
+  // checkpoint belongs to another model or precision;
   // INVALID_ARGUMENT if the turn does not fit the context; the store's code
   // if the commit fails (nothing of the turn is kept then).
   absl::StatusOr<TurnResult> RunTurn(const TurnRequest& request,
@@ -272,8 +274,8 @@ class SessionEngine {
 
 // The identity stored sessions are checked against: `fingerprint` from
 // ops::FingerprintModelFiles (or any stable id for in-memory test models).
-// The numerics version is the CPU kernels' (kernels/cpu/numerics_version.h)
-// whichever backend `model` is.
+// The numerics version is the backend's (ModelBackend::numerics_version):
+// the CPU's and the GPU's bits differ, so their checkpoints do too.
 v1::ModelIdentity ModelIdentityOf(const ops::ModelBackend& model,
                                   const std::string& fingerprint);
 

@@ -53,6 +53,10 @@ ops::Precision CountingBackendForTest::precision() const {
   return model_.precision();
 }
 
+uint32_t CountingBackendForTest::numerics_version() const {
+  return model_.numerics_version();
+}
+
 absl::StatusOr<std::unique_ptr<ops::KvBlockPool>>
 CountingBackendForTest::NewBlockPool(
     const ops::KvBlockPool::Options& options) const {

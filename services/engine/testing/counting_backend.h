@@ -63,6 +63,7 @@ class CountingBackendForTest final : public ops::ModelBackend {
   const char* backend_name() const override;
   const ops::ModelConfig& config() const override;
   ops::Precision precision() const override;
+  uint32_t numerics_version() const override;  // not counted
   absl::StatusOr<std::unique_ptr<ops::KvBlockPool>> NewBlockPool(
       const ops::KvBlockPool::Options& options) const override;
   absl::StatusOr<ops::KvCache> NewCache(ops::KvBlockPool* pool) const override;
