@@ -19,17 +19,6 @@ absl::StatusOr<BackendRequest> ParseBackendRequest(absl::string_view text) {
       absl::StrCat("--backend must be auto, cpu or cuda, not '", text, "'"));
 }
 
-CudaModelSupport CudaServingSupport(absl::string_view model_name) {
-  CudaModelSupport s;
-  s.can_serve = false;
-  s.reason = absl::StrCat(
-      "CUDA backend not yet able to serve ", model_name,
-      " (a CUDA forward pass for the llama family exists, "
-      "ops/backend/cuda_model.h, but the engine does not run on it yet: "
-      "issue 6)");
-  return s;
-}
-
 absl::StatusOr<BackendChoice> SelectBackend(BackendRequest request,
                                             const DeviceProbe& probe,
                                             const CudaModelSupport& support,

@@ -52,15 +52,11 @@ struct CudaModelSupport {
   std::string reason;  // set when !can_serve
 };
 
-// The engine's answer, by model name: no model yet. The CUDA model path
-// exists (cuda_model.h; which models it runs: CudaModelPathSupport in
-// cuda_model_support.h), but kvd's engine does not run on it yet.
-CudaModelSupport CudaServingSupport(absl::string_view model_name);
-
-// Whether `--backend auto` may pick CUDA at all. False until the CUDA model
-// path has passed the device check (tools/gpu/device_check.sh,
-// cuda_model_test) once: no CUDA code has run on a GPU yet. Flip it, with
-// the device check's date in docs/BENCHMARKS.md, once it has.
+// Whether `--backend auto` may pick CUDA at all. False until the CUDA
+// backend has passed the device check (tools/gpu/device_check.sh:
+// cuda_model_test, cuda_backend_model_test) once: no CUDA code has run on a
+// GPU yet. Flip it, with the device check's date in docs/BENCHMARKS.md, once
+// it has.
 // `--backend cuda` is not affected.
 inline constexpr bool kCudaAutoSelectVerified = false;
 

@@ -24,6 +24,10 @@ DeviceProbe OneH200() {
 }
 
 CudaModelSupport Serves() { return {true, ""}; }
+// What CudaModelPathSupport says of a model the CUDA path cannot run.
+CudaModelSupport Unservable(const std::string& model) {
+  return {false, "CUDA model path cannot run " + model + " (QK-norm)"};
+}
 
 TEST(ParseBackendRequest, AcceptsTheThreeNames) {
   EXPECT_EQ(*ParseBackendRequest("auto"), BackendRequest::kAuto);
@@ -61,14 +65,12 @@ TEST(SelectBackend, AutoWithoutDeviceFallsBackAndSaysWhy) {
 }
 
 TEST(SelectBackend, AutoWithDeviceButUnservableModelFallsBack) {
-  const CudaModelSupport s = CudaServingSupport("smollm2");
-  EXPECT_FALSE(s.can_serve);
+  const CudaModelSupport s = Unservable("gemma3");
   absl::StatusOr<BackendChoice> c =
-      SelectBackend(BackendRequest::kAuto, OneH200(), s);
+      SelectBackend(BackendRequest::kAuto, OneH200(), s, true);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->backend, Backend::kCpu);
-  EXPECT_THAT(c->notice,
-              HasSubstr("CUDA backend not yet able to serve smollm2"));
+  EXPECT_THAT(c->notice, HasSubstr("cannot run gemma3 (QK-norm)"));
   EXPECT_THAT(c->notice, HasSubstr("using the CPU backend"));
 }
 
@@ -107,8 +109,8 @@ TEST(SelectBackend, CudaRequestFailsInsteadOfFallingBack) {
   EXPECT_THAT(no_dev.status().message(), HasSubstr("cudaErrorNoDevice"));
   EXPECT_THAT(no_dev.status().message(), HasSubstr("--backend auto"));
 
-  absl::StatusOr<BackendChoice> no_model = SelectBackend(
-      BackendRequest::kCuda, OneH200(), CudaServingSupport("gemma3"));
+  absl::StatusOr<BackendChoice> no_model =
+      SelectBackend(BackendRequest::kCuda, OneH200(), Unservable("gemma3"));
   ASSERT_FALSE(no_model.ok());
   EXPECT_EQ(no_model.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(no_model.status().message(), HasSubstr("gemma3"));

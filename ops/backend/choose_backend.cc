@@ -1,16 +1,16 @@
 #include "ops/backend/choose_backend.h"
 
-#include "base/status_macros.h"
+#include "ops/backend/cuda_model_support.h"
 #include "ops/backend/cuda_probe.h"
 
 namespace kvd::ops {
 
-absl::StatusOr<BackendChoice> ChooseBackend(absl::string_view flag,
-                                            absl::string_view model_name) {
-  KVD_ASSIGN_OR_RETURN(const BackendRequest request, ParseBackendRequest(flag));
+absl::StatusOr<BackendChoice> ChooseBackend(BackendRequest request,
+                                            const ModelConfig& config,
+                                            Precision precision) {
   if (request == BackendRequest::kCpu) return BackendChoice{};
   return SelectBackend(request, ProbeCudaDevices(),
-                       CudaServingSupport(model_name));
+                       CudaModelPathSupport(config, precision));
 }
 
 }  // namespace kvd::ops

@@ -1,9 +1,10 @@
-// The backend for a command that loads a model: parses the --backend flag,
-// probes the CUDA devices (only when the flag is not "cpu") and applies
-// SelectBackend (backend.h).
+// The backend for a loaded model: probes the CUDA devices (only when the
+// request is not kCpu), asks CudaModelPathSupport whether the CUDA path runs
+// this model and precision, and applies SelectBackend (backend.h).
 //
 //   KVD_ASSIGN_OR_RETURN(BackendChoice c,
-//                        ChooseBackend(args.Get("backend"), model_path));
+//                        ChooseBackend(request, model.config(),
+//                                      model.precision()));
 //   if (!c.notice.empty()) std::fprintf(stderr, "%s\n", c.notice.c_str());
 //
 // Thread-safety: as ProbeCudaDevices.
@@ -11,13 +12,14 @@
 #define KVD_OPS_BACKEND_CHOOSE_BACKEND_H_
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "ops/backend/backend.h"
+#include "ops/model/model_config.h"
 
 namespace kvd::ops {
 
-absl::StatusOr<BackendChoice> ChooseBackend(absl::string_view flag,
-                                            absl::string_view model_name);
+absl::StatusOr<BackendChoice> ChooseBackend(BackendRequest request,
+                                            const ModelConfig& config,
+                                            Precision precision);
 
 }  // namespace kvd::ops
 

@@ -590,7 +590,10 @@ TEST_F(GrpcServiceTest, DeltasCarryTokenIdsAndLogprobs) {
   const std::vector<int32_t> ids(r.finished.token_ids().begin(),
                                  r.finished.token_ids().end());
   ASSERT_EQ(ids.size(), 16u);
-  EXPECT_GT(r.deltas, 1);
+  // Deltas a slow reader missed arrive merged (Scheduler::Run), so on a
+  // loaded machine all 16 tokens may come as one delta: the count is not
+  // the point, their contents are.
+  EXPECT_GE(r.deltas, 1);
   EXPECT_EQ(r.delta_ids, ids);
   ASSERT_EQ(r.delta_logprobs.size(), ids.size());
   ASSERT_EQ(r.finished.logprobs_size(), static_cast<int>(ids.size()));

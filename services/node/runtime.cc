@@ -69,11 +69,14 @@ absl::StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Open(
           .count();
   rt->model_id_ =
       options.model_id.empty() ? rt->model_->config().name : options.model_id;
+  KVD_ASSIGN_OR_RETURN(rt->backend_,
+                       ops::OpenBackend(options.backend, *rt->model_));
+  const ops::ModelBackend& backend = *rt->backend_.backend;
   KVD_RETURN_IF_ERROR(
-      engine::SessionEngine::ValidateOptions(*rt->model_, options.engine));
+      engine::SessionEngine::ValidateOptions(backend, options.engine));
   rt->engine_ = std::make_unique<engine::SessionEngine>(
-      *rt->model_, engine::ModelIdentityOf(*rt->model_, fingerprint),
-      rt->store_.get(), options.engine);
+      backend, engine::ModelIdentityOf(backend, fingerprint), rt->store_.get(),
+      options.engine);
   if (options.trim_free_memory) {
     rt->trimmer_ = std::make_unique<MemoryTrimmer>(MemoryTrimmerOptions{});
   }

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "ops/backend/open_backend.h"
 #include "ops/chat/chat_template.h"
 #include "ops/kvdirect/checkpoint_policy.h"
 #include "ops/model/model.h"
@@ -44,6 +45,9 @@ struct NodeOptions {
   bool memory_commits = false;  // storage::CommitMode::kMemory
   int64_t dram_budget_bytes = int64_t{1} << 30;
   engine::SessionEngineOptions engine;
+  // Which backend runs the engine (ops/backend/open_backend.h); the notice
+  // saying why the CPU, or which device, is backend_notice().
+  ops::BackendRequest backend = ops::BackendRequest::kCpu;
   // Return memory malloc keeps free to the kernel every few seconds
   // (memory_trimmer.h), so resident memory tracks the budgets above.
   bool trim_free_memory = true;
@@ -61,7 +65,12 @@ class NodeRuntime {
   static absl::StatusOr<std::unique_ptr<storage::TieredStore>> OpenStore(
       const NodeOptions& options);
 
+  // The loaded model on the host: its config, GGUF file and tokenizer data.
+  // The engine runs on backend(), which is this model for the CPU backend.
   const ops::Model& model() const { return *model_; }
+  const ops::ModelBackend& backend() const { return *backend_.backend; }
+  // One line for the user about the backend choice, or empty.
+  const std::string& backend_notice() const { return backend_.notice; }
   const ops::Tokenizer& tokenizer() const { return *tokenizer_; }
   // None for models without a recognised chat template: raw prompts only.
   const std::optional<ops::ChatTemplate>& chat_template() const {
@@ -79,6 +88,7 @@ class NodeRuntime {
   NodeRuntime() = default;
 
   std::unique_ptr<ops::Model> model_;
+  ops::OpenedBackend backend_;  // may own a GPU backend made from model_
   std::unique_ptr<ops::Tokenizer> tokenizer_;
   std::optional<ops::ChatTemplate> chat_template_;
   std::unique_ptr<storage::TieredStore> store_;

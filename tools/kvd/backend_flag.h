@@ -1,25 +1,24 @@
 // The --backend flag of the commands that load a model (generate, chat,
-// serve): auto (default), cpu or cuda; the rule is ops/backend/backend.h.
+// serve): auto (default), cpu or cuda; the rule is ops/backend/backend.h and
+// the opening ops/backend/open_backend.h.
 //
 //   DeclareBackendFlag(args);
 //   ...
-//   KVD_RETURN_IF_ERROR(ApplyBackendFlag(args, "smollm2"));
+//   KVD_ASSIGN_OR_RETURN(ops::BackendRequest req,
+//   BackendRequestFromFlag(args));
 #ifndef KVD_TOOLS_KVD_BACKEND_FLAG_H_
 #define KVD_TOOLS_KVD_BACKEND_FLAG_H_
 
-#include <string>
-
-#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ops/backend/backend.h"
 #include "tools/kvd/args.h"
 
 namespace kvd::cli {
 
 void DeclareBackendFlag(Args& args);
 
-// Applies --backend for `model`: prints the one-line notice (e.g. "kvd: no
-// CUDA device (...); using the CPU backend") to stderr; FAILED_PRECONDITION
-// for --backend cuda when CUDA cannot serve the model.
-absl::Status ApplyBackendFlag(const Args& args, const std::string& model);
+// INVALID_ARGUMENT naming the flag for anything but auto, cpu or cuda.
+absl::StatusOr<ops::BackendRequest> BackendRequestFromFlag(const Args& args);
 
 }  // namespace kvd::cli
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/cpu_features.h"
+#include "ops/backend/open_backend.h"
 #include "ops/chat/chat_template.h"
 #include "ops/model/model.h"
 #include "ops/tokenizer/gguf_tokenizer.h"
@@ -51,7 +52,8 @@ absl::Status Run(const Args& args) {
                        ops::ParsePrecision(args.Get("precision")));
   const bool quiet = args.Has("quiet");
   KVD_ASSIGN_OR_RETURN(std::string path, ResolveModel(args.Get("model")));
-  KVD_RETURN_IF_ERROR(ApplyBackendFlag(args, args.Get("model")));
+  KVD_ASSIGN_OR_RETURN(const ops::BackendRequest backend_request,
+                       BackendRequestFromFlag(args));
   KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));
 
   KVD_ASSIGN_OR_RETURN(engine::GenerateRequest req, SamplingFromFlags(args));
@@ -85,6 +87,10 @@ absl::Status Run(const Args& args) {
   }
   KVD_ASSIGN_OR_RETURN(std::unique_ptr<ops::Tokenizer> tokenizer,
                        ops::TokenizerFromGguf(model->file()));
+  KVD_ASSIGN_OR_RETURN(const ops::OpenedBackend backend,
+                       ops::OpenBackend(backend_request, *model));
+  if (!backend.notice.empty())
+    std::fprintf(stderr, "%s\n", backend.notice.c_str());
 
   std::string text;
   if (raw) {
@@ -107,12 +113,16 @@ absl::Status Run(const Args& args) {
   req.prompt =
       tokenizer->Encode(text, /*add_special=*/true, /*parse_special=*/!raw);
 
-  ops::KvCache cache = model->NewCache();
-  KVD_ASSIGN_OR_RETURN(
-      engine::GenerateResult result,
-      engine::Generate(*model, *tokenizer, req, &cache, [](std::string_view s) {
-        std::cout << s << std::flush;
-      }));
+  // An unlimited pool: one sequence, whose length the context bounds.
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<ops::KvBlockPool> pool,
+                       backend.backend->NewBlockPool({}));
+  KVD_ASSIGN_OR_RETURN(ops::KvCache cache,
+                       backend.backend->NewCache(pool.get()));
+  KVD_ASSIGN_OR_RETURN(engine::GenerateResult result,
+                       engine::Generate(*backend.backend, *tokenizer, req,
+                                        &cache, [](std::string_view s) {
+                                          std::cout << s << std::flush;
+                                        }));
   std::cout << std::endl;
   if (!quiet) {
     const double decode_tps =
@@ -125,8 +135,10 @@ absl::Status Run(const Args& args) {
                  "decode %zu tokens %.1f tok/s | finish: %s\n",
                  model->config().name.c_str(), ops::PrecisionName(precision),
                  model->pool()->num_threads(),
-                 kernels::cpu::IsaName(kernels::cpu::ActiveIsa()), load_s,
-                 static_cast<long long>(result.prompt_tokens),
+                 backend.kind == ops::Backend::kCuda
+                     ? "cuda"
+                     : kernels::cpu::IsaName(kernels::cpu::ActiveIsa()),
+                 load_s, static_cast<long long>(result.prompt_tokens),
                  result.prefill_seconds > 0
                      ? result.prompt_tokens / result.prefill_seconds
                      : 0.0,

@@ -1,5 +1,6 @@
 #include "tools/kvd/session_runtime.h"
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -132,13 +133,15 @@ absl::StatusOr<std::unique_ptr<node::NodeRuntime>> OpenSessionRuntime(
     const Args& args, bool show_progress) {
   KVD_ASSIGN_OR_RETURN(node::NodeOptions o, NodeOptionsFromFlags(args));
   KVD_RETURN_IF_ERROR(AddModelAndSessionFlags(args, o));
-  KVD_RETURN_IF_ERROR(ApplyBackendFlag(args, o.model_id));
+  KVD_ASSIGN_OR_RETURN(o.backend, BackendRequestFromFlag(args));
   ProgressBar bar("loading " + o.model_path, show_progress);
   KVD_ASSIGN_OR_RETURN(std::unique_ptr<node::NodeRuntime> rt,
                        node::NodeRuntime::Open(o, [&bar](int done, int total) {
                          bar.Update(done, total);
                        }));
   bar.Finish();
+  if (!rt->backend_notice().empty())
+    std::fprintf(stderr, "%s\n", rt->backend_notice().c_str());
   return rt;
 }
 

@@ -1,0 +1,84 @@
+// OpenBackend end to end on this machine: the real device probe and, with
+// the toolkit, the real CudaBackendModel::Create. Without a device, auto
+// lands on the CPU model with one line saying why and cuda fails; with one,
+// cuda runs the model on it and auto stays on the CPU until the device check
+// has passed (kCudaAutoSelectVerified).
+#include "ops/backend/open_backend.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "ops/backend/cuda_probe.h"
+#include "ops/model/testing/tiny_model.h"
+
+namespace kvd::ops {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<Model> TinyBf16Llama() {
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      testing::LoadTinyModel({}, Precision::kBf16);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *std::move(model) : nullptr;
+}
+
+TEST(OpenBackend, CpuIsTheModelItselfQuietly) {
+  auto model = TinyBf16Llama();
+  ASSERT_NE(model, nullptr);
+  absl::StatusOr<OpenedBackend> b = OpenBackend(BackendRequest::kCpu, *model);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->kind, Backend::kCpu);
+  EXPECT_EQ(b->backend, model.get());
+  EXPECT_EQ(b->owned, nullptr);
+  EXPECT_EQ(b->notice, "");
+  EXPECT_STREQ(b->backend->backend_name(), "cpu");
+}
+
+TEST(OpenBackend, AutoLandsOnTheCpuWithOneLine) {
+  auto model = TinyBf16Llama();
+  ASSERT_NE(model, nullptr);
+  absl::StatusOr<OpenedBackend> b = OpenBackend(BackendRequest::kAuto, *model);
+  ASSERT_TRUE(b.ok()) << b.status();
+  // Without a device, or with one before the device check has passed.
+  ASSERT_FALSE(kCudaAutoSelectVerified);
+  EXPECT_EQ(b->kind, Backend::kCpu);
+  EXPECT_EQ(b->backend, model.get());
+  EXPECT_THAT(b->notice, HasSubstr("CPU backend"));
+  EXPECT_EQ(b->notice.find('\n'), std::string::npos);
+}
+
+TEST(OpenBackend, CudaFailsWithoutADeviceAndRunsWithOne) {
+  auto model = TinyBf16Llama();
+  ASSERT_NE(model, nullptr);
+  absl::StatusOr<OpenedBackend> b = OpenBackend(BackendRequest::kCuda, *model);
+  if (ProbeCudaDevices().device_count == 0) {
+    ASSERT_FALSE(b.ok());
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(b.status().message(), HasSubstr("--backend cuda"));
+    return;
+  }
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->kind, Backend::kCuda);
+  ASSERT_NE(b->owned, nullptr);
+  EXPECT_EQ(b->backend, b->owned.get());
+  EXPECT_STREQ(b->backend->backend_name(), "cuda");
+  EXPECT_EQ(b->backend->numerics_version(), kCudaNumericsVersion);
+}
+
+TEST(OpenBackend, CudaRefusesAModelItsPathCannotRun) {
+  absl::StatusOr<std::unique_ptr<Model>> fp32 =
+      testing::LoadTinyModel({}, Precision::kF32);
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  absl::StatusOr<OpenedBackend> b = OpenBackend(BackendRequest::kCuda, **fp32);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
+  // Without a device that is the first reason; with one, the precision.
+  if (ProbeCudaDevices().device_count > 0) {
+    EXPECT_THAT(b.status().message(), HasSubstr("fp32"));
+  }
+}
+
+}  // namespace
+}  // namespace kvd::ops
