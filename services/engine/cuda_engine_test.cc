@@ -1,0 +1,250 @@
+// The session engine on the GPU (device test; skips without a CUDA device):
+// SessionEngine over ops::CudaBackendModel, with the engine's own KvCaches
+// in a device pool. On the random-weight llama and qwen2 cases of the CUDA
+// model tests (ops/backend/testing/cuda_model_cases.h):
+//   - a conversation demoted to its checkpoint before every turn and
+//     restored on the GPU (kv-direct: RecomputeKvIntoCache; stride:2:
+//     ForwardLayers; tokens: a re-prefill) gives the same logits, bit for
+//     bit, as the same conversation kept hot on the GPU;
+//   - a bounded hot window (K/V below it recomputed from residuals inside
+//     attention) gives the full cache's bits on llama; on qwen2 (q/k/v bias)
+//     the turn is refused with UNIMPLEMENTED and the engine keeps serving;
+//   - greedy tokens agree with the CPU engine's until the first near-tie
+//     (the rule of cuda_model_cases.h), and a session checkpointed on the
+//     GPU continues on a CPU engine over the same store by a re-prefill,
+//     since the two backends' numerics differ.
+// Prints "[ <family> engine ] ..." lines that tools/gpu/device_check.sh
+// copies into its summary.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "ops/backend/cuda_backend_model.h"
+#include "ops/backend/cuda_probe.h"
+#include "ops/backend/testing/cuda_model_cases.h"
+#include "ops/kvdirect/checkpoint_policy.h"
+#include "ops/kvdirect/residual_kv_source.h"
+#include "services/engine/session_engine.h"
+#include "services/engine/testing/engine_fixture.h"
+
+namespace kvd::engine {
+namespace {
+
+constexpr int kTurns = 4;
+constexpr int kNewTokens = 12;
+
+struct Transcript {
+  std::vector<std::vector<float>> logits;  // one per generated token
+  std::vector<int32_t> tokens;
+  std::vector<StatePath> paths;  // per turn
+  std::vector<std::string> details;
+  absl::Status status;  // the first failed turn's
+};
+
+class CudaEngineTest : public testing::TinyModelTest {
+ protected:
+  void SetUp() override {
+    const ops::DeviceProbe probe = ops::ProbeCudaDevices();
+    if (probe.device_count == 0)
+      GTEST_SKIP() << "no CUDA device: " << probe.detail;
+    LoadModel(ops::testing::CudaCaseSpec(GetParam().family));
+    absl::StatusOr<std::unique_ptr<ops::CudaBackendModel>> gpu =
+        ops::CudaBackendModel::Create(*model_);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    gpu_ = std::move(*gpu);
+  }
+
+  void TearDown() override {
+    engine_.reset();  // drives the backends and holds the store
+    store_.reset();
+  }
+
+  // A new engine over `backend` and the store at `dir` (created if missing).
+  void Open(const ops::ModelBackend& backend, const std::string& dir,
+            const std::string& policy, int64_t hot_budget) {
+    engine_.reset();
+    store_.reset();
+    absl::StatusOr<std::unique_ptr<storage::TieredStore>> store =
+        testing::OpenTestStore(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    SessionEngineOptions o;
+    o.policy = *ops::ParseCheckpointPolicy(policy);
+    o.hot_budget = hot_budget;
+    o.chunk_tokens = 16;
+    o.kv_pool_bytes = 64 << 20;
+    engine_ = std::make_unique<SessionEngine>(
+        backend, ModelIdentityOf(backend, "sha256:tiny-cuda-case"),
+        store_.get(), o);
+  }
+
+  // Turn `turn` of the conversation (its prompt is fixed by the turn).
+  void Turn(int turn, Transcript* t) {
+    TurnRequest r;
+    r.tenant = "acme";
+    r.session = "chat-1";
+    r.tokens = ops::testing::RandomTokens(9 + 23 * turn, 300 + turn,
+                                          model_->config().vocab_size);
+    r.generate.max_tokens = kNewTokens;
+    r.generate.ignore_eos = true;
+    r.generate.sampling.temperature = 0;
+    r.generate.on_logits = [t](const float* l, int64_t n) {
+      t->logits.emplace_back(l, l + n);
+    };
+    absl::StatusOr<TurnResult> res = engine_->RunTurn(r, *tokenizer_, nullptr);
+    if (!res.ok()) {
+      if (t->status.ok()) t->status = res.status();
+      return;
+    }
+    const GenerateResult& g = res->generation;
+    t->tokens.insert(t->tokens.end(), g.tokens.begin(), g.tokens.end());
+    t->paths.push_back(res->path);
+    t->details.push_back(res->path_detail);
+  }
+
+  // The whole conversation on `backend` in a fresh store; with `demote`,
+  // the session goes back to its checkpoint before every turn but the
+  // first.
+  Transcript Converse(const ops::ModelBackend& backend,
+                      const std::string& policy, int64_t hot_budget,
+                      bool demote) {
+    Open(backend, testing::FreshTestDir("cuda-engine"), policy, hot_budget);
+    Transcript t;
+    if (engine_ == nullptr) return t;
+    EXPECT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
+    for (int turn = 0; turn < kTurns && t.status.ok(); ++turn) {
+      if (turn > 0 && demote) engine_->Suspend("acme", "chat-1");
+      Turn(turn, &t);
+    }
+    return t;
+  }
+
+  bool bias() const { return model_->config().qkv_bias; }
+  const char* family() const { return GetParam().family.c_str(); }
+
+  std::unique_ptr<ops::CudaBackendModel> gpu_;
+  std::unique_ptr<storage::TieredStore> store_;
+  std::unique_ptr<SessionEngine> engine_;
+};
+
+TEST_P(CudaEngineTest, RestoredConversationsAreBitIdenticalOnTheGpu) {
+  struct Variant {
+    std::string policy;
+    StatePath restore_path;
+  };
+  const Variant variants[] = {{"kv-direct", StatePath::kDram},
+                              {"stride:2", StatePath::kDram},
+                              {"tokens", StatePath::kReprefill}};
+  const Transcript hot =
+      Converse(*gpu_, "kv-direct", ops::ResidualKvSource::kAll, false);
+  ASSERT_TRUE(hot.status.ok()) << hot.status;
+  ASSERT_EQ(hot.tokens.size(), static_cast<size_t>(kTurns * kNewTokens));
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.policy);
+    const Transcript got =
+        Converse(*gpu_, v.policy, ops::ResidualKvSource::kAll, true);
+    ASSERT_TRUE(got.status.ok()) << got.status;
+    ASSERT_EQ(got.paths.size(), static_cast<size_t>(kTurns));
+    for (int i = 1; i < kTurns; ++i) EXPECT_EQ(got.paths[i], v.restore_path);
+    const ::testing::AssertionResult same =
+        testing::LogitsBitIdentical(hot.logits, got.logits);
+    EXPECT_TRUE(same);
+    EXPECT_EQ(hot.tokens, got.tokens);
+    std::printf("[ %s engine ] %s restores on the GPU: %s\n", family(),
+                v.policy.c_str(), same ? "bit-identical" : "DIFFERENT");
+  }
+}
+
+TEST_P(CudaEngineTest, BoundedHotWindowMatchesTheFullCacheOrIsRefused) {
+  const Transcript full =
+      Converse(*gpu_, "kv-direct", ops::ResidualKvSource::kAll, false);
+  ASSERT_TRUE(full.status.ok()) << full.status;
+  const Transcript bounded = Converse(*gpu_, "kv-direct", 32, false);
+  if (bias()) {
+    // The device's cold-chunk recompute has no q/k/v bias input.
+    EXPECT_EQ(bounded.status.code(), absl::StatusCode::kUnimplemented)
+        << bounded.status;
+    // The engine keeps serving: a plain session still runs.
+    const Transcript after =
+        Converse(*gpu_, "kv-direct", ops::ResidualKvSource::kAll, false);
+    EXPECT_TRUE(after.status.ok()) << after.status;
+    std::printf("[ %s engine ] hot window 32: refused (q/k/v bias), %s\n",
+                family(), bounded.status.ToString().c_str());
+    return;
+  }
+  ASSERT_TRUE(bounded.status.ok()) << bounded.status;
+  const ::testing::AssertionResult same =
+      testing::LogitsBitIdentical(full.logits, bounded.logits);
+  EXPECT_TRUE(same);
+  std::printf("[ %s engine ] hot window 32 vs full cache: %s\n", family(),
+              same ? "bit-identical" : "DIFFERENT");
+}
+
+TEST_P(CudaEngineTest, AgreesWithTheCpuEngineAndMovesToIt) {
+  const Transcript gpu =
+      Converse(*gpu_, "kv-direct", ops::ResidualKvSource::kAll, false);
+  ASSERT_TRUE(gpu.status.ok()) << gpu.status;
+  const Transcript cpu =
+      Converse(*model_, "kv-direct", ops::ResidualKvSource::kAll, false);
+  ASSERT_TRUE(cpu.status.ok()) << cpu.status;
+  ASSERT_EQ(gpu.logits.size(), cpu.logits.size());
+
+  // Tokens agree until the first step whose CPU top-2 margin a rounding
+  // difference can explain; a divergence anywhere else fails.
+  double max_diff = 0;
+  size_t agreed = 0;
+  bool near_tie_stop = false;
+  for (size_t i = 0; i < cpu.tokens.size(); ++i) {
+    for (size_t j = 0; j < cpu.logits[i].size(); ++j) {
+      max_diff = std::max(
+          max_diff,
+          std::fabs(static_cast<double>(gpu.logits[i][j]) - cpu.logits[i][j]));
+    }
+    if (gpu.tokens[i] != cpu.tokens[i]) {
+      const float margin = ops::testing::Top2Margin(cpu.logits[i]);
+      EXPECT_LT(margin, 2 * max_diff)
+          << "token " << i << " differs at a CPU margin of " << margin;
+      near_tie_stop = true;
+      break;
+    }
+    ++agreed;
+  }
+  EXPECT_LT(max_diff, ops::testing::kMaxLogitDiff);
+  std::printf(
+      "[ %s engine ] GPU vs CPU engine: %zu/%zu greedy tokens agree%s, max "
+      "|logit diff| %.4f before\n",
+      family(), agreed, cpu.tokens.size(),
+      near_tie_stop ? " (then a near-tie)" : "", max_diff);
+
+  // A session the GPU checkpointed continues on a CPU engine over the same
+  // store: its residuals are the GPU's numerics, so it is re-prefilled.
+  const std::string dir = testing::FreshTestDir("cuda-to-cpu");
+  Open(*gpu_, dir, "kv-direct", ops::ResidualKvSource::kAll);
+  ASSERT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
+  Transcript moved;
+  Turn(0, &moved);
+  Turn(1, &moved);
+  Open(*model_, dir, "kv-direct", ops::ResidualKvSource::kAll);
+  Turn(2, &moved);
+  ASSERT_TRUE(moved.status.ok()) << moved.status;
+  ASSERT_EQ(moved.paths.size(), 3u);
+  EXPECT_EQ(moved.paths[2], StatePath::kReprefill);
+  EXPECT_NE(moved.details[2].find("numerics version"), std::string::npos)
+      << moved.details[2];
+  std::printf("[ %s engine ] GPU session resumed on the CPU: %s (%s)\n",
+              family(), StatePathName(moved.paths[2]),
+              moved.details[2].c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, CudaEngineTest,
+    ::testing::Values(ops::testing::FamilyCase{"llama", ops::Precision::kBf16},
+                      ops::testing::FamilyCase{"qwen2", ops::Precision::kBf16}),
+    ops::testing::FamilyCaseName);
+
+}  // namespace
+}  // namespace kvd::engine
