@@ -134,9 +134,11 @@ absl::Status Run(const Args& args) {
     KVD_ASSIGN_OR_RETURN(grpc,
                          node::StartGrpcServer(rt.get(), keys, std::move(o)));
   }
-  std::fprintf(stderr, "kvd serve: model %s (%s), sessions in %s/sessions\n",
+  std::fprintf(stderr,
+               "kvd serve: model %s (%s) on the %s backend, sessions in "
+               "%s/sessions\n",
                rt->model_id().c_str(), rt->model_path().c_str(),
-               args.Get("data-dir").c_str());
+               rt->backend().backend_name(), args.Get("data-dir").c_str());
   if (http) {
     std::fprintf(stderr, "  OpenAI API  %s://%s:%d/v1  (metrics: /metrics)\n",
                  args.Has("tls-cert") ? "https" : "http", host.c_str(),
