@@ -381,34 +381,12 @@ absl::Status CudaBackendModel::RunForwardLayers(KvCache* cache,
                                                 int64_t sequence_id) const {
   const ModelConfig& c = config_;
   const int64_t d = c.d_model;
-  if (cache == nullptr || h == nullptr)
-    return absl::InvalidArgumentError("ForwardLayers: null cache or residuals");
-  if (cache->precision() != Precision::kBf16 ||
-      cache->n_layers() != c.n_layers) {
-    return absl::FailedPreconditionError(
-        "ForwardLayers: K/V cache was made for another model or precision");
-  }
-  KVD_RETURN_IF_ERROR(internal::CheckDeviceCache(cache, "ForwardLayers"));
-  if (first_layer < 0 || first_layer > end_layer || end_layer > c.n_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ForwardLayers: layers [", first_layer, ", ", end_layer,
-                     ") are not a range of the model's ", c.n_layers));
-  }
-  if (n < 0 || position < 0 || position + n > c.context_length) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ForwardLayers: positions [", position, ", ", position + n,
-        ") are outside the model's context of ", c.context_length));
-  }
-  for (int64_t l = first_layer; l < end_layer; ++l) {
-    if (cache->first_kept(l) > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "ForwardLayers: layer ", l, " dropped its rows below ",
-          cache->first_kept(l), "; a partial prefill needs all of them"));
-    }
-  }
-  if (n == 0 || first_layer == end_layer) return absl::OkStatus();
-  for (int64_t l = first_layer; l < end_layer; ++l)
-    KVD_RETURN_IF_ERROR(cache->ReserveLayer(l, position + n));
+  if (cache != nullptr)
+    KVD_RETURN_IF_ERROR(internal::CheckDeviceCache(cache, "ForwardLayers"));
+  KVD_ASSIGN_OR_RETURN(const bool work,
+                       PrepareLayerRange(c, Precision::kBf16, cache, position,
+                                         n, first_layer, end_layer, h));
+  if (!work) return absl::OkStatus();
 
   // The final residual (layer n_layers) is shown only by a run that ends
   // there, as on the CPU.

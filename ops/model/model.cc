@@ -197,32 +197,10 @@ absl::Status Model::RunForwardLayers(KvCache* cache, int64_t position,
                                      ResidualObserver* observer,
                                      int64_t sequence_id) const {
   const ModelConfig& c = config_;
-  if (cache == nullptr || h == nullptr)
-    return absl::InvalidArgumentError("ForwardLayers: null cache or residuals");
-  if (cache->precision() != precision_ || cache->n_layers() != c.n_layers) {
-    return absl::FailedPreconditionError(
-        "ForwardLayers: K/V cache was made for another model or precision");
-  }
-  if (first_layer < 0 || first_layer > end_layer || end_layer > c.n_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ForwardLayers: layers [", first_layer, ", ", end_layer,
-                     ") are not a range of the model's ", c.n_layers));
-  }
-  if (n < 0 || position < 0 || position + n > c.context_length) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ForwardLayers: positions [", position, ", ", position + n,
-        ") are outside the model's context of ", c.context_length));
-  }
-  for (int64_t l = first_layer; l < end_layer; ++l) {
-    if (cache->first_kept(l) > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "ForwardLayers: layer ", l, " dropped its rows below ",
-          cache->first_kept(l), "; a partial prefill needs all of them"));
-    }
-  }
-  if (n == 0 || first_layer == end_layer) return absl::OkStatus();
-  for (int64_t l = first_layer; l < end_layer; ++l)
-    KVD_RETURN_IF_ERROR(cache->ReserveLayer(l, position + n));
+  KVD_ASSIGN_OR_RETURN(const bool work,
+                       PrepareLayerRange(c, precision_, cache, position, n,
+                                         first_layer, end_layer, h));
+  if (!work) return absl::OkStatus();
   const SequenceStep step{cache, {}, LogitsMode::kNone, sequence_id};
   std::vector<int64_t> row_seq(n, 0), row_pos(n);
   for (int64_t i = 0; i < n; ++i) row_pos[i] = position + i;

@@ -137,6 +137,40 @@ absl::StatusOr<int64_t> PrepareStepCaches(
   return total;
 }
 
+absl::StatusOr<bool> PrepareLayerRange(const ModelConfig& c,
+                                       Precision precision, KvCache* cache,
+                                       int64_t position, int64_t n,
+                                       int64_t first_layer, int64_t end_layer,
+                                       const float* h) {
+  if (cache == nullptr || h == nullptr)
+    return absl::InvalidArgumentError("ForwardLayers: null cache or residuals");
+  if (cache->precision() != precision || cache->n_layers() != c.n_layers) {
+    return absl::FailedPreconditionError(
+        "ForwardLayers: K/V cache was made for another model or precision");
+  }
+  if (first_layer < 0 || first_layer > end_layer || end_layer > c.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardLayers: layers [", first_layer, ", ", end_layer,
+                     ") are not a range of the model's ", c.n_layers));
+  }
+  if (n < 0 || position < 0 || position + n > c.context_length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ForwardLayers: positions [", position, ", ", position + n,
+        ") are outside the model's context of ", c.context_length));
+  }
+  for (int64_t l = first_layer; l < end_layer; ++l) {
+    if (cache->first_kept(l) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ForwardLayers: layer ", l, " dropped its rows below ",
+          cache->first_kept(l), "; a partial prefill needs all of them"));
+    }
+  }
+  if (n == 0 || first_layer == end_layer) return false;
+  for (int64_t l = first_layer; l < end_layer; ++l)
+    KVD_RETURN_IF_ERROR(cache->ReserveLayer(l, position + n));
+  return true;
+}
+
 std::vector<int64_t> SelectLogitRows(absl::Span<const SequenceStep> batch,
                                      int64_t vocab_size, ForwardOutput* out) {
   out->vocab_size = vocab_size;

@@ -232,6 +232,17 @@ absl::StatusOr<int64_t> PrepareStepCaches(const ModelConfig& config,
                                           Precision precision,
                                           absl::Span<const SequenceStep> batch);
 
+// Shared by the backends' ForwardLayers: checks the arguments as
+// ForwardLayers documents (INVALID_ARGUMENT, FAILED_PRECONDITION), then
+// reserves the range's layers' blocks up to position + n
+// (RESOURCE_EXHAUSTED). False when there is nothing to run (n == 0 or an
+// empty layer range).
+absl::StatusOr<bool> PrepareLayerRange(const ModelConfig& config,
+                                       Precision precision, KvCache* cache,
+                                       int64_t position, int64_t n,
+                                       int64_t first_layer, int64_t end_layer,
+                                       const float* h);
+
 // The rows of a step's flattened tokens (sequence 0's, then 1's, ...) that
 // want logits, with out->first_row / num_rows / vocab_size filled for them;
 // out->logits is left for the backend (rows x vocab_size).
