@@ -432,20 +432,12 @@ absl::Status CudaBackendModel::RecomputeKvIntoCache(int64_t layer,
                                                     const float* residuals,
                                                     int64_t position, int64_t n,
                                                     KvCache* cache) const {
-  if (cache == nullptr || cache->precision() != Precision::kBf16 ||
-      cache->n_layers() != config_.n_layers) {
-    return absl::InvalidArgumentError(
-        "RecomputeKvIntoCache: no cache, or one made for another model");
+  if (cache != nullptr) {
+    KVD_RETURN_IF_ERROR(
+        internal::CheckDeviceCache(cache, "RecomputeKvIntoCache"));
   }
-  KVD_RETURN_IF_ERROR(
-      internal::CheckDeviceCache(cache, "RecomputeKvIntoCache"));
-  if (layer < 0 || layer >= config_.n_layers || n < 0 || position < 0 ||
-      position < cache->first_kept(layer) ||
-      position + n > cache->covered_end(layer)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RecomputeKvIntoCache: layer ", layer, " positions [", position, ", ",
-        position + n, ") are not rows the cache holds; reserve them first"));
-  }
+  KVD_RETURN_IF_ERROR(CheckRecomputeTarget(config_, Precision::kBf16, layer,
+                                           position, n, cache));
   if (n == 0) return absl::OkStatus();
   if (residuals == nullptr) {
     return absl::InvalidArgumentError("RecomputeKvIntoCache: null residuals");

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
@@ -472,18 +473,8 @@ void Model::AttendSelected(int64_t l, const SequenceStep& step, int64_t g,
 absl::Status Model::RecomputeKvIntoCache(int64_t layer, const float* residuals,
                                          int64_t position, int64_t n,
                                          KvCache* cache) const {
-  if (cache == nullptr || cache->precision() != precision_ ||
-      cache->n_layers() != config_.n_layers) {
-    return absl::InvalidArgumentError(
-        "RecomputeKvIntoCache: no cache, or one made for another model");
-  }
-  if (layer < 0 || layer >= config_.n_layers || n < 0 || position < 0 ||
-      position < cache->first_kept(layer) ||
-      position + n > cache->covered_end(layer)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RecomputeKvIntoCache: layer ", layer, " positions [", position, ", ",
-        position + n, ") are not rows the cache holds; reserve them first"));
-  }
+  KVD_RETURN_IF_ERROR(
+      CheckRecomputeTarget(config_, precision_, layer, position, n, cache));
   if (n == 0) return absl::OkStatus();
   std::vector<int64_t> positions(n);
   for (int64_t i = 0; i < n; ++i) positions[i] = position + i;

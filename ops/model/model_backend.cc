@@ -171,6 +171,24 @@ absl::StatusOr<bool> PrepareLayerRange(const ModelConfig& c,
   return true;
 }
 
+absl::Status CheckRecomputeTarget(const ModelConfig& c, Precision precision,
+                                  int64_t layer, int64_t position, int64_t n,
+                                  const KvCache* cache) {
+  if (cache == nullptr || cache->precision() != precision ||
+      cache->n_layers() != c.n_layers) {
+    return absl::InvalidArgumentError(
+        "RecomputeKvIntoCache: no cache, or one made for another model");
+  }
+  if (layer < 0 || layer >= c.n_layers || n < 0 || position < 0 ||
+      position < cache->first_kept(layer) ||
+      position + n > cache->covered_end(layer)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RecomputeKvIntoCache: layer ", layer, " positions [", position, ", ",
+        position + n, ") are not rows the cache holds; reserve them first"));
+  }
+  return absl::OkStatus();
+}
+
 std::vector<int64_t> SelectLogitRows(absl::Span<const SequenceStep> batch,
                                      int64_t vocab_size, ForwardOutput* out) {
   out->vocab_size = vocab_size;

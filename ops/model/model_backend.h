@@ -243,6 +243,14 @@ absl::StatusOr<bool> PrepareLayerRange(const ModelConfig& config,
                                        int64_t first_layer, int64_t end_layer,
                                        const float* h);
 
+// Shared by the backends' RecomputeKvIntoCache: INVALID_ARGUMENT unless
+// `cache` was made for this model and precision and holds the blocks of
+// `layer`'s positions [position, position + n).
+absl::Status CheckRecomputeTarget(const ModelConfig& config,
+                                  Precision precision, int64_t layer,
+                                  int64_t position, int64_t n,
+                                  const KvCache* cache);
+
 // The rows of a step's flattened tokens (sequence 0's, then 1's, ...) that
 // want logits, with out->first_row / num_rows / vocab_size filled for them;
 // out->logits is left for the backend (rows x vocab_size).
