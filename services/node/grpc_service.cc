@@ -351,6 +351,7 @@ grpc::Status HealthService::Check(grpc::ServerContext* ctx,
   response->set_model(runtime_->model_id());
   response->set_numerics_version(
       runtime_->engine().identity().numerics_version());
+  response->set_backend(runtime_->backend().backend_name());
   return grpc::Status::OK;
 }
 

@@ -165,6 +165,7 @@ TEST_F(GrpcServiceTest, HealthServing) {
   EXPECT_EQ(resp.status(), v1::HealthResponse::SERVING);
   EXPECT_EQ(resp.model(), runtime_->model_id());
   EXPECT_GT(resp.numerics_version(), 0u);
+  EXPECT_EQ(resp.backend(), "cpu");
 }
 
 TEST_F(GrpcServiceTest, CreateGetListPagedDelete) {
