@@ -275,6 +275,13 @@ absl::Status CudaBackendModel::RunForward(absl::Span<const SequenceStep> batch,
     KVD_ASSIGN_OR_RETURN(pinned, f.PinnedFloats(n_shown * m * d));
   }
 
+  // Every cache draws from check.pool: its memory is checked before any
+  // cache changes.
+  internal::CudaPool pool;
+  if (m > 0) {
+    KVD_ASSIGN_OR_RETURN(pool, DevicePool(*batch.front().cache));
+  }
+
   KVD_RETURN_IF_ERROR(PrepareStepCaches(c, Precision::kBf16, batch).status());
   std::vector<int64_t> old_length(batch.size());
   for (size_t s = 0; s < batch.size(); ++s)
@@ -293,11 +300,6 @@ absl::Status CudaBackendModel::RunForward(absl::Span<const SequenceStep> batch,
         row_pos.push_back(step.cache->length() + i);
       }
     }
-    // Every cache draws from check.pool; one with new rows holds blocks.
-    const KvCache* any = nullptr;
-    for (const SequenceStep& step : batch)
-      if (any == nullptr && !step.tokens.empty()) any = step.cache;
-    KVD_ASSIGN_OR_RETURN(const internal::CudaPool pool, DevicePool(*any));
     // Before the step's rows take the buffers: the rows below each hot
     // boundary but in its chunk, which attention reads from the pool.
     KVD_RETURN_IF_ERROR(PatchColdChunks(f, c, batch, spans, pool));

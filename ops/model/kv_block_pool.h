@@ -116,6 +116,8 @@ class KvBlockPool {
   int64_t capacity_blocks() const { return capacity_blocks_; }
   // False for a region pool over memory the host cannot touch.
   bool host_accessible() const { return host_accessible_; }
+  // The region's base (block 0) for a region pool; null otherwise.
+  const uint8_t* region_base() const { return region_.base; }
   // A region pool's block number of `block` (from Take): its offset from the
   // region's base in blocks. -1 for a block not in the region, and for a
   // pool without one.

@@ -128,6 +128,7 @@ TEST(KvBlockPool, RegionPoolHandsOutTheRegionsBlocks) {
   ASSERT_TRUE(pool.ok()) << pool.status();
   region.owner.reset();
   EXPECT_FALSE((*pool)->host_accessible());
+  EXPECT_EQ((*pool)->region_base(), memory.data());
   EXPECT_EQ((*pool)->capacity_blocks(), 4);
   std::vector<uint8_t*> held;
   for (int64_t i = 0; i < 4; ++i) {
@@ -157,6 +158,7 @@ TEST(KvBlockPool, RegionPoolHandsOutTheRegionsBlocks) {
   // A heap pool is host memory and has no block numbers.
   auto heap = MakePool(32, 0);
   EXPECT_TRUE(heap->host_accessible());
+  EXPECT_EQ(heap->region_base(), nullptr);
   auto b = heap->Allocate();
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(heap->BlockIndex(*b), -1);

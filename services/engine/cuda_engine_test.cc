@@ -168,10 +168,17 @@ TEST_P(CudaEngineTest, BoundedHotWindowMatchesTheFullCacheOrIsRefused) {
     // The device's cold-chunk recompute has no q/k/v bias input.
     EXPECT_EQ(bounded.status.code(), absl::StatusCode::kUnimplemented)
         << bounded.status;
-    // The engine keeps serving: a plain session still runs.
-    const Transcript after =
-        Converse(*gpu_, "kv-direct", ops::ResidualKvSource::kAll, false);
-    EXPECT_TRUE(after.status.ok()) << after.status;
+    // The engine that refused keeps serving: another session still runs.
+    ASSERT_NE(engine_, nullptr);
+    ASSERT_TRUE(engine_->CreateSession("acme", "chat-2", {}).ok());
+    TurnRequest r;
+    r.tenant = "acme";
+    r.session = "chat-2";
+    r.tokens = ops::testing::RandomTokens(20, 77, model_->config().vocab_size);
+    r.generate.max_tokens = 4;
+    absl::StatusOr<TurnResult> after =
+        engine_->RunTurn(r, *tokenizer_, nullptr);
+    EXPECT_TRUE(after.ok()) << after.status();
     std::printf("[ %s engine ] hot window 32: refused (q/k/v bias), %s\n",
                 family(), bounded.status.ToString().c_str());
     return;

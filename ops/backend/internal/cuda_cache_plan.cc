@@ -181,21 +181,14 @@ std::vector<std::vector<ColdSpan>> PlanColdSpans(
 }
 
 absl::StatusOr<uint8_t*> RegionBase(const KvCache& cache) {
-  const KvBlockPool& pool = *cache.pool();
-  for (int64_t l = 0; l < cache.n_layers(); ++l) {
-    for (uint8_t* block : cache.BlockTable(l)) {
-      if (block == nullptr) continue;
-      const int64_t index = pool.BlockIndex(block);
-      if (index < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "a block of layer ", l,
-            " is not in the cache's pool region (a pool made by the CUDA "
-            "backend's NewBlockPool)"));
-      }
-      return block - index * pool.block_bytes();
-    }
+  const uint8_t* base = cache.pool()->region_base();
+  if (base == nullptr) {
+    return absl::InvalidArgumentError(
+        "the K/V cache's pool has no region (make it with the CUDA "
+        "backend's NewBlockPool)");
   }
-  return absl::InvalidArgumentError("the K/V cache holds no blocks");
+  // The region is the pool owner's memory; the pool only hands it out.
+  return const_cast<uint8_t*>(base);
 }
 
 int64_t PlannedInts(absl::Span<const SequenceStep> batch, int64_t n_layers,

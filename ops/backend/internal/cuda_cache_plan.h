@@ -110,10 +110,9 @@ std::vector<std::vector<ColdSpan>> PlanColdSpans(
     absl::Span<const SequenceStep> batch, const ModelConfig& config,
     int64_t chunk);
 
-// The base of the region `cache`'s blocks are carved from (the address of
-// block 0: a block's address minus its BlockIndex blocks), from its first
-// block at any layer. INVALID_ARGUMENT if it holds none, or a block outside
-// its pool's region.
+// The base of the region `cache`'s pool carves its blocks from (the address
+// of block 0), whether or not the cache holds blocks yet. INVALID_ARGUMENT
+// for a pool without a region.
 absl::StatusOr<uint8_t*> RegionBase(const KvCache& cache);
 
 // The plan's int32 count for a batch about to be prepared to hold its new

@@ -195,9 +195,15 @@ absl::Status CudaForward::EnsureWorkspace(int64_t rows, int64_t gather_rows,
     return absl::OkStatus();
   KVD_RETURN_IF_ERROR(
       Sync("waiting for the stream before growing the step buffers"));
-  const int64_t new_rows = std::max(rows, 2 * w.rows);
-  const int64_t new_gather = std::max(gather_rows, 2 * w.gather);
-  const int64_t new_ints = std::max(ints, 2 * w.ints);
+  // Each size grows (doubling, to amortise) only when it is short itself:
+  // the block tables' ints grow with the context every few steps, and must
+  // not drag the d_ff-wide row buffers along.
+  auto grown = [](int64_t want, int64_t have) {
+    return want <= have ? have : std::max(want, 2 * have);
+  };
+  const int64_t new_rows = grown(rows, w.rows);
+  const int64_t new_gather = grown(gather_rows, w.gather);
+  const int64_t new_ints = grown(ints, w.ints);
   w.Free();
   const ModelConfig& c = config_;
   const int64_t m = new_rows;
