@@ -173,9 +173,13 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> CudaBackendModel::NewBlockPool(
   // front.
   KVD_RETURN_IF_ERROR(KvBlockPool::Create(row_bytes, options).status());
   const size_t block_bytes = 2 * options.block_rows * row_bytes;
+  // A budget sizes the slab (capped by an explicit max_pool_blocks); without
+  // one, CudaModel's default does.
   int64_t blocks =
-      internal::PoolBlocks(options_.max_pool_blocks, config_.n_layers,
-                           config_.context_length, options.block_rows);
+      options.budget_bytes != 0 && options_.max_pool_blocks == 0
+          ? static_cast<int64_t>(options.budget_bytes / block_bytes)
+          : internal::PoolBlocks(options_.max_pool_blocks, config_.n_layers,
+                                 config_.context_length, options.block_rows);
   if (options.budget_bytes != 0) {
     blocks = std::min<int64_t>(blocks, options.budget_bytes / block_bytes);
   }

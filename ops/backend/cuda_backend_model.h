@@ -63,7 +63,8 @@ struct CudaBackendOptions {
   // Device ordinal.
   int device = 0;
   // Most blocks one NewBlockPool slab holds; a smaller budget_bytes gives
-  // fewer. 0: CudaModel's default, room for min(16 x context_length, 16384)
+  // fewer. 0: as many as the pool's budget_bytes allows, or without a
+  // budget CudaModel's default, room for min(16 x context_length, 16384)
   // positions at every layer.
   int64_t max_pool_blocks = 0;
 };
@@ -86,8 +87,9 @@ class CudaBackendModel final : public ModelBackend {
   // kCudaNumericsVersion (backend.h).
   uint32_t numerics_version() const override;
 
-  // A pool over one cudaMalloc'd slab of min(budget_bytes / block_bytes,
-  // max_pool_blocks or its default) blocks, freed when the pool goes. Its
+  // A pool over one cudaMalloc'd slab of budget_bytes / block_bytes blocks
+  // (at most max_pool_blocks if set; without a budget, max_pool_blocks or
+  // its default), freed when the pool goes. Its
   // budget_bytes() is the slab's size. The pool options' checks and
   // messages are the CPU pool's (INVALID_ARGUMENT); RESOURCE_EXHAUSTED if
   // the device cannot hold the slab.
