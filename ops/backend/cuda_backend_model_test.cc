@@ -31,6 +31,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -447,6 +448,54 @@ TEST_P(CudaBackendModelTest, BoundedHotWindowMatchesTheFullCache) {
                          : std::vector<int32_t>{next};
   }
   EXPECT_LT(bounded.blocks_held(), full.blocks_held());
+}
+
+// Past one cold recompute group (256 rows), two sequences with cold ranges
+// in the same step, and a 40-token chunk over a bounded window: each
+// sequence's logits equal its full cache's, bit for bit.
+TEST_P(CudaBackendModelTest, LongBoundedHotWindowsInOneBatchMatchFullCaches) {
+  if (cpu_->config().qkv_bias) {
+    GTEST_SKIP() << "the device's cold recompute has no q/k/v bias input";
+  }
+  std::mt19937 rng(99);
+  std::uniform_int_distribution<int32_t> id(0, vocab_ - 1);
+  auto tokens = [&](int n) {
+    std::vector<int32_t> t(n);
+    for (int32_t& x : t) x = id(rng);
+    return t;
+  };
+  const std::vector<int32_t> pa = tokens(600), pb = tokens(450);
+  Collect store;
+  store.d = d_;
+  KvCache full_a = NewCache(), full_b = NewCache();
+  KvCache a = NewCache(), b = NewCache();
+  Alone(pa, 128, &full_a);
+  Alone(pb, 128, &full_b);
+  Alone(pa, 128, &a, &store, 1);
+  Alone(pb, 128, &b, &store, 2);
+  const WindowSource wa(&store, 1, 100), wb(&store, 2, 70);
+  for (int n : {1, 40, 1, 3, 1}) {
+    const std::vector<int32_t> fa = tokens(n), fb = tokens(n);
+    const SequenceStep batch[] = {{&a, fa, LogitsMode::kAll, 1, &wa},
+                                  {&b, fb, LogitsMode::kAll, 2, &wb}};
+    ForwardOutput got;
+    const absl::Status s = gpu_->Forward(batch, &got, &store);
+    ASSERT_TRUE(s.ok()) << s;
+    KvCache* fulls[] = {&full_a, &full_b};
+    const std::vector<int32_t>* feeds[] = {&fa, &fb};
+    for (int q = 0; q < 2; ++q) {
+      const SequenceStep plain{fulls[q], *feeds[q], LogitsMode::kAll};
+      ForwardOutput want;
+      ASSERT_TRUE(gpu_->Forward({&plain, 1}, &want).ok());
+      ASSERT_EQ(got.num_rows[q], want.num_rows[0]);
+      for (int64_t r = 0; r < want.num_rows[0]; ++r) {
+        EXPECT_TRUE(SameBits(got.Logits(q, r), want.Logits(0, r), vocab_))
+            << "sequence " << q << ", a step of " << n << ", row " << r;
+      }
+    }
+  }
+  EXPECT_GT(a.first_kept(0), 256);  // more than one recompute group is cold
+  EXPECT_LT(a.blocks_held(), full_a.blocks_held());
 }
 
 TEST_P(CudaBackendModelTest, GreedyTokensEqualTheCpuEngine) {
