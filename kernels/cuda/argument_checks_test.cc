@@ -54,6 +54,46 @@ TEST(CudaArgumentChecks, Gemm) {
   EXPECT_NE(s.message().find("ldx=10"), absl::string_view::npos) << s;
 }
 
+// Both implementations share Gemm's checks: each bad argument is refused
+// before any launch whichever kernel is asked for.
+TEST(CudaArgumentChecks, GemmEveryImpl) {
+  for (GemmImpl impl : {GemmImpl::kAuto, GemmImpl::kWmma, GemmImpl::kMma}) {
+    for (GemmTile tile :
+         {GemmTile::kAuto, GemmTile::kDecode, GemmTile::kPrefill}) {
+      SCOPED_TRACE(::testing::Message() << "impl=" << static_cast<int>(impl)
+                                        << " tile=" << static_cast<int>(tile));
+      auto code = [&](Activations x, Bf16Weights w, float* y, int64_t ldy) {
+        return Gemm(x, w, y, ldy, nullptr, tile, impl).code();
+      };
+      const auto kBad = absl::StatusCode::kInvalidArgument;
+      EXPECT_EQ(
+          code({kFakeX, ActType::kBf16, 1, 63}, {kFakeW, 8, 64, 64}, kFakeY, 8),
+          kBad);  // ldx < k
+      EXPECT_EQ(
+          code({kFakeX, ActType::kF32, 1, 64}, {kFakeW, 8, 64, 32}, kFakeY, 8),
+          kBad);  // ldw < k
+      EXPECT_EQ(
+          code({kFakeX, ActType::kF32, 1, 64}, {kFakeW, 8, 64, 0}, kFakeY, 7),
+          kBad);  // ldy < n
+      EXPECT_EQ(
+          code({kFakeX, ActType::kF32, 1, 64}, {kFakeW, 8, 0, 0}, kFakeY, 8),
+          kBad);  // k == 0
+      EXPECT_EQ(
+          code({kFakeX, ActType::kF32, -1, 64}, {kFakeW, 8, 64, 0}, kFakeY, 8),
+          kBad);  // m < 0
+      EXPECT_EQ(
+          code({kFakeX, ActType::kF32, 1, 64}, {nullptr, 8, 64, 0}, kFakeY, 8),
+          kBad);  // null W
+      EXPECT_EQ(code({kFakeX, ActType::kF32, int64_t{1} << 40, 64},
+                     {kFakeW, 8, 64, 0}, kFakeY, 8),
+                kBad);  // m beyond the grid
+      EXPECT_EQ(
+          code({nullptr, ActType::kF32, 0, 64}, {kFakeW, 8, 64, 0}, nullptr, 8),
+          absl::StatusCode::kOk);  // m == 0: nothing to do
+    }
+  }
+}
+
 TEST(CudaArgumentChecks, Elementwise) {
   float* x = kFakeY;
   EXPECT_EQ(RmsNorm(x, 10, nullptr, 1e-5f, 1, 16, x, 16, nullptr).code(),

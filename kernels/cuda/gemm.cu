@@ -18,6 +18,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/internal/cp_async.cuh"
 #include "kernels/cuda/internal/cuda_check.h"
+#include "kernels/cuda/internal/gemm_mma.h"
 
 namespace kvd::kernels::cuda {
 namespace {
@@ -221,7 +222,7 @@ absl::Status Dispatch(const Activations& x, const Bf16Weights& w, int64_t ldw,
 }  // namespace
 
 absl::Status Gemm(const Activations& x, const Bf16Weights& w, float* y,
-                  int64_t ldy, void* stream, GemmTile tile) {
+                  int64_t ldy, void* stream, GemmTile tile, GemmImpl impl) {
   const int64_t ldw = w.ld == 0 ? w.k : w.ld;
   if (w.n <= 0 || w.k <= 0 || x.m < 0) {
     return absl::InvalidArgumentError(
@@ -242,6 +243,16 @@ absl::Status Gemm(const Activations& x, const Bf16Weights& w, float* y,
       (w.n + DecodeTile::BN - 1) / DecodeTile::BN > INT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Gemm: m=", x.m, " or n=", w.n, " exceeds the grid; split the batch"));
+  }
+  if (impl == GemmImpl::kAuto) {
+    impl = kMmaGemmVerified ? GemmImpl::kMma : GemmImpl::kWmma;
+  }
+  if (impl == GemmImpl::kMma) {
+    if (tile == GemmTile::kAuto) {
+      tile = x.m <= internal::kMmaDecodeMaxM ? GemmTile::kDecode
+                                             : GemmTile::kPrefill;
+    }
+    return internal::GemmMma(x, w, ldw, y, ldy, stream, tile);
   }
   if (tile == GemmTile::kAuto) {
     tile = x.m <= DecodeTile::BM ? GemmTile::kDecode : GemmTile::kPrefill;

@@ -49,11 +49,31 @@ struct Bf16Weights {
 // kAuto picks by m (small tiles for decode-sized batches). Tests force each.
 enum class GemmTile { kAuto, kDecode, kPrefill };
 
+// Two implementations of the same contract (kernels/cuda/README.md):
+//  - kWmma (gemm.cu): nvcuda::wmma bf16 16x16x16 fragments, 2-stage cp.async;
+//  - kMma (gemm_mma.cu): inline-PTX mma.sync m16n8k16 fed by ldmatrix from a
+//    4-6 stage cp.async pipeline, larger prefill tiles and a decode tile
+//    that spreads n over many blocks.
+// Both issue, per output element, the same tensor-core instruction
+// (HMMA.16816.F32.BF16: WMMA's m16n16k16 is two of them, one per 8-column
+// half) on the same 16 k values into the same fp32 accumulator, k steps in
+// increasing order, so they give identical bits; gemm_mma_test checks it.
+// kAuto uses kMma only once kMmaGemmVerified is true.
+enum class GemmImpl { kAuto, kWmma, kMma };
+
+// Flip to true only after tools/gpu/device_check.sh has run on the device and
+// shown gemm_mma_test passing (bit-identity with WMMA) and the mma
+// rows of kernels_benchmark / model_benchmark faster than the WMMA ones;
+// record that run's date and table in docs/BENCHMARKS.md in the same change.
+// Until then every caller that does not ask for kMma gets the WMMA kernel.
+inline constexpr bool kMmaGemmVerified = false;
+
 // y[i * ldy + j] = sum_k x[i][k] * W[j][k] for i < x.m, j < w.n (fp32).
 // INVALID_ARGUMENT for bad shapes, strides or null pointers; INTERNAL if the
 // launch fails.
 absl::Status Gemm(const Activations& x, const Bf16Weights& w, float* y,
-                  int64_t ldy, void* stream, GemmTile tile = GemmTile::kAuto);
+                  int64_t ldy, void* stream, GemmTile tile = GemmTile::kAuto,
+                  GemmImpl impl = GemmImpl::kAuto);
 
 }  // namespace kvd::kernels::cuda
 

@@ -97,10 +97,10 @@ absl::Status RecomputeKv(const KvRecomputeArgs& a, void* stream) {
   const Activations x{xn, ActType::kF32, a.rows, a.d_model};
   KVD_CUDA_RETURN_IF_ERROR(
       Gemm(x, {a.wk + row0 * a.d_model, width, a.d_model, a.d_model}, k, width,
-           stream));
+           stream, GemmTile::kAuto, a.gemm_impl));
   KVD_CUDA_RETURN_IF_ERROR(
       Gemm(x, {a.wv + row0 * a.d_model, width, a.d_model, a.d_model}, v, width,
-           stream));
+           stream, GemmTile::kAuto, a.gemm_impl));
   if (a.rot_dim > 0) {
     KVD_CUDA_RETURN_IF_ERROR(Rope(k, width, a.rows, heads, a.head_dim,
                                   a.rot_dim, a.positions, a.rope_base,

@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gemm.h"
 
 namespace kvd::kernels::cuda {
 
@@ -56,6 +57,9 @@ struct KvRecomputeArgs {
   int64_t ld_out = 0;  // >= (head_end - head_begin) * head_dim
   // Device scratch of KvRecomputeWorkspaceFloats(rows, d_model, width) floats.
   float* workspace = nullptr;
+  // Which GEMM runs the K/V projections (gemm.h). Both give the same bits;
+  // benchmarks set it to compare them.
+  GemmImpl gemm_impl = GemmImpl::kAuto;
 };
 
 // Floats of scratch RecomputeKv needs: the normalised residual plus fp32 K

@@ -17,7 +17,12 @@
 // CUDA-event medians after warm-up; decode steps are captured in a CUDA graph
 // (plain launches if capture fails, said in the note).
 //
-//   model_benchmark [--quick] [--ctx N] [--session-tokens N]
+// Every GEMM is the WMMA kernel (GemmImpl::kWmma: the historical rows). With
+// --mma, decode at batch 1, 8 and 64 and the one-layer K/V recompute rows are
+// measured again with the mma.sync kernel (GemmImpl::kMma), on the same
+// weights, as rows named decode8b_mma_* and recompute_kv_mma_*.
+//
+//   model_benchmark [--quick] [--mma] [--ctx N] [--session-tokens N]
 //                   [--prefill-layers N]
 #include <cuda_runtime.h>
 
@@ -29,6 +34,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -145,10 +151,11 @@ void Upload(int32_t* dst, const std::vector<int32_t>& v) {
 // K/V go to rows sc.dest[r] of (k, v); query r attends to keys
 // [last[r] - window + 1, last[r]] (window 0: from 0), at RoPE position pos[r].
 void LayerForward(const Layer& L, int64_t rows, int64_t window, uint16_t* k,
-                  uint16_t* v, Scratch& sc, cudaStream_t s) {
+                  uint16_t* v, Scratch& sc, GemmImpl impl, cudaStream_t s) {
+  constexpr GemmTile kTile = GemmTile::kAuto;
   BENCH_OK(RmsNorm(sc.x, kD, L.attn_norm, kEps, rows, kD, sc.xn, kD, s));
   BENCH_OK(Gemm({sc.xn, ActType::kF32, rows, kD}, {L.wqkv, kQkv, kD, kD},
-                sc.qkv, kQkv, s));
+                sc.qkv, kQkv, s, kTile, impl));
   BENCH_OK(Rope(sc.qkv, kQkv, rows, kHeads, kHeadDim, kHeadDim, sc.pos,
                 kRopeBase, RopeStyle::kHalfSplit, s));
   BENCH_OK(Rope(sc.qkv + kD, kQkv, rows, kKvHeads, kHeadDim, kHeadDim, sc.pos,
@@ -171,15 +178,15 @@ void LayerForward(const Layer& L, int64_t rows, int64_t window, uint16_t* k,
   a.out_stride = kD;
   BENCH_OK(Attention(a, s));
   BENCH_OK(Gemm({sc.attn, ActType::kF32, rows, kD}, {L.wo, kD, kD, kD}, sc.tmp,
-                kD, s));
+                kD, s, kTile, impl));
   BENCH_OK(bench::AddInPlace(sc.x, sc.tmp, rows, kD, kD, s));
   BENCH_OK(RmsNorm(sc.x, kD, L.ffn_norm, kEps, rows, kD, sc.xn, kD, s));
   BENCH_OK(Gemm({sc.xn, ActType::kF32, rows, kD}, {L.wgu, 2 * kFfn, kD, kD},
-                sc.gu, 2 * kFfn, s));
+                sc.gu, 2 * kFfn, s, kTile, impl));
   BENCH_OK(GatedActivation(GatedAct::kSilu, sc.gu, 2 * kFfn, sc.gu + kFfn,
                            2 * kFfn, rows, kFfn, sc.act, kFfn, s));
   BENCH_OK(Gemm({sc.act, ActType::kF32, rows, kFfn}, {L.wdown, kD, kFfn, kFfn},
-                sc.tmp, kD, s));
+                sc.tmp, kD, s, kTile, impl));
   BENCH_OK(bench::AddInPlace(sc.x, sc.tmp, rows, kD, kD, s));
 }
 
@@ -191,13 +198,16 @@ double MedianSeconds(int reps, cudaStream_t s, Fn&& fn) {
 
 struct Options {
   bool quick = false;
+  bool mma = false;
   int64_t ctx = 1024;
   int64_t session_tokens = 32768;
   int64_t prefill_layers = 2;
 };
 
-void Decode(const Model& m, const Options& o, double read_bps, cudaStream_t s) {
-  const std::vector<int64_t> batches = {1, 8, 64, 256};
+// Rows are named decode8b_<tag>b<batch>_*.
+void Decode(const Model& m, const Options& o, double read_bps,
+            const std::vector<int64_t>& batches, GemmImpl impl,
+            const std::string& tag, cudaStream_t s) {
   const int64_t max_b = batches.back();
   const int64_t ctx = o.ctx;
   // Sequence b's K/V occupy positions [b * ctx, (b + 1) * ctx) of each
@@ -222,10 +232,10 @@ void Decode(const Model& m, const Options& o, double read_bps, cudaStream_t s) {
     Upload(sc.dest, last);
     auto step = [&]() {
       for (int64_t l = 0; l < kLayers; ++l)
-        LayerForward(m.layers[l], b, ctx, kc[l], vc[l], sc, s);
+        LayerForward(m.layers[l], b, ctx, kc[l], vc[l], sc, impl, s);
       BENCH_OK(RmsNorm(sc.x, kD, m.out_norm, kEps, b, kD, sc.xn, kD, s));
       BENCH_OK(Gemm({sc.xn, ActType::kF32, b, kD}, {m.output, kVocab, kD, kD},
-                    sc.logits, kVocab, s));
+                    sc.logits, kVocab, s, GemmTile::kAuto, impl));
     };
     // The residual is reset before each step so every step sees the same
     // random input (a graph replays the reset too).
@@ -262,7 +272,7 @@ void Decode(const Model& m, const Options& o, double read_bps, cudaStream_t s) {
     const double floor_wkv =
         read_bps / (m.weight_bytes + b * ctx * kv_bytes_per_token) * b;
     const double tok_s = b / t;
-    const std::string name = "decode8b_b" + std::to_string(b);
+    const std::string name = "decode8b_" + tag + "b" + std::to_string(b);
     Result(name + "_tok_s", tok_s, "tok/s",
            "ctx " + std::to_string(ctx) + ", step " +
                std::to_string(t * 1e3).substr(0, 6) + " ms, " + how);
@@ -284,8 +294,9 @@ void Decode(const Model& m, const Options& o, double read_bps, cudaStream_t s) {
 // (rows kD..kQkv of wqkv) -> RoPE on K -> bf16 K/V.
 void RecomputeLayer(const Layer& L, const uint16_t* resid, int64_t rows,
                     float* workspace, const int32_t* pos, uint16_t* k,
-                    uint16_t* v, cudaStream_t s) {
+                    uint16_t* v, GemmImpl impl, cudaStream_t s) {
   KvRecomputeArgs a;
+  a.gemm_impl = impl;
   a.residual = resid;
   a.rows = rows;
   a.d_model = kD;
@@ -331,25 +342,34 @@ void Rebuild(const Model& m, const Options& o, cudaStream_t s) {
     Upload(pos, iota);
     uint16_t* k = Alloc<uint16_t>(static_cast<size_t>(n * kKvWidth));
     uint16_t* v = Alloc<uint16_t>(static_cast<size_t>(n * kKvWidth));
-    const double t_layer = MedianSeconds(o.quick ? 3 : 10, s, [&]() {
-      RecomputeLayer(m.layers[0], resid[0], n, ws, pos, k, v, s);
-    });
-    Result("recompute_kv_tflops", proj_flops / t_layer / 1e12, "TFLOP/s",
-           "RecomputeKv, " + std::to_string(n) + " rows x (norm + " + Int(kD) +
-               "->" + Int(2 * kKvWidth) +
-               " projections + RoPE), projection FLOPs");
-    const double t_gemm = MedianSeconds(o.quick ? 3 : 10, s, [&]() {
-      BENCH_OK(Gemm({xf, ActType::kF32, n, kD},
-                    {m.layers[0].wqkv + kD * kD, 2 * kKvWidth, kD, kD}, kv,
-                    2 * kKvWidth, s));
-    });
-    Result("recompute_kv_gemm_only_tflops", proj_flops / t_gemm / 1e12,
-           "TFLOP/s", "the projection alone, same shape");
+    // The one-layer rows, per GEMM implementation: recompute_kv_<tag>*.
+    std::vector<std::pair<GemmImpl, std::string>> impls = {
+        {GemmImpl::kWmma, ""}};
+    if (o.mma) impls.push_back({GemmImpl::kMma, "mma_"});
+    for (const auto& [impl, tag] : impls) {
+      const double t_layer = MedianSeconds(o.quick ? 3 : 10, s, [&]() {
+        RecomputeLayer(m.layers[0], resid[0], n, ws, pos, k, v, impl, s);
+      });
+      Result("recompute_kv_" + tag + "tflops", proj_flops / t_layer / 1e12,
+             "TFLOP/s",
+             "RecomputeKv, " + std::to_string(n) + " rows x (norm + " +
+                 Int(kD) + "->" + Int(2 * kKvWidth) +
+                 " projections + RoPE), projection FLOPs");
+      const double t_gemm = MedianSeconds(o.quick ? 3 : 10, s, [&]() {
+        BENCH_OK(Gemm({xf, ActType::kF32, n, kD},
+                      {m.layers[0].wqkv + kD * kD, 2 * kKvWidth, kD, kD}, kv,
+                      2 * kKvWidth, s, GemmTile::kAuto, impl));
+      });
+      Result("recompute_kv_" + tag + "gemm_only_tflops",
+             proj_flops / t_gemm / 1e12, "TFLOP/s",
+             "the projection alone, same shape");
+    }
     // Every layer, each with its own weights and residuals (K/V buffers are
     // reused: the timing is of the compute, not of keeping 32 layers' K/V).
     const double t_all = MedianSeconds(o.quick ? 2 : 5, s, [&]() {
       for (int64_t l = 0; l < kLayers; ++l)
-        RecomputeLayer(m.layers[l], resid[l], n, ws, pos, k, v, s);
+        RecomputeLayer(m.layers[l], resid[l], n, ws, pos, k, v, GemmImpl::kWmma,
+                       s);
     });
     Result("rebuild_kv_direct_s", t_all, "s",
            "measured: " + std::to_string(n) + "-token session, K/V of all " +
@@ -372,7 +392,7 @@ void Rebuild(const Model& m, const Options& o, cudaStream_t s) {
     const int64_t measured = std::min<int64_t>(o.prefill_layers, kLayers);
     const double t_pre = MedianSeconds(1, s, [&]() {
       for (int64_t l = 0; l < measured; ++l)
-        LayerForward(m.layers[l], n, 0, kc, vc, sc, s);
+        LayerForward(m.layers[l], n, 0, kc, vc, sc, GemmImpl::kWmma, s);
     });
     const double t_full_layer = t_pre / measured;
     const double t_prefill = t_full_layer * kLayers;
@@ -414,6 +434,8 @@ int Main(int argc, char** argv) {
     };
     if (a == "--quick") {
       o.quick = true;
+    } else if (a == "--mma") {
+      o.mma = true;
     } else if (a == "--ctx") {
       o.ctx = next();
     } else if (a == "--session-tokens") {
@@ -422,7 +444,7 @@ int Main(int argc, char** argv) {
       o.prefill_layers = next();
     } else {
       std::fprintf(stderr,
-                   "usage: model_benchmark [--quick] [--ctx N] "
+                   "usage: model_benchmark [--quick] [--mma] [--ctx N] "
                    "[--session-tokens N] [--prefill-layers N]\n");
       return 2;
     }
@@ -455,8 +477,12 @@ int Main(int argc, char** argv) {
   const Model m = MakeModel(s);
   std::printf("weights: %.2f GB bf16 in %.1f s\n", m.weight_bytes / 1e9,
               secs());
-  Decode(m, o, *read_bw, s);
+  Decode(m, o, *read_bw, {1, 8, 64, 256}, GemmImpl::kWmma, "", s);
   std::printf("decode done at %.1f s\n", secs());
+  if (o.mma) {
+    Decode(m, o, *read_bw, {1, 8, 64}, GemmImpl::kMma, "mma_", s);
+    std::printf("decode (mma) done at %.1f s\n", secs());
+  }
   std::fflush(stdout);
   Rebuild(m, o, s);
   std::printf("rebuild done at %.1f s\n", secs());

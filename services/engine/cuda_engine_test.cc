@@ -50,7 +50,7 @@ class CudaEngineTest : public testing::TinyModelTest {
   void SetUp() override {
     const ops::DeviceProbe probe = ops::ProbeCudaDevices();
     if (probe.device_count == 0)
-      GTEST_SKIP() << "no CUDA device: " << probe.detail;
+      GTEST_SKIP() << "no CUDA device (" << probe.detail << ")";
     LoadModel(ops::testing::CudaCaseSpec(GetParam().family));
     absl::StatusOr<std::unique_ptr<ops::CudaBackendModel>> gpu =
         ops::CudaBackendModel::Create(*model_);

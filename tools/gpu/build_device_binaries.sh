@@ -8,12 +8,19 @@
 #   tools/gpu/build_device_binaries.sh            # -> tools/gpu/bin/ (git-ignored)
 #   tools/gpu/build_device_binaries.sh /some/dir  # -> elsewhere
 #
+# The executables (and the fixture) are shipped as one gzip'd tar,
+# bin/device_bins.tar.gz (~28 MB): loose, they exceed the device tool's 64 MiB
+# carry limit (each one links the whole kernel library and its own Abseil and
+# GoogleTest). device_check.sh unpacks it on the device machine; to inspect
+# them here: mkdir /tmp/b && tar -C /tmp/b -xzf tools/gpu/bin/device_bins.tar.gz
+#
 # Then, with the device tool: run(command="tools/gpu/device_check.sh",
 # carry=["tools/gpu/bin"], timeout_s=570).
 #
 # cuda_model_test (the CUDA model vs the CPU engine), tp_cuda_model_test
 # (tensor parallelism simulated on one GPU; the NCCL all-reduce is not linked)
-# and cuda_backend_model_test (the engine's backend interface on the GPU) are
+# cuda_backend_model_test (the engine's backend interface on the GPU) and
+# cuda_engine_test (the session engine itself on the GPU) are
 # compiled by Bazel and relinked statically here (below), so this script
 # needs Bazel too.
 #
@@ -25,7 +32,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-OUT_DIR="${1:-$ROOT/tools/gpu/bin}"
+DEST="${1:-$ROOT/tools/gpu/bin}"
 CUDA="${CUDA_ROOT:-/usr/local/cuda}"
 NVCC="$CUDA/bin/nvcc"
 CXX="${CXX:-g++}"
@@ -34,7 +41,9 @@ CXX="${CXX:-g++}"
 GLIBC_MAX="2.36"
 OBJ="$(mktemp -d)"
 trap 'rm -rf "$OBJ"' EXIT
-mkdir -p "$OUT_DIR"
+# Executables are staged here, checked, then bundled into $DEST.
+OUT_DIR="$OBJ/bin"
+mkdir -p "$OUT_DIR" "$DEST"
 cd "$ROOT"
 
 # Same device flags as tools/build/defs.bzl's kvd_cuda_library.
@@ -44,7 +53,7 @@ CXX_FLAGS=(-std=c++17 -O2 -I. -I"$CUDA/include" -Wall -Wextra -Werror
            -Wno-unused-parameter -Wno-sign-compare
            -Wno-missing-field-initializers)
 
-CU_SRCS=(kernels/cuda/gemm.cu kernels/cuda/elementwise.cu
+CU_SRCS=(kernels/cuda/gemm.cu kernels/cuda/gemm_mma.cu kernels/cuda/elementwise.cu
          kernels/cuda/attention.cu kernels/cuda/bandwidth_probe.cu
          kernels/cuda/bf16_convert.cu kernels/cuda/dequant.cu
          kernels/cuda/kv_recompute.cu kernels/cuda/paged_attention.cu
@@ -64,6 +73,24 @@ for src in kernels/quant/dequant.cc kernels/quant/ggml_type.cc; do
 done
 for p in "${pids[@]}"; do wait "$p"; done
 CU_OBJS=("$OBJ"/*.cu.o)
+
+# The mma GEMM's bit-identity with the WMMA one rests on both compiling to the
+# same tensor-core instruction (gemm_mma.cu's file comment); check the SASS
+# where a disassembler is at hand (this toolkit may not ship cuobjdump; set
+# CUOBJDUMP to one). gemm_mma_test checks the bits themselves on the device.
+CUOBJDUMP="${CUOBJDUMP:-$(command -v cuobjdump || echo "$CUDA/bin/cuobjdump")}"
+if [[ -x "$CUOBJDUMP" ]]; then
+  for o in gemm.cu.o gemm_mma.cu.o; do
+    forms=$("$CUOBJDUMP" -sass "$OBJ/$o" | grep -oE 'HG?MMA[.A-Z0-9]*' | sort -u | tr '\n' ' ')
+    if [[ "$forms" != "HMMA.16816.F32.BF16 " ]]; then
+      echo "$o: expected only HMMA.16816.F32.BF16 tensor-core instructions, found: ${forms:-none}" >&2
+      exit 1
+    fi
+  done
+  echo "SASS: gemm.cu and gemm_mma.cu both use only HMMA.16816.F32.BF16"
+else
+  echo "note: no cuobjdump (set CUOBJDUMP): SASS instruction check skipped" >&2
+fi
 QUANT_OBJS=("$OBJ"/quant_*.o)
 
 # Every Abseil archive inside one --start-group: the linker takes only the
@@ -83,7 +110,7 @@ link() {  # link NAME CC_SOURCE [extra static libs...]
   strip "$OUT_DIR/$name"
 }
 
-for t in gemm_test elementwise_test attention_test argument_checks_test \
+for t in gemm_test gemm_mma_test elementwise_test attention_test argument_checks_test \
          kv_recompute_test paged_attention_test paged_recompute_test; do
   link "$t" "kernels/cuda/$t.cc" "${GTEST_LIBS[@]}" &
 done
@@ -104,7 +131,15 @@ for j in $(jobs -p); do wait "$j" || wait_all_ok=1; done
 # in Bazel's -2.params file with the static Abseil/GoogleTest/CUDA runtime in
 # place of its -l flags. Bazel's link uses gold (--start-lib groups).
 BAZEL_TESTS=(//ops/backend:cuda_model_test //ops/backend:tp_cuda_model_test
-             //ops/backend:cuda_backend_model_test)
+             //ops/backend:cuda_backend_model_test
+             //services/engine:cuda_engine_test)
+# The engine's session store (cuda_engine_test) brings RocksDB, protobuf and
+# RocksDB's compression libraries; Debian ships them as static archives too.
+# The linker takes only what a test references.
+STORE_LIBS=()
+for lib in rocksdb protobuf gflags snappy lz4 zstd bz2 z; do
+  STORE_LIBS+=("/usr/lib/x86_64-linux-gnu/lib$lib.a")
+done
 bazel build "${BAZEL_TESTS[@]}"
 for target in "${BAZEL_TESTS[@]}"; do
   pkg="${target#//}"; pkg="${pkg%%:*}"; name="${target##*:}"
@@ -112,7 +147,7 @@ for target in "${BAZEL_TESTS[@]}"; do
   mapfile -t inputs < <(grep -E '^(bazel-out/.*\.o|-Wl,(--start-lib|--end-lib|-whole-archive|-no-whole-archive))$' "$params")
   [[ ${#inputs[@]} -gt 0 ]] || { echo "no objects in $params" >&2; exit 1; }
   "$CXX" -fuse-ld=gold -o "$OUT_DIR/$name" "${inputs[@]}" \
-    -Wl,--start-group "${STATIC_LIBS[@]}" \
+    -Wl,--start-group "${STATIC_LIBS[@]}" "${STORE_LIBS[@]}" \
     /usr/lib/x86_64-linux-gnu/libgmock.a "${GTEST_LIBS[@]}" -Wl,--end-group \
     "$CUDA/lib64/libcudart_static.a" \
     -static-libstdc++ -static-libgcc -lpthread -ldl -lrt -lm
@@ -157,5 +192,13 @@ for b in "$OUT_DIR"/*; do
 done
 [[ $status -eq 0 ]] || exit 1
 ls -la "$OUT_DIR"
-du -sh "$OUT_DIR"
-echo "built into $OUT_DIR (carry it: tools/gpu/bin)"
+# Loose copies from before the bundle existed (only the names built here).
+for b in "$OUT_DIR"/*; do rm -f "$DEST/$(basename "$b")"; done
+tar -C "$OUT_DIR" -czf "$DEST/device_bins.tar.gz" .
+bytes=$(du -cb "$DEST" | tail -1 | cut -f1)
+if (( bytes > 60 * 1024 * 1024 )); then
+  echo "$DEST is $bytes bytes: over the 60 MiB kept under the 64 MiB carry limit" >&2
+  exit 1
+fi
+ls -la "$DEST"
+echo "built into $DEST/device_bins.tar.gz, $bytes bytes (carry it: tools/gpu/bin)"
