@@ -30,7 +30,9 @@
 //    defines for column c, as WMMA's load_matrix_sync does.
 // So each stored float is the same sequence of the same HMMA on the same
 // inputs; gemm_mma_test checks this on the device (bit for bit against the
-// WMMA kernel) rather than trusting the argument.
+// WMMA kernel) rather than trusting the argument. Without a GPU,
+// gemm_mma_index_test runs this kernel's addressing (internal/gemm_mma_index.h)
+// through a CPU emulation of cp.async, ldmatrix and mma.m16n8k16.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -45,58 +47,25 @@
 #include "kernels/cuda/internal/cp_async.cuh"
 #include "kernels/cuda/internal/cuda_check.h"
 #include "kernels/cuda/internal/gemm_mma.h"
+#include "kernels/cuda/internal/gemm_mma_index.h"
 
 namespace kvd::kernels::cuda::internal {
 namespace {
 
-// Block tile BM x BN, k tile BK, warp tile WM x WN, kStages shared-memory
-// stages (kStages - 1 k tiles in flight while one is computed). Shared memory
-// holds bf16 only: fp32 activations are rounded on their way in (16-byte
-// global loads into registers one k tile ahead, rounded and stored after the
-// current tile's mma), so every fragment comes from ldmatrix.
-template <int BM_, int BN_, int BK_, int WM_, int WN_, int kStages_>
-struct MmaTile {
-  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_;
-  static constexpr int kStages = kStages_;
-  static constexpr int kWarpsN = BN / WN;
-  static constexpr int kThreads = 32 * (BM / WM) * kWarpsN;
-  static constexpr int kMt = WM / 16;  // m16 fragments per warp
-  static constexpr int kNt = WN / 8;   // n8 fragments per warp
-  static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 8 == 0 &&
-                BK % 16 == 0);
-  static_assert(kNt == 1 || kNt % 2 == 0, "B is loaded 16 columns at a time");
-  static_assert(kStages >= 2);
-};
-
-// Prefill / recompute: 4 warps of 64 x 64 (CUTLASS's sm_80 shape): per 16-wide
-// k step a warp reads 64 A rows and 64 B rows from shared memory (2 bytes
-// each) for 32 HMMA, half the shared-memory bytes per HMMA of 64 x 32 warps.
-// 4 stages of 32-wide k tiles: 80 KiB, two blocks per SM.
-using PrefillTile = MmaTile<128, 128, 32, 64, 64, 4>;
-// Decode (m <= 16): one 16-row slab and 16 weight rows per block, so n is
-// spread over n / 16 blocks (256 for n = 4096). The bytes in flight over the
-// whole grid are n * (kStages - 1) * BK * 2 whatever BN is: 1280 per weight
-// row here, 5 MiB for n = 4096, enough to cover HBM latency at full
-// bandwidth. 52 KiB per block (4 per SM).
-using DecodeTile = MmaTile<16, 16, 128, 16, 8, 6>;
-// 16 < m <= 64 under kPrefill (small batched decode): 128-row blocks would
-// idle half their warps and give n / 128 blocks; 4 warps of 32 x 32 over
-// 64 x 64 give twice the blocks. Same k walk, so the same bits.
-using MidTile = MmaTile<64, 64, 32, 32, 32, 4>;
-inline constexpr int64_t kMidMaxM = 64;
-
-// One stage in shared memory: A (BM rows) then B (BN rows) of bf16, each row
-// BK + 8 elements: the 16 bytes of padding put ldmatrix's 8 row addresses in
-// distinct banks.
-template <class C>
-struct Layout {
-  static constexpr int kLdA = C::BK + 8;
-  static constexpr int kLdB = C::BK + 8;
-  static constexpr size_t kABytes = size_t{C::BM} * kLdA * 2;
-  static constexpr size_t kStageBytes = kABytes + size_t{C::BN} * kLdB * 2;
-  static constexpr size_t kSmemBytes = kStageBytes * C::kStages;
-  static_assert(kABytes % 16 == 0 && kStageBytes % 16 == 0);
-};
+// Shared memory holds bf16 only: fp32 activations are rounded on their way in
+// (16-byte global loads into registers one k tile ahead, rounded and stored
+// after the current tile's mma), so every fragment comes from ldmatrix. Tile
+// shapes, stage layout and all index arithmetic: internal/gemm_mma_index.h.
+using mma::ChunkIndex;
+using mma::DecodeTile;
+using mma::InOperand;
+using mma::kMidMaxM;
+using mma::Layout;
+using mma::MidTile;
+using mma::PrefillTile;
+using mma::RowCol;
+using mma::SmemOffset;
+using mma::TileChunk;
 
 __device__ inline __nv_bfloat16 ToSmem(float v, __nv_bfloat16*) {
   return __float2bfloat16_rn(v);
@@ -124,24 +93,22 @@ __device__ inline void LoadTile(const T* __restrict__ g, int64_t rows_total,
     constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
-      const int i = it * kThreads + static_cast<int>(threadIdx.x);
+      const int i = ChunkIndex(it, kThreads, static_cast<int>(threadIdx.x));
       if (kChunks % kThreads != 0 && i >= kChunks) break;
-      const int r = i / kChunksPerRow;
-      const int c = (i % kChunksPerRow) * kPer;
-      const int64_t gr = row0 + r;
-      const int64_t gc = k0 + c;
-      const bool in = gr < rows_total && gc < k;
-      internal::CpAsync16(s + r * kLdS + c, in ? g + gr * ld + gc : g,
-                          in ? 16 : 0);
+      const RowCol rc = TileChunk(i, kBK, kPer);
+      const int64_t gr = row0 + rc.row;
+      const int64_t gc = k0 + rc.col;
+      const bool in = InOperand(gr, gc, rows_total, k);
+      internal::CpAsync16(s + SmemOffset(rc.row, rc.col, kLdS),
+                          in ? g + gr * ld + gc : g, in ? 16 : 0);
     }
   } else {
     for (int i = threadIdx.x; i < kRows * kBK; i += kThreads) {
-      const int r = i / kBK;
-      const int c = i % kBK;
-      const int64_t gr = row0 + r;
-      const int64_t gc = k0 + c;
-      s[r * kLdS + c] =
-          ToSmem((gr < rows_total && gc < k) ? g[gr * ld + gc] : T(0.0f), s);
+      const RowCol rc = TileChunk(i, kBK, 1);
+      const int64_t gr = row0 + rc.row;
+      const int64_t gc = k0 + rc.col;
+      s[SmemOffset(rc.row, rc.col, kLdS)] = ToSmem(
+          InOperand(gr, gc, rows_total, k) ? g[gr * ld + gc] : T(0.0f), s);
     }
   }
 }
@@ -164,10 +131,11 @@ struct F32ToBf16Stager {
                                int64_t k0) {
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
-      const int i = it * kThreads + static_cast<int>(threadIdx.x);
-      const int64_t gr = row0 + i / kChunksPerRow;
-      const int64_t gc = k0 + (i % kChunksPerRow) * 4;
-      v[it] = gr < rows_total && gc < k
+      const RowCol rc = TileChunk(
+          ChunkIndex(it, kThreads, static_cast<int>(threadIdx.x)), kBK, 4);
+      const int64_t gr = row0 + rc.row;
+      const int64_t gc = k0 + rc.col;
+      v[it] = InOperand(gr, gc, rows_total, k)
                   ? __ldg(reinterpret_cast<const float4*>(g + gr * ld + gc))
                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
@@ -175,15 +143,14 @@ struct F32ToBf16Stager {
   __device__ inline void Store(__nv_bfloat16* s) const {
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
-      const int i = it * kThreads + static_cast<int>(threadIdx.x);
-      const int r = i / kChunksPerRow;
-      const int c = (i % kChunksPerRow) * 4;
+      const RowCol rc = TileChunk(
+          ChunkIndex(it, kThreads, static_cast<int>(threadIdx.x)), kBK, 4);
       const __nv_bfloat162 lo = __floats2bfloat162_rn(v[it].x, v[it].y);
       const __nv_bfloat162 hi = __floats2bfloat162_rn(v[it].z, v[it].w);
       uint2 u;
       memcpy(&u.x, &lo, 4);
       memcpy(&u.y, &hi, 4);
-      *reinterpret_cast<uint2*>(s + r * kLdS + c) = u;
+      *reinterpret_cast<uint2*>(s + SmemOffset(rc.row, rc.col, kLdS)) = u;
     }
   }
 };
@@ -223,9 +190,8 @@ __device__ inline void Mma16816(float (&d)[4], const uint32_t (&a)[4],
 template <int kLd>
 __device__ inline void LoadA(uint32_t (&a)[4], const __nv_bfloat16* s, int r0,
                              int kk, int lane) {
-  // Lanes 0-15 address rows 0-15 at kk, lanes 16-31 rows 0-15 at kk + 8:
-  // matrices 0..3 = (rows 0-7, k lo), (8-15, lo), (0-7, hi), (8-15, hi).
-  LdMatrixX4(a, s + (r0 + (lane & 15)) * kLd + kk + (lane >> 4) * 8);
+  const RowCol p = mma::LdmA(lane, r0, kk);
+  LdMatrixX4(a, s + SmemOffset(p.row, p.col, kLd));
 }
 
 template <class C, typename TA, bool kVecA, bool kVecB>
@@ -241,23 +207,14 @@ __global__ void __launch_bounds__(C::kThreads)
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int wm = warp / C::kWarpsN;
-  const int wn = warp % C::kWarpsN;
+  const RowCol wpos = mma::WarpOf(warp, C::kWarpsN);
+  const int wm = wpos.row;
+  const int wn = wpos.col;
 
-  // Blocks walk groups of 8 m tiles across all n tiles, so the activation
-  // rows of a group and each weight tile are reused from L2 (no effect on
-  // what any element computes).
-  constexpr int64_t kGroupM = 8;
-  const int64_t tiles_m = (m + C::BM - 1) / C::BM;
-  const int64_t tiles_n = (n + C::BN - 1) / C::BN;
-  const int64_t pid = blockIdx.x;
-  const int64_t per_group = kGroupM * tiles_n;
-  const int64_t first_m = (pid / per_group) * kGroupM;
-  const int64_t group_m =
-      tiles_m - first_m < kGroupM ? tiles_m - first_m : kGroupM;
-  const int64_t in_group = pid % per_group;
-  const int64_t m0 = (first_m + in_group % group_m) * C::BM;
-  const int64_t n0 = (in_group / group_m) * C::BN;
+  const mma::TilePos tile = mma::BlockTile(blockIdx.x, (m + C::BM - 1) / C::BM,
+                                           (n + C::BN - 1) / C::BN);
+  const int64_t m0 = tile.tm * C::BM;
+  const int64_t n0 = tile.tn * C::BN;
 
   auto a_tile = [&](int stage) {
     return reinterpret_cast<SA*>(smem + stage * L::kStageBytes);
@@ -321,22 +278,19 @@ __global__ void __launch_bounds__(C::kThreads)
       uint32_t bf[C::kNt][2];
 #pragma unroll
       for (int i = 0; i < C::kMt; ++i)
-        LoadA<L::kLdA>(af[i], as, wm * C::WM + i * 16, kk, lane);
+        LoadA<L::kLdA>(af[i], as, mma::FragOrigin(wm, C::WM, i, 16), kk, lane);
       if constexpr (C::kNt == 1) {
-        // Lanes 0-7: columns 0-7 at kk (b[0]); lanes 8-15: at kk + 8 (b[1]).
-        LdMatrixX2(bf[0], bs + (wn * C::WN + (lane & 7)) * L::kLdB + kk +
-                              ((lane >> 3) & 1) * 8);
+        const RowCol p =
+            mma::LdmBx2(lane, mma::FragOrigin(wn, C::WN, 0, 8), kk);
+        LdMatrixX2(bf[0], bs + SmemOffset(p.row, p.col, L::kLdB));
       } else {
 #pragma unroll
         for (int j = 0; j < C::kNt; j += 2) {
-          // Matrices 0..3 = (columns 0-7, k lo), (0-7, hi), (8-15, lo),
-          // (8-15, hi): b of fragment j, then of fragment j + 1.
+          // b of fragment j, then of fragment j + 1.
+          const RowCol p =
+              mma::LdmBx4(lane, mma::FragOrigin(wn, C::WN, j, 8), kk);
           uint32_t r[4];
-          LdMatrixX4(r,
-                     bs +
-                         (wn * C::WN + j * 8 + (lane >> 4) * 8 + (lane & 7)) *
-                             L::kLdB +
-                         kk + ((lane >> 3) & 1) * 8);
+          LdMatrixX4(r, bs + SmemOffset(p.row, p.col, L::kLdB));
           bf[j][0] = r[0];
           bf[j][1] = r[1];
           bf[j + 1][0] = r[2];
@@ -354,22 +308,21 @@ __global__ void __launch_bounds__(C::kThreads)
     if constexpr (kStaged) {
       if (next < num_k_tiles) staged_a.Store(a_tile(write_stage));
     }
-    read_stage = read_stage + 1 == C::kStages ? 0 : read_stage + 1;
-    write_stage = write_stage + 1 == C::kStages ? 0 : write_stage + 1;
+    read_stage = mma::NextStage(read_stage, C::kStages);
+    write_stage = mma::NextStage(write_stage, C::kStages);
   }
 
-  // Accumulator layout: acc[0..1] = (row g, columns 2t, 2t + 1), acc[2..3] =
-  // (row g + 8, same columns). Only [0, m) x [0, n) is written.
-  const int g = lane >> 2;
-  const int t = lane & 3;
+  // acc[2h], acc[2h + 1] are one row's adjacent columns (mma::AccCoord).
+  // Only [0, m) x [0, n) is written.
 #pragma unroll
   for (int i = 0; i < C::kMt; ++i) {
 #pragma unroll
     for (int j = 0; j < C::kNt; ++j) {
-      const int64_t col = n0 + wn * C::WN + j * 8 + 2 * t;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t row = m0 + wm * C::WM + i * 16 + g + 8 * h;
+        const RowCol e = mma::AccCoord(lane, 2 * h);
+        const int64_t row = m0 + mma::FragOrigin(wm, C::WM, i, 16) + e.row;
+        const int64_t col = n0 + mma::FragOrigin(wn, C::WN, j, 8) + e.col;
         if (row >= m || col >= n) continue;
         float* out = y + row * ldy + col;
         if (vec_y && col + 1 < n) {
