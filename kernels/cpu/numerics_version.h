@@ -2,7 +2,9 @@
 // order of every floating-point reduction in the CPU kernels. Two builds with
 // the same version produce bit-identical K/V, residuals and logits from the
 // same weights; a stored checkpoint records it, and a build with another
-// version refuses to resume from it rather than continue with different bits.
+// version (or the CUDA backend, ops/backend/backend.h kCudaNumericsVersion)
+// re-prefills the session from its token ids rather than continue from
+// residuals with different bits.
 //
 // Bump it whenever a kernel change can alter any output bit (GEMM lane order,
 // attention chunking, exp/SiLU/GELU polynomials, RMSNorm or RoPE formulas).

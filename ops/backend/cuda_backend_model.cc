@@ -208,6 +208,13 @@ uint32_t CudaBackendModel::numerics_version() const {
   return kCudaNumericsVersion;
 }
 
+absl::Status CudaBackendModel::BoundedHotWindowSupport() const {
+  if (!config_.qkv_bias) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "the CUDA backend cannot bound the hot window of ", config_.name,
+      ": its cold K/V recompute has no q/k/v bias input"));
+}
+
 absl::StatusOr<KvCache> CudaBackendModel::NewCache(KvBlockPool* pool) const {
   if (pool == nullptr) {
     return absl::InvalidArgumentError("CUDA backend: null K/V block pool");

@@ -86,6 +86,9 @@ class CudaBackendModel final : public ModelBackend {
   Precision precision() const override { return Precision::kBf16; }
   // kCudaNumericsVersion (backend.h).
   uint32_t numerics_version() const override;
+  // UNIMPLEMENTED for models with q/k/v bias (the device's cold-chunk
+  // recompute has no bias input).
+  absl::Status BoundedHotWindowSupport() const override;
 
   // A pool over one cudaMalloc'd slab of budget_bytes / block_bytes blocks
   // (at most max_pool_blocks if set; without a budget, max_pool_blocks or

@@ -24,8 +24,7 @@ absl::Status CheckCudaModelSupport(const ModelConfig& config,
                                    Precision precision);
 
 // The same answer as a CudaModelSupport for SelectBackend: can_serve when
-// the CUDA model path runs the model. (The engine's answer,
-// CudaServingSupport in backend.h, stays no until the engine runs on it.)
+// the CUDA model path runs the model (ChooseBackend asks it).
 CudaModelSupport CudaModelPathSupport(const ModelConfig& config,
                                       Precision precision);
 

@@ -5,8 +5,16 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "ops/backend/choose_backend.h"
+#include "ops/backend/cuda_probe.h"
 
 namespace kvd::ops {
+
+absl::Status PrecheckBackend(BackendRequest request) {
+  if (request != BackendRequest::kCuda) return absl::OkStatus();
+  // Any model: only the device is in question here.
+  return SelectBackend(request, ProbeCudaDevices(), CudaModelSupport{true, ""})
+      .status();
+}
 
 absl::StatusOr<OpenedBackend> OpenBackend(BackendRequest request,
                                           const Model& model) {

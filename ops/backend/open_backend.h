@@ -40,6 +40,12 @@ struct OpenedBackend {
 absl::StatusOr<OpenedBackend> OpenBackend(BackendRequest request,
                                           const Model& model);
 
+// Before a model loads: FAILED_PRECONDITION when `request` is kCuda and no
+// CUDA device can be used (the reason and what to do), so nobody waits for
+// the weights to load to learn it. OK otherwise; OpenBackend checks the
+// model itself.
+absl::Status PrecheckBackend(BackendRequest request);
+
 // CudaBackendModel::Create(model) on device 0; FAILED_PRECONDITION when kvd
 // was built without the CUDA toolkit. In open_backend_{cuda,none}.cc.
 absl::StatusOr<std::unique_ptr<ModelBackend>> MakeCudaBackend(

@@ -67,6 +67,18 @@ TEST(OpenBackend, CudaFailsWithoutADeviceAndRunsWithOne) {
   EXPECT_EQ(b->backend->numerics_version(), kCudaNumericsVersion);
 }
 
+TEST(PrecheckBackend, OnlyCudaWithoutADeviceFailsBeforeTheModelLoads) {
+  EXPECT_TRUE(PrecheckBackend(BackendRequest::kCpu).ok());
+  EXPECT_TRUE(PrecheckBackend(BackendRequest::kAuto).ok());
+  const absl::Status cuda = PrecheckBackend(BackendRequest::kCuda);
+  if (ProbeCudaDevices().device_count > 0) {
+    EXPECT_TRUE(cuda.ok()) << cuda;
+  } else {
+    EXPECT_EQ(cuda.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(cuda.message(), HasSubstr("no CUDA device"));
+  }
+}
+
 TEST(OpenBackend, CudaRefusesAModelItsPathCannotRun) {
   absl::StatusOr<std::unique_ptr<Model>> fp32 =
       testing::LoadTinyModel({}, Precision::kF32);

@@ -1,6 +1,9 @@
 #include "ops/model/kv_block_pool.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <new>
 
@@ -102,8 +105,12 @@ KvBlockPool::~KvBlockPool() {
 }
 
 int64_t KvBlockPool::BlockIndex(const uint8_t* block) const {
-  if (region_.base == nullptr || block < region_.base) return -1;
-  const size_t offset = static_cast<size_t>(block - region_.base);
+  // Addresses as integers: comparing pointers into different objects is
+  // unspecified.
+  const uintptr_t base = reinterpret_cast<uintptr_t>(region_.base);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(block);
+  if (region_.base == nullptr || at < base) return -1;
+  const size_t offset = static_cast<size_t>(at - base);
   if (offset % block_bytes_ != 0) return -1;
   const int64_t index = static_cast<int64_t>(offset / block_bytes_);
   return index < region_.blocks ? index : -1;
@@ -165,8 +172,15 @@ uint8_t* KvBlockPool::Take() {
       return b;
     }
   }
-  // A region pool's free list holds every block its capacity allows, so
-  // only a pool without a region gets here.
+  // A region pool's free list holds every block its capacity allows, so it
+  // is empty here only if a caller took without reserving: a bug, and a heap
+  // block must not enter device memory's bookkeeping.
+  if (region_.base != nullptr) {
+    std::fprintf(stderr,
+                 "kvd: K/V block pool: Take() without a reservation on a "
+                 "region pool with no free block\n");
+    std::abort();
+  }
   return NewBlock(block_bytes_);
 }
 

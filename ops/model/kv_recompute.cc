@@ -475,6 +475,11 @@ absl::Status Model::RecomputeKvIntoCache(int64_t layer, const float* residuals,
                                          KvCache* cache) const {
   KVD_RETURN_IF_ERROR(
       CheckRecomputeTarget(config_, precision_, layer, position, n, cache));
+  if (!cache->pool()->host_accessible()) {
+    return absl::InvalidArgumentError(
+        "RecomputeKvIntoCache: the cache lives in device memory; the CPU "
+        "backend cannot write it");
+  }
   if (n == 0) return absl::OkStatus();
   std::vector<int64_t> positions(n);
   for (int64_t i = 0; i < n; ++i) positions[i] = position + i;

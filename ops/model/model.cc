@@ -197,6 +197,11 @@ absl::Status Model::RunForwardLayers(KvCache* cache, int64_t position,
                                      ResidualObserver* observer,
                                      int64_t sequence_id) const {
   const ModelConfig& c = config_;
+  if (cache != nullptr && !cache->pool()->host_accessible()) {
+    return absl::InvalidArgumentError(
+        "ForwardLayers: the cache lives in device memory; the CPU backend "
+        "cannot run it");
+  }
   KVD_ASSIGN_OR_RETURN(const bool work,
                        PrepareLayerRange(c, precision_, cache, position, n,
                                          first_layer, end_layer, h));

@@ -58,6 +58,9 @@ class Model final : public ModelBackend {
   const ModelConfig& config() const override { return config_; }
   Precision precision() const override { return precision_; }
   uint32_t numerics_version() const override;
+  absl::Status BoundedHotWindowSupport() const override {
+    return absl::OkStatus();
+  }
   // The GGUF file the model came from (none for Hugging Face checkpoints).
   bool has_gguf() const { return file_ != nullptr; }
   const GgufFile& file() const { return *file_; }

@@ -174,10 +174,12 @@ absl::StatusOr<bool> PrepareLayerRange(const ModelConfig& c,
 absl::Status CheckRecomputeTarget(const ModelConfig& c, Precision precision,
                                   int64_t layer, int64_t position, int64_t n,
                                   const KvCache* cache) {
-  if (cache == nullptr || cache->precision() != precision ||
-      cache->n_layers() != c.n_layers) {
-    return absl::InvalidArgumentError(
-        "RecomputeKvIntoCache: no cache, or one made for another model");
+  if (cache == nullptr)
+    return absl::InvalidArgumentError("RecomputeKvIntoCache: null cache");
+  if (cache->precision() != precision || cache->n_layers() != c.n_layers) {
+    return absl::FailedPreconditionError(
+        "RecomputeKvIntoCache: K/V cache was made for another model or "
+        "precision");
   }
   if (layer < 0 || layer >= c.n_layers || n < 0 || position < 0 ||
       position < cache->first_kept(layer) ||

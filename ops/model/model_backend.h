@@ -22,7 +22,9 @@
 //
 // Thread-safety: a backend is immutable to its callers; Forward may be called
 // from several threads (a backend serialises internally if it must), each
-// call with its own caches.
+// call with its own caches. Hooks (ResidualObserver, ResidualPatcher,
+// KvSource, KeySelection) must not call back into the backend: a backend
+// may call them under its own lock.
 #ifndef KVD_OPS_MODEL_MODEL_BACKEND_H_
 #define KVD_OPS_MODEL_MODEL_BACKEND_H_
 
@@ -44,10 +46,9 @@ enum class LogitsMode { kNone, kLast, kAll };
 // KV-Direct bounded-memory attention: where a sequence's K/V older than its
 // hot window come from. Attention reads cache rows only at positions >=
 // HotBegin; a canonical chunk that reaches below it is rebuilt whole into a
-// bounded scratch buffer (each layer's cold rows are recomputed once per step
-// for all heads, in rounds of at most kRecomputeRows rows shared by the
-// batch's sequences), older rows from these residuals, so the chunk folds
-// into the online softmax exactly as the cached one would.
+// bounded scratch buffer from these residuals (how many rows at a time is the
+// backend's: model.h, cuda_backend_model.h), so the chunk folds into the
+// online softmax exactly as the cached one would.
 // Forward frees the cache rows below HotBegin before the step (the hot window
 // is real memory), so HotBegin must not move backwards for a cache.
 // Called concurrently from attention tasks: the const methods must be safe to
@@ -142,7 +143,7 @@ class ModelBackend {
  public:
   virtual ~ModelBackend() = default;
 
-  // "cpu" or "cuda", for logs and /metrics.
+  // "cpu" or "cuda", for logs and gRPC Health.
   virtual const char* backend_name() const = 0;
   virtual const ModelConfig& config() const = 0;
   virtual Precision precision() const = 0;
@@ -151,6 +152,11 @@ class ModelBackend {
   // from other numerics is re-prefilled from its tokens, not resumed from
   // its residuals (services/engine). CPU: kernels::cpu::kNumericsVersion.
   virtual uint32_t numerics_version() const = 0;
+  // OK if Forward serves a KvSource whose hot window starts above position 0
+  // (KV-Direct's bounded hot window: older K/V recomputed inside
+  // attention); UNIMPLEMENTED saying why not. The engine checks it at start
+  // for a bounded --hot-budget, so sessions do not fail turn after turn.
+  virtual absl::Status BoundedHotWindowSupport() const = 0;
 
   // A block pool whose blocks live where this backend's kernels read them
   // and fit this model's caches. INVALID_ARGUMENT for bad options;
@@ -203,7 +209,8 @@ class ModelBackend {
   // writes them into `cache`, whose blocks for those positions must already
   // be there (KvCache::ReserveLayer). The rows equal bit for bit the ones
   // Forward cached for those tokens on the same backend. INVALID_ARGUMENT
-  // for a bad layer, range or cache.
+  // for a bad layer, range or cache, FAILED_PRECONDITION for another
+  // model's cache.
   virtual absl::Status RecomputeKvIntoCache(int64_t layer,
                                             const float* residuals,
                                             int64_t position, int64_t n,
@@ -243,9 +250,10 @@ absl::StatusOr<bool> PrepareLayerRange(const ModelConfig& config,
                                        int64_t first_layer, int64_t end_layer,
                                        const float* h);
 
-// Shared by the backends' RecomputeKvIntoCache: INVALID_ARGUMENT unless
-// `cache` was made for this model and precision and holds the blocks of
-// `layer`'s positions [position, position + n).
+// Shared by the backends' RecomputeKvIntoCache: FAILED_PRECONDITION for a
+// cache made for another model or precision; INVALID_ARGUMENT for no cache,
+// or one that does not hold the blocks of `layer`'s positions [position,
+// position + n).
 absl::Status CheckRecomputeTarget(const ModelConfig& config,
                                   Precision precision, int64_t layer,
                                   int64_t position, int64_t n,

@@ -316,6 +316,11 @@ TEST(PagedKvCacheOptions, DevicePoolCachesAreBookkeepingOnlyOnTheHost) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.message(), HasSubstr("device memory"));
   EXPECT_EQ(cache->length(), 0);
+  std::vector<float> h(c.d_model, 0.5f);
+  EXPECT_EQ((*model)->ForwardLayers(&*cache, 0, 1, 0, 1, h.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*model)->RecomputeKvIntoCache(0, h.data(), 0, 1, &*cache).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_DEATH(cache->KeyBytes(0, 0), "not host memory");
   EXPECT_DEATH({ KvCache copy = *cache; }, "not host memory");
 }

@@ -165,7 +165,15 @@ TEST_P(CudaEngineTest, BoundedHotWindowMatchesTheFullCacheOrIsRefused) {
   ASSERT_TRUE(full.status.ok()) << full.status;
   const Transcript bounded = Converse(*gpu_, "kv-direct", 32, false);
   if (bias()) {
-    // The device's cold-chunk recompute has no q/k/v bias input.
+    // The device's cold-chunk recompute has no q/k/v bias input: a node is
+    // refused at start, and an engine made without validation refuses the
+    // turn instead.
+    SessionEngineOptions bounded_options;
+    bounded_options.hot_budget = 32;
+    const absl::Status refused =
+        SessionEngine::ValidateOptions(*gpu_, bounded_options);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_NE(refused.message().find("--hot-budget"), absl::string_view::npos);
     EXPECT_EQ(bounded.status.code(), absl::StatusCode::kUnimplemented)
         << bounded.status;
     // The engine that refused keeps serving: another session still runs.

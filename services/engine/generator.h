@@ -9,10 +9,11 @@
 //   GenerateRequest req;
 //   req.prompt = tokenizer.Encode(text, /*add_special=*/true,
 //                                 /*parse_special=*/true);
-//   KvCache cache = model->NewCache();
+//   KVD_ASSIGN_OR_RETURN(auto pool, model.NewBlockPool({}));
+//   KVD_ASSIGN_OR_RETURN(KvCache cache, model.NewCache(pool.get()));
 //   KVD_ASSIGN_OR_RETURN(
 //       GenerateResult r,
-//       Generate(*model, tokenizer, req, &cache, [](std::string_view s) {
+//       Generate(model, tokenizer, req, &cache, [](std::string_view s) {
 //         std::cout << s << std::flush;
 //       }));
 //

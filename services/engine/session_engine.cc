@@ -158,11 +158,29 @@ SessionEngine::SessionEngine(const ops::ModelBackend& model,
                              v1::ModelIdentity identity,
                              storage::TieredStore* store,
                              SessionEngineOptions options)
+    : SessionEngine(model, std::move(identity), store, options,
+                    MakePool(model, options)) {}
+
+absl::StatusOr<std::unique_ptr<SessionEngine>> SessionEngine::Create(
+    const ops::ModelBackend& model, v1::ModelIdentity identity,
+    storage::TieredStore* store, SessionEngineOptions options) {
+  KVD_RETURN_IF_ERROR(ValidateOptions(model, options));
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<ops::KvBlockPool> pool,
+                       model.NewBlockPool(PoolOptions(model, options)));
+  return std::unique_ptr<SessionEngine>(new SessionEngine(
+      model, std::move(identity), store, std::move(options), std::move(pool)));
+}
+
+SessionEngine::SessionEngine(const ops::ModelBackend& model,
+                             v1::ModelIdentity identity,
+                             storage::TieredStore* store,
+                             SessionEngineOptions options,
+                             std::unique_ptr<ops::KvBlockPool> kv_pool)
     : model_(model),
       identity_(std::move(identity)),
       store_(store),
       options_(std::move(options)),
-      kv_pool_(MakePool(model, options_)),
+      kv_pool_(std::move(kv_pool)),
       scheduler_(std::make_unique<Scheduler>(
           model, SchedulerWithPool(
                      options_.scheduler, kv_pool_.get(),
@@ -192,6 +210,13 @@ absl::Status SessionEngine::ValidateOptions(
                      ", which the K/V pool refuses (", s.message(),
                      "); use a positive multiple of the attention chunk, e.g. ",
                      ops::KvBlockPool::kDefaultBlockRows));
+  }
+  if (options.hot_budget != ops::ResidualKvSource::kAll) {
+    if (absl::Status s = model.BoundedHotWindowSupport(); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hot_budget (--hot-budget) is ", options.hot_budget,
+                       ", but ", s.message(), "; use --hot-budget all here"));
+    }
   }
   if (options.chunk_tokens < 1) {
     return absl::InvalidArgumentError(
@@ -286,6 +311,7 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
   std::shared_ptr<const storage::SessionCheckpoint> checkpoint;
   storage::Tier tier = storage::Tier::kRocksDb;
   std::string fallback;  // why the residuals cannot be used, if they cannot
+  bool other_numerics = false;  // fallback: the checkpoint's numerics differ
   if (loaded.ok()) {
     checkpoint = loaded->checkpoint;
     tier = loaded->tier;
@@ -316,6 +342,7 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
     // Residuals from another backend or kernel build: the tokens are good,
     // so the session continues from a re-prefill on this node's numerics.
     fallback = std::string(same.message());
+    other_numerics = true;
   }
   KVD_ASSIGN_OR_RETURN(ops::CheckpointPolicy policy,
                        ops::ParseCheckpointPolicy(m.policy()));
@@ -355,7 +382,9 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
   result->path_detail =
       fallback.empty()
           ? absl::StrCat("policy ", m.policy(), " stores token ids only")
-          : absl::StrCat("residual checkpoint rejected: ", fallback);
+          : absl::StrCat(other_numerics ? "checkpoint from other numerics: "
+                                        : "residual checkpoint rejected: ",
+                         fallback);
   if (!fallback.empty()) {
     active->rewrite_all = true;
     active->store.Erase(0);

@@ -166,6 +166,14 @@ class SessionEngine {
                 storage::TieredStore* store, SessionEngineOptions options);
   ~SessionEngine();
 
+  // The same engine for options from a user: ValidateOptions' errors, and
+  // the backend's own error when it cannot make the K/V pool (a GPU backend
+  // allocates its pool's device memory up front: RESOURCE_EXHAUSTED when it
+  // does not fit), instead of the constructor's fallbacks.
+  static absl::StatusOr<std::unique_ptr<SessionEngine>> Create(
+      const ops::ModelBackend& model, v1::ModelIdentity identity,
+      storage::TieredStore* store, SessionEngineOptions options);
+
   // INVALID_ARGUMENT naming the option (and its flag) for options this model
   // cannot use: kv_pool_block_rows not a positive multiple of the attention
   // chunk, kv_pool_bytes negative, chunk_tokens < 1, max_hot_sessions < 0,
@@ -214,6 +222,9 @@ class SessionEngine {
   const v1::ModelIdentity& identity() const { return identity_; }
 
  private:
+  SessionEngine(const ops::ModelBackend& model, v1::ModelIdentity identity,
+                storage::TieredStore* store, SessionEngineOptions options,
+                std::unique_ptr<ops::KvBlockPool> kv_pool);
   struct Active;
   using Key = std::pair<std::string, std::string>;  // tenant, session
 

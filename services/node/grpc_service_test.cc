@@ -592,9 +592,8 @@ TEST_F(GrpcServiceTest, DeltasCarryTokenIdsAndLogprobs) {
                                  r.finished.token_ids().end());
   ASSERT_EQ(ids.size(), 16u);
   // Deltas a slow reader missed arrive merged (Scheduler::Run), so on a
-  // loaded machine all 16 tokens may come as one delta: the count is not
-  // the point, their contents are.
-  EXPECT_GE(r.deltas, 1);
+  // loaded machine all 16 tokens may come as one delta: their count is not
+  // checked, their contents are.
   EXPECT_EQ(r.delta_ids, ids);
   ASSERT_EQ(r.delta_logprobs.size(), ids.size());
   ASSERT_EQ(r.finished.logprobs_size(), static_cast<int>(ids.size()));

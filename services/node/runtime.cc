@@ -69,14 +69,17 @@ absl::StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Open(
           .count();
   rt->model_id_ =
       options.model_id.empty() ? rt->model_->config().name : options.model_id;
+  // The options are checked before a GPU backend uploads the weights; the
+  // engine checks them again against the backend it gets.
+  KVD_RETURN_IF_ERROR(
+      engine::SessionEngine::ValidateOptions(*rt->model_, options.engine));
   KVD_ASSIGN_OR_RETURN(rt->backend_,
                        ops::OpenBackend(options.backend, *rt->model_));
   const ops::ModelBackend& backend = *rt->backend_.backend;
-  KVD_RETURN_IF_ERROR(
-      engine::SessionEngine::ValidateOptions(backend, options.engine));
-  rt->engine_ = std::make_unique<engine::SessionEngine>(
-      backend, engine::ModelIdentityOf(backend, fingerprint), rt->store_.get(),
-      options.engine);
+  KVD_ASSIGN_OR_RETURN(
+      rt->engine_, engine::SessionEngine::Create(
+                       backend, engine::ModelIdentityOf(backend, fingerprint),
+                       rt->store_.get(), options.engine));
   if (options.trim_free_memory) {
     rt->trimmer_ = std::make_unique<MemoryTrimmer>(MemoryTrimmerOptions{});
   }

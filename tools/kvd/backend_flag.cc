@@ -4,8 +4,9 @@ namespace kvd::cli {
 
 void DeclareBackendFlag(Args& a) {
   a.Flag("backend", "auto",
-         "auto (CUDA when a device exists and can run the model, else the "
-         "CPU, saying why), cpu, or cuda (fail rather than fall back)");
+         "auto (the CPU, saying why; CUDA where a device can run the model "
+         "once the CUDA backend has passed its device check), cpu, or cuda "
+         "(GPU 0; fail rather than fall back)");
 }
 
 absl::StatusOr<ops::BackendRequest> BackendRequestFromFlag(const Args& args) {

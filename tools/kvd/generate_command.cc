@@ -54,6 +54,7 @@ absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(std::string path, ResolveModel(args.Get("model")));
   KVD_ASSIGN_OR_RETURN(const ops::BackendRequest backend_request,
                        BackendRequestFromFlag(args));
+  KVD_RETURN_IF_ERROR(ops::PrecheckBackend(backend_request));
   KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));
 
   KVD_ASSIGN_OR_RETURN(engine::GenerateRequest req, SamplingFromFlags(args));
@@ -113,7 +114,8 @@ absl::Status Run(const Args& args) {
   req.prompt =
       tokenizer->Encode(text, /*add_special=*/true, /*parse_special=*/!raw);
 
-  // An unlimited pool: one sequence, whose length the context bounds.
+  // One sequence: the backend's default pool (unlimited on the CPU; on a GPU
+  // room for 16 contexts, at most 16,384 positions per layer).
   KVD_ASSIGN_OR_RETURN(std::unique_ptr<ops::KvBlockPool> pool,
                        backend.backend->NewBlockPool({}));
   KVD_ASSIGN_OR_RETURN(ops::KvCache cache,

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "ops/backend/open_backend.h"
 #include "ops/kvdirect/checkpoint_policy.h"
 #include "tools/kvd/backend_flag.h"
 #include "tools/kvd/model_source.h"
@@ -134,6 +135,7 @@ absl::StatusOr<std::unique_ptr<node::NodeRuntime>> OpenSessionRuntime(
   KVD_ASSIGN_OR_RETURN(node::NodeOptions o, NodeOptionsFromFlags(args));
   KVD_RETURN_IF_ERROR(AddModelAndSessionFlags(args, o));
   KVD_ASSIGN_OR_RETURN(o.backend, BackendRequestFromFlag(args));
+  KVD_RETURN_IF_ERROR(ops::PrecheckBackend(o.backend));
   ProgressBar bar("loading " + o.model_path, show_progress);
   KVD_ASSIGN_OR_RETURN(std::unique_ptr<node::NodeRuntime> rt,
                        node::NodeRuntime::Open(o, [&bar](int done, int total) {

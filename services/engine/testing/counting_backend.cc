@@ -57,6 +57,10 @@ uint32_t CountingBackendForTest::numerics_version() const {
   return model_.numerics_version();
 }
 
+absl::Status CountingBackendForTest::BoundedHotWindowSupport() const {
+  return model_.BoundedHotWindowSupport();
+}
+
 absl::StatusOr<std::unique_ptr<ops::KvBlockPool>>
 CountingBackendForTest::NewBlockPool(
     const ops::KvBlockPool::Options& options) const {

@@ -2,10 +2,13 @@
 // that forwards every call to a real CPU ops::Model and counts the calls per
 // method. Handing it to the engine in place of the Model proves the engine
 // reaches the model only through the interface a CUDA backend implements:
-// a bypass (a cast back to ops::Model, a host copy of cache rows) shows up as
-// missing calls, and a cache the engine did not make through this backend's
-// NewBlockPool shows up in foreign_caches(). Outputs are the Model's, bit for
-// bit, so runs over it compare directly with runs over the Model.
+// a bypass (a cast back to ops::Model) shows up as missing calls, and a cache
+// the engine did not make through this backend's NewBlockPool shows up in
+// foreign_caches(). Its pools are host memory, so host reads of cache rows
+// go unnoticed here; on a device pool they abort (KvCache::CheckHostAccess),
+// which services/engine:cuda_engine_test exercises on a GPU. Outputs are the
+// Model's, bit for bit, so runs over it compare directly with runs over the
+// Model.
 //
 // Thread-safety: as the Model's; the counters may be read while the engine
 // runs (the scheduler thread calls Forward, restores call the rest).
@@ -63,7 +66,8 @@ class CountingBackendForTest final : public ops::ModelBackend {
   const char* backend_name() const override;
   const ops::ModelConfig& config() const override;
   ops::Precision precision() const override;
-  uint32_t numerics_version() const override;  // not counted
+  uint32_t numerics_version() const override;             // not counted
+  absl::Status BoundedHotWindowSupport() const override;  // not counted
   absl::StatusOr<std::unique_ptr<ops::KvBlockPool>> NewBlockPool(
       const ops::KvBlockPool::Options& options) const override;
   absl::StatusOr<ops::KvCache> NewCache(ops::KvBlockPool* pool) const override;
