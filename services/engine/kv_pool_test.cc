@@ -461,6 +461,25 @@ TEST_P(KvPoolTest, ValidateOptionsNamesTheBadOption) {
   EXPECT_EQ(engine_->stats().kv_pool_block_bytes, BlockBytes());
 }
 
+// Create, for options from a user, returns the error the constructor would
+// paper over, and builds a working engine from good options.
+TEST_P(KvPoolTest, CreateReturnsErrorsInsteadOfFallingBack) {
+  auto store = testing::OpenTestStore(testing::FreshTestDir("create"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  const v1::ModelIdentity id = ModelIdentityOf(*model_, "sha256:tiny");
+  SessionEngineOptions o = Options(1 << 20);
+  o.kv_pool_block_rows = 33;
+  auto bad = SessionEngine::Create(*model_, id, store->get(), o);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("kv_pool_block_rows is 33"));
+  o = Options(1 << 20);
+  auto good = SessionEngine::Create(*model_, id, store->get(), o);
+  ASSERT_TRUE(good.ok()) << good.status();
+  Transcript t;
+  EXPECT_TRUE((*good)->Complete(Request(0, 2, &t), *tokenizer_, nullptr).ok());
+  EXPECT_EQ((*good)->stats().kv_pool_block_bytes, BlockBytes());
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, KvPoolTest,
                          ::testing::ValuesIn(ops::testing::AllFamilyCases()),
                          ops::testing::FamilyCaseName);
