@@ -132,6 +132,7 @@ for j in $(jobs -p); do wait "$j" || wait_all_ok=1; done
 # place of its -l flags. Bazel's link uses gold (--start-lib groups).
 BAZEL_TESTS=(//ops/backend:cuda_model_test //ops/backend:tp_cuda_model_test
              //ops/backend:cuda_backend_model_test
+             //ops/backend:cuda_backend_conformance_test
              //services/engine:cuda_engine_test)
 # The engine's session store (cuda_engine_test) brings RocksDB, protobuf and
 # RocksDB's compression libraries; Debian ships them as static archives too.

@@ -44,7 +44,7 @@ cap() {
 TESTS=(argument_checks_test bf16_convert_test elementwise_test attention_test
        gemm_test gemm_mma_test dequant_test kv_recompute_test paged_attention_test
        paged_recompute_test cuda_model_test tp_cuda_model_test
-       cuda_backend_model_test cuda_engine_test)
+       cuda_backend_model_test cuda_backend_conformance_test cuda_engine_test)
 
 if [[ ! -x "$BIN/gemm_test" ]]; then
   echo "no binaries in $BIN: run tools/gpu/build_device_binaries.sh here and carry tools/gpu/bin" >&2
