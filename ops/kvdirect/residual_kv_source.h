@@ -23,7 +23,7 @@
 #include <cstdint>
 
 #include "ops/kvdirect/residual_store.h"
-#include "ops/model/model.h"
+#include "ops/model/model_backend.h"
 
 namespace kvd::ops {
 

@@ -31,7 +31,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "ops/kvdirect/checkpoint_policy.h"
-#include "ops/model/model.h"
+#include "ops/model/model_backend.h"
 
 namespace kvd::ops {
 
