@@ -17,6 +17,7 @@
 #include "proto/kvd/v1/health.grpc.pb.h"
 #include "proto/kvd/v1/sessions.grpc.pb.h"
 #include "services/node/grpc_convert.h"
+#include "storage/checkpoint/session_file.h"
 
 namespace kvd::node {
 namespace {
@@ -570,6 +571,38 @@ TEST_F(GrpcServiceTest, ExportImportContinuesBitIdentically) {
             std::vector<int32_t>(b.finished.token_ids().begin(),
                                  b.finished.token_ids().end()));
   EXPECT_EQ(a.finished.session_tokens(), b.finished.session_tokens());
+
+  // The same session as another node's numerics wrote it (a GPU node's):
+  // accepted, and re-prefilled from its tokens on this node's numerics, so
+  // it continues as the copy did. As another model's: refused.
+  absl::StatusOr<storage::SessionCheckpoint> parsed =
+      storage::ParseSessionFile(file, "the export");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto variant = [&](const std::function<void(v1::ModelIdentity*)>& edit) {
+    v1::SessionManifest m = parsed->manifest();
+    edit(m.mutable_model());
+    storage::SessionCheckpoint cp;
+    cp.Reset(m, parsed->chunks());
+    absl::StatusOr<std::string> bytes = storage::SerializeSessionFile(cp);
+    EXPECT_TRUE(bytes.ok()) << bytes.status();
+    return bytes.ok() ? *bytes : std::string();
+  };
+  ASSERT_TRUE(import("gpu-made", variant([](v1::ModelIdentity* id) {
+                       id->set_numerics_version(id->numerics_version() + 1000);
+                     }))
+                  .ok());
+  Reply c = Generate(Raw("gpu-made", " continued", 24));
+  ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+  EXPECT_EQ(c.finished.state_path(), "reprefill");
+  EXPECT_EQ(std::vector<int32_t>(c.finished.token_ids().begin(),
+                                 c.finished.token_ids().end()),
+            std::vector<int32_t>(b.finished.token_ids().begin(),
+                                 b.finished.token_ids().end()));
+  EXPECT_EQ(import("other-model", variant([](v1::ModelIdentity* id) {
+                     id->set_fingerprint("sha256:other-weights");
+                   }))
+                .error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 bool SameLogprob(const v1::TokenLogprob& a, const ops::TokenLogProb& b) {
