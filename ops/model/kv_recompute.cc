@@ -28,6 +28,7 @@ absl::Status Model::RecomputeKv(int64_t layer, const float* residuals,
                                 const int64_t* positions, int64_t n,
                                 uint8_t* k_out, uint8_t* v_out,
                                 cpu::ThreadPool* pool) const {
+  KVD_RETURN_IF_ERROR(CheckWeights("RecomputeKv"));
   const ModelConfig& c = config_;
   if (layer < 0 || layer >= c.n_layers) {
     return absl::InvalidArgumentError(
@@ -473,6 +474,7 @@ void Model::AttendSelected(int64_t l, const SequenceStep& step, int64_t g,
 absl::Status Model::RecomputeKvIntoCache(int64_t layer, const float* residuals,
                                          int64_t position, int64_t n,
                                          KvCache* cache) const {
+  KVD_RETURN_IF_ERROR(CheckWeights("RecomputeKvIntoCache"));
   KVD_RETURN_IF_ERROR(
       CheckRecomputeTarget(config_, precision_, layer, position, n, cache));
   if (!cache->pool()->host_accessible()) {

@@ -85,6 +85,19 @@ uint32_t Model::numerics_version() const {
   return kernels::cpu::kNumericsVersion;
 }
 
+void Model::ReleaseWeights() {
+  weights_ = ModelWeights();
+  has_weights_ = false;
+}
+
+absl::Status Model::CheckWeights(const char* what) const {
+  if (has_weights_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(what,
+                   ": the CPU model's weights were released (the model runs on "
+                   "another backend, which holds its own copy)"));
+}
+
 absl::StatusOr<KvCache> Model::NewCache(KvBlockPool* pool) const {
   if (pool != nullptr && !pool->host_accessible()) {
     return absl::InvalidArgumentError(
@@ -97,6 +110,7 @@ absl::StatusOr<KvCache> Model::NewCache(KvBlockPool* pool) const {
 absl::Status Model::RunForward(absl::Span<const SequenceStep> batch,
                                ForwardOutput* out, ResidualObserver* observer,
                                ResidualPatcher* patcher) const {
+  KVD_RETURN_IF_ERROR(CheckWeights("Forward"));
   const ModelConfig& c = config_;
   for (const SequenceStep& step : batch) {
     if (step.cache == nullptr) continue;  // PrepareStepCaches refuses it
@@ -196,6 +210,7 @@ absl::Status Model::RunForwardLayers(KvCache* cache, int64_t position,
                                      int64_t end_layer, float* h,
                                      ResidualObserver* observer,
                                      int64_t sequence_id) const {
+  KVD_RETURN_IF_ERROR(CheckWeights("ForwardLayers"));
   const ModelConfig& c = config_;
   if (cache != nullptr && !cache->pool()->host_accessible()) {
     return absl::InvalidArgumentError(

@@ -65,6 +65,14 @@ class Model final : public ModelBackend {
   bool has_gguf() const { return file_ != nullptr; }
   const GgufFile& file() const { return *file_; }
   const ModelWeights& weights() const { return weights_; }
+
+  // Frees the weights once another backend holds its own copy (a GPU
+  // backend uploaded them), so a GPU node does not keep a second copy in
+  // host memory. config(), file() and the tokenizer data stay; Forward,
+  // ForwardLayers, RecomputeKv and RecomputeKvIntoCache then fail with
+  // FAILED_PRECONDITION. Not to be called while any of those runs.
+  void ReleaseWeights();
+  bool has_weights() const { return has_weights_; }
   kernels::cpu::ThreadPool* pool() const { return pool_.get(); }
 
   // A cache with its own unlimited block pool.
@@ -180,6 +188,9 @@ class Model final : public ModelBackend {
   Precision precision_ = Precision::kF32;
   std::unique_ptr<GgufFile> file_;
   ModelWeights weights_;
+  bool has_weights_ = true;
+  // FAILED_PRECONDITION naming `what` once ReleaseWeights ran.
+  absl::Status CheckWeights(const char* what) const;
   std::unique_ptr<kernels::cpu::ThreadPool> pool_;
 };
 

@@ -166,6 +166,34 @@ TEST_P(ModelProperties, ResidualHookSeesEveryLayerInputOfEveryToken) {
   EXPECT_EQ(batched.seen.size(), static_cast<size_t>((c.n_layers + 1) * 27));
 }
 
+// A GPU node frees the CPU copy of the weights after uploading them: the
+// model keeps its config and GGUF file, and refuses to compute.
+TEST(ModelWeights, ReleasedWeightsRefuseComputeAndKeepTheRest) {
+  auto model = testing::LoadTinyModel({}, Precision::kBf16);
+  ASSERT_TRUE(model.ok()) << model.status();
+  Model& m = **model;
+  const std::string name = m.config().name;
+  KvCache cache = m.NewCache();
+  const std::vector<int32_t> t = {1, 2, 3};
+  SequenceStep step{&cache, t, LogitsMode::kLast};
+  ForwardOutput out;
+  ASSERT_TRUE(m.Forward({&step, 1}, &out).ok());
+  m.ReleaseWeights();
+  EXPECT_FALSE(m.has_weights());
+  EXPECT_TRUE(m.weights().layers.empty());
+  EXPECT_EQ(m.config().name, name);
+  EXPECT_TRUE(m.has_gguf());
+  const absl::Status refused = m.Forward({&step, 1}, &out);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("released"), absl::string_view::npos);
+  EXPECT_EQ(cache.length(), 3);
+  std::vector<float> h(m.config().d_model, 0.5f);
+  EXPECT_EQ(m.ForwardLayers(&cache, 3, 1, 0, 1, h.data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m.RecomputeKvIntoCache(0, h.data(), 0, 1, &cache).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_P(ModelProperties, RejectsBadInputWithoutTouchingTheCache) {
   auto model = Load();
   KvCache cache = model->NewCache();

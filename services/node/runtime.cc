@@ -75,6 +75,8 @@ absl::StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Open(
       engine::SessionEngine::ValidateOptions(*rt->model_, options.engine));
   KVD_ASSIGN_OR_RETURN(rt->backend_,
                        ops::OpenBackend(options.backend, *rt->model_));
+  // A GPU backend holds its own copy of the weights.
+  if (rt->backend_.kind == ops::Backend::kCuda) rt->model_->ReleaseWeights();
   const ops::ModelBackend& backend = *rt->backend_.backend;
   KVD_ASSIGN_OR_RETURN(
       rt->engine_, engine::SessionEngine::Create(

@@ -90,6 +90,8 @@ absl::Status Run(const Args& args) {
                        ops::TokenizerFromGguf(model->file()));
   KVD_ASSIGN_OR_RETURN(const ops::OpenedBackend backend,
                        ops::OpenBackend(backend_request, *model));
+  // A GPU backend holds its own copy of the weights.
+  if (backend.kind == ops::Backend::kCuda) model->ReleaseWeights();
   if (!backend.notice.empty())
     std::fprintf(stderr, "%s\n", backend.notice.c_str());
 
