@@ -21,32 +21,6 @@ using kc::internal::CudaStatus;
 
 }  // namespace
 
-CudaKvCache::CudaKvCache(CudaKvCache&& other) noexcept
-    : model_(std::exchange(other.model_, nullptr)),
-      length_(std::exchange(other.length_, 0)),
-      blocks_(std::move(other.blocks_)) {
-  other.blocks_.clear();
-}
-
-CudaKvCache& CudaKvCache::operator=(CudaKvCache&& other) noexcept {
-  if (this != &other) {
-    Release();
-    model_ = std::exchange(other.model_, nullptr);
-    length_ = std::exchange(other.length_, 0);
-    blocks_ = std::move(other.blocks_);
-    other.blocks_.clear();
-  }
-  return *this;
-}
-
-CudaKvCache::~CudaKvCache() { Release(); }
-
-void CudaKvCache::Release() {
-  if (model_ != nullptr) model_->FreeBlocks(&blocks_);
-  blocks_.clear();
-  length_ = 0;
-}
-
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(
     const Model& model, const CudaModelOptions& options) {
   const ModelConfig& c = model.config();
@@ -91,9 +65,7 @@ int64_t CudaModel::free_blocks() const {
 }
 
 absl::StatusOr<CudaKvCache> CudaModel::NewCache() {
-  CudaKvCache cache(this);
-  cache.blocks_.resize(config_.n_layers);
-  return cache;
+  return CudaKvCache(this, config_.n_layers);
 }
 
 void CudaModel::FreeBlocks(std::vector<std::vector<int32_t>>* blocks) {
@@ -116,7 +88,7 @@ absl::Status CudaModel::Forward(absl::Span<const CudaStep> batch,
   std::vector<internal::StepView> views(n_seqs);
   for (int64_t i = 0; i < n_seqs; ++i) {
     CudaKvCache* cache = batch[i].cache;
-    const bool ours = cache != nullptr && cache->model_ == this;
+    const bool ours = cache != nullptr && cache->owner_ == this;
     views[i] = {cache, ours, batch[i].tokens, ours ? cache->length() : 0,
                 ours ? &cache->blocks_ : nullptr};
   }

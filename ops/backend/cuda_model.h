@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "ops/backend/internal/cuda_batch.h"
 #include "ops/model/model.h"
 #include "ops/model/model_config.h"
 
@@ -48,30 +49,10 @@ class CudaForward;
 
 class CudaModel;
 
-// One sequence's K/V on the device: the pool blocks it holds per layer and
-// its length. Move-only; returns its blocks to the model's pool when
-// destroyed. Must not outlive its CudaModel.
-class CudaKvCache {
- public:
-  CudaKvCache(CudaKvCache&& other) noexcept;
-  CudaKvCache& operator=(CudaKvCache&& other) noexcept;
-  CudaKvCache(const CudaKvCache&) = delete;
-  CudaKvCache& operator=(const CudaKvCache&) = delete;
-  ~CudaKvCache();
-
-  int64_t length() const { return length_; }
-
- private:
-  friend class CudaModel;
-  explicit CudaKvCache(CudaModel* model) : model_(model) {}
-  void Release();
-
-  CudaModel* model_ = nullptr;
-  int64_t length_ = 0;
-  // blocks_[l][i]: pool block of layer l holding positions
-  // [i * block_rows, (i + 1) * block_rows).
-  std::vector<std::vector<int32_t>> blocks_;
-};
+// One sequence's K/V on the device (internal/cuda_batch.h). Move-only;
+// returns its blocks to the model's pool when destroyed. Must not outlive
+// its CudaModel.
+using CudaKvCache = internal::DeviceBlockCache<CudaModel>;
 
 struct CudaModelOptions {
   // Positions per pool block; a positive multiple of 32 (the attention
@@ -126,7 +107,7 @@ class CudaModel {
       std::vector<std::vector<float>>* step_logits = nullptr);
 
  private:
-  friend class CudaKvCache;
+  friend CudaKvCache;
   CudaModel() = default;
   void FreeBlocks(std::vector<std::vector<int32_t>>* blocks);
 

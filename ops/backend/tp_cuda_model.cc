@@ -130,32 +130,6 @@ struct TpCudaModel::Shard {
   int32_t* ints_dev = nullptr;
 };
 
-TpKvCache::TpKvCache(TpKvCache&& other) noexcept
-    : model_(std::exchange(other.model_, nullptr)),
-      length_(std::exchange(other.length_, 0)),
-      blocks_(std::move(other.blocks_)) {
-  other.blocks_.clear();
-}
-
-TpKvCache& TpKvCache::operator=(TpKvCache&& other) noexcept {
-  if (this != &other) {
-    Release();
-    model_ = std::exchange(other.model_, nullptr);
-    length_ = std::exchange(other.length_, 0);
-    blocks_ = std::move(other.blocks_);
-    other.blocks_.clear();
-  }
-  return *this;
-}
-
-TpKvCache::~TpKvCache() { Release(); }
-
-void TpKvCache::Release() {
-  if (model_ != nullptr) model_->FreeBlocks(&blocks_);
-  blocks_.clear();
-  length_ = 0;
-}
-
 absl::StatusOr<std::unique_ptr<TpCudaModel>> TpCudaModel::Create(
     const Model& model, const TpCudaModelOptions& options) {
   const ModelConfig& c = model.config();
@@ -340,9 +314,7 @@ int64_t TpCudaModel::free_blocks() const {
 }
 
 absl::StatusOr<TpKvCache> TpCudaModel::NewCache() {
-  TpKvCache cache(this);
-  cache.blocks_.resize(config_.n_layers);
-  return cache;
+  return TpKvCache(this, config_.n_layers);
 }
 
 void TpCudaModel::FreeBlocks(std::vector<std::vector<int32_t>>* blocks) {
@@ -526,7 +498,7 @@ absl::Status TpCudaModel::Forward(absl::Span<const TpStep> batch,
   std::vector<internal::StepView> views(n_seqs);
   for (int64_t i = 0; i < n_seqs; ++i) {
     TpKvCache* cache = batch[i].cache;
-    const bool ours = cache != nullptr && cache->model_ == this;
+    const bool ours = cache != nullptr && cache->owner_ == this;
     views[i] = {cache, ours, batch[i].tokens, ours ? cache->length() : 0,
                 ours ? &cache->blocks_ : nullptr};
   }
@@ -570,7 +542,7 @@ absl::StatusOr<std::vector<int32_t>> TpCudaModel::Generate(
 absl::Status TpCudaModel::ReadKv(const TpKvCache& cache, int shard,
                                  int64_t layer, std::vector<uint16_t>* k,
                                  std::vector<uint16_t>* v) {
-  if (cache.model_ != this || shard < 0 || shard >= plan_.degree() ||
+  if (cache.owner_ != this || shard < 0 || shard >= plan_.degree() ||
       layer < 0 || layer >= config_.n_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "TpCudaModel::ReadKv: need a cache of this model, shard in [0, ",

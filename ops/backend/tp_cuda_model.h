@@ -45,6 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "ops/backend/all_reduce.h"
+#include "ops/backend/internal/cuda_batch.h"
 #include "ops/backend/tensor_parallel_plan.h"
 #include "ops/model/model.h"
 #include "ops/model/model_config.h"
@@ -56,28 +57,10 @@ struct StepPlan;
 
 class TpCudaModel;
 
-// One sequence's K/V across all shards: the pool blocks it holds per layer
-// (the same block ids in every shard's pool) and its length. Move-only;
-// returns its blocks when destroyed. Must not outlive its TpCudaModel.
-class TpKvCache {
- public:
-  TpKvCache(TpKvCache&& other) noexcept;
-  TpKvCache& operator=(TpKvCache&& other) noexcept;
-  TpKvCache(const TpKvCache&) = delete;
-  TpKvCache& operator=(const TpKvCache&) = delete;
-  ~TpKvCache();
-
-  int64_t length() const { return length_; }
-
- private:
-  friend class TpCudaModel;
-  explicit TpKvCache(TpCudaModel* model) : model_(model) {}
-  void Release();
-
-  TpCudaModel* model_ = nullptr;
-  int64_t length_ = 0;
-  std::vector<std::vector<int32_t>> blocks_;  // [layer][i], as CudaKvCache
-};
+// One sequence's K/V across all shards (internal/cuda_batch.h): the same
+// block ids in every shard's pool. Move-only; returns its blocks when
+// destroyed. Must not outlive its TpCudaModel.
+using TpKvCache = internal::DeviceBlockCache<TpCudaModel>;
 
 struct TpCudaModelOptions {
   // Tensor-parallel degree S; must divide n_kv_heads
@@ -139,7 +122,7 @@ class TpCudaModel {
                       std::vector<uint16_t>* k, std::vector<uint16_t>* v);
 
  private:
-  friend class TpKvCache;
+  friend TpKvCache;
   struct Shard;
   struct Replicated;
   TpCudaModel() = default;

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -30,6 +31,51 @@
 #include "ops/backend/internal/cuda_step_plan.h"
 
 namespace kvd::ops::internal {
+
+// One sequence's K/V in an `Owner`'s device pool (CudaModel's CudaKvCache,
+// TpCudaModel's TpKvCache): the pool blocks it holds per layer and its
+// length. Move-only; gives its blocks back through Owner::FreeBlocks when
+// destroyed, so it must not outlive its owner. Only the owner reads and
+// changes the fields.
+template <typename Owner>
+class DeviceBlockCache {
+ public:
+  DeviceBlockCache(DeviceBlockCache&& other) noexcept
+      : owner_(std::exchange(other.owner_, nullptr)),
+        length_(std::exchange(other.length_, 0)),
+        blocks_(std::exchange(other.blocks_, {})) {}
+  DeviceBlockCache& operator=(DeviceBlockCache&& other) noexcept {
+    if (this != &other) {
+      Release();
+      owner_ = std::exchange(other.owner_, nullptr);
+      length_ = std::exchange(other.length_, 0);
+      blocks_ = std::exchange(other.blocks_, {});
+    }
+    return *this;
+  }
+  DeviceBlockCache(const DeviceBlockCache&) = delete;
+  DeviceBlockCache& operator=(const DeviceBlockCache&) = delete;
+  ~DeviceBlockCache() { Release(); }
+
+  int64_t length() const { return length_; }
+
+ private:
+  friend Owner;
+  // A cache of `n_layers` empty block tables.
+  DeviceBlockCache(Owner* owner, int64_t n_layers)
+      : owner_(owner), blocks_(n_layers) {}
+  void Release() {
+    if (owner_ != nullptr) owner_->FreeBlocks(&blocks_);
+    blocks_.clear();
+    length_ = 0;
+  }
+
+  Owner* owner_ = nullptr;
+  int64_t length_ = 0;
+  // blocks_[l][i]: pool block of layer l holding positions
+  // [i * block_rows, (i + 1) * block_rows).
+  std::vector<std::vector<int32_t>> blocks_;
+};
 
 // Checks block_rows and max_blocks of `options_name` (e.g.
 // "CudaModelOptions"); `chunk` is the attention chunk block_rows must be a

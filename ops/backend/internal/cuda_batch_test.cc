@@ -162,5 +162,43 @@ TEST(CudaBatch, GreedyGenerateChunksThePrefillAndTakesArgmax) {
   EXPECT_EQ(empty.status().message(), "X generate: empty prompt");
 }
 
+// A stand-in owner: records the blocks each handle gives back.
+class BlockOwnerForTest {
+ public:
+  DeviceBlockCache<BlockOwnerForTest> NewCache(int64_t n_layers) {
+    return DeviceBlockCache<BlockOwnerForTest>(this, n_layers);
+  }
+  static void Hold(DeviceBlockCache<BlockOwnerForTest>* cache, int32_t block,
+                   int64_t length) {
+    cache->blocks_[0].push_back(block);
+    cache->length_ = length;
+  }
+  std::vector<int32_t> freed;
+
+ private:
+  friend DeviceBlockCache<BlockOwnerForTest>;
+  void FreeBlocks(std::vector<std::vector<int32_t>>* blocks) {
+    for (auto& layer : *blocks)
+      freed.insert(freed.end(), layer.begin(), layer.end());
+  }
+};
+
+TEST(DeviceBlockCache, BlocksGoBackOnceWhateverTheMoves) {
+  BlockOwnerForTest owner;
+  {
+    auto a = owner.NewCache(2);
+    BlockOwnerForTest::Hold(&a, 7, 30);
+    auto b = std::move(a);  // a gives nothing back when it dies
+    EXPECT_EQ(b.length(), 30);
+    EXPECT_EQ(a.length(), 0);
+    auto c = owner.NewCache(2);
+    BlockOwnerForTest::Hold(&c, 9, 5);
+    c = std::move(b);  // c's own block 9 goes back now
+    EXPECT_THAT(owner.freed, ElementsAre(9));
+    EXPECT_EQ(c.length(), 30);
+  }
+  EXPECT_THAT(owner.freed, ElementsAre(9, 7));
+}
+
 }  // namespace
 }  // namespace kvd::ops::internal
