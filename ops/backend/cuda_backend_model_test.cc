@@ -50,14 +50,8 @@ using testing::CudaCaseSpec;
 using testing::kCudaCaseNewTokens;
 using testing::kMaxLogitDiff;
 using testing::LoadTinyModel;
+using testing::SameBits;
 using testing::Top2Margin;
-
-// False for a null side (a vector left empty by a failed step): the case
-// fails instead of the binary crashing and losing the cases after it.
-bool SameBits(const float* a, const float* b, size_t n) {
-  if (a == nullptr || b == nullptr) return false;
-  return std::memcmp(a, b, n * sizeof(float)) == 0;
-}
 
 // Every residual shown, by (sequence, layer, position).
 class Collect : public ResidualObserver {

@@ -37,11 +37,8 @@ using testing::kCudaLogitTolerance;
 using testing::kMaxLogitDiff;
 using testing::LoadTinyModel;
 using testing::RelL2;
+using testing::SameBits;
 using testing::Top2Margin;
-
-bool SameBits(const float* a, const float* b, size_t n) {
-  return std::memcmp(a, b, n * sizeof(float)) == 0;
-}
 
 class CudaModelTest : public ::testing::TestWithParam<std::string> {
  protected:

@@ -42,11 +42,8 @@ using testing::CudaCaseSpec;
 using testing::kCudaCaseNewTokens;
 using testing::kMaxLogitDiff;
 using testing::LoadTinyModel;
+using testing::SameBits;
 using testing::Top2Margin;
-
-bool SameBits(const float* a, const float* b, size_t n) {
-  return std::memcmp(a, b, n * sizeof(float)) == 0;
-}
 
 // (family, n_kv_heads)
 using Case = std::tuple<std::string, int>;

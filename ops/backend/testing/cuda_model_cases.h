@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -116,6 +117,14 @@ inline double RelL2(const std::vector<float>& got,
     den += static_cast<double>(want[i]) * want[i];
   }
   return std::sqrt(num / (den > 0 ? den : 1.0));
+}
+
+// Whether n floats have the same bits. False for a null side (a vector left
+// empty by a failed step), so the case fails instead of the binary crashing
+// and losing the cases after it.
+inline bool SameBits(const float* a, const float* b, size_t n) {
+  if (a == nullptr || b == nullptr) return false;
+  return std::memcmp(a, b, n * sizeof(float)) == 0;
 }
 
 // Top-1 minus top-2 logit: how close a greedy choice was to a tie.
