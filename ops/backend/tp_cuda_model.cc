@@ -18,6 +18,7 @@
 #include "ops/backend/internal/cuda_batch.h"
 #include "ops/backend/internal/cuda_layer.h"
 #include "ops/backend/internal/cuda_step_plan.h"
+#include "ops/backend/internal/device_memory.h"
 
 namespace kvd::ops {
 namespace {
@@ -25,78 +26,8 @@ namespace {
 namespace kc = ::kvd::kernels::cuda;
 using kc::internal::CudaStatus;
 
-struct DeviceMatrix {
-  const uint16_t* data = nullptr;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  kc::Bf16Weights view() const { return {data, rows, cols, cols}; }
-};
-
-// Device allocations of one device, freed with that device current.
-struct DeviceMemory {
-  int device = 0;
-  std::vector<void*> allocations;
-
-  void Free() {
-    if (allocations.empty()) return;
-    cudaSetDevice(device);
-    for (void* p : allocations) cudaFree(p);
-    allocations.clear();
-  }
-  ~DeviceMemory() { Free(); }
-
-  absl::StatusOr<void*> Alloc(size_t bytes, absl::string_view what) {
-    void* p = nullptr;
-    KVD_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, std::max<size_t>(bytes, 16)),
-                                   absl::StrCat("cudaMalloc for ", what)));
-    allocations.push_back(p);
-    return p;
-  }
-  template <typename T>
-  absl::Status Alloc(T** p, int64_t n, absl::string_view what) {
-    KVD_ASSIGN_OR_RETURN(void* raw,
-                         Alloc(std::max<int64_t>(n, 1) * sizeof(T), what));
-    *p = static_cast<T*>(raw);
-    return absl::OkStatus();
-  }
-  absl::StatusOr<const float*> Vector(const std::vector<float>& v, IndexRange r,
-                                      absl::string_view what) {
-    if (v.empty()) return nullptr;
-    KVD_ASSIGN_OR_RETURN(void* p, Alloc(r.size() * 4, what));
-    KVD_RETURN_IF_ERROR(CudaStatus(
-        cudaMemcpy(p, v.data() + r.begin, r.size() * 4, cudaMemcpyDefault),
-        absl::StrCat("uploading ", what)));
-    return static_cast<const float*>(p);
-  }
-  absl::StatusOr<const float*> Vector(const std::vector<float>& v,
-                                      absl::string_view what) {
-    return Vector(v, {0, static_cast<int64_t>(v.size())}, what);
-  }
-  // Rows `rows` and columns `cols` of a bf16 matrix, dense on the device.
-  absl::StatusOr<DeviceMatrix> Matrix(const ops::Matrix& m, IndexRange rows,
-                                      IndexRange cols, absl::string_view what) {
-    const kernels::cpu::WeightView v = m.view();
-    if (v.type != kernels::cpu::WeightType::kBf16) {
-      return absl::UnimplementedError(absl::StrCat(
-          "tensor-parallel CUDA model: weight ", what,
-          " is not bf16 in the loaded model; load it with precision bf16"));
-    }
-    const int64_t ld = v.stride();
-    const uint16_t* src =
-        static_cast<const uint16_t*>(v.data) + rows.begin * ld + cols.begin;
-    KVD_ASSIGN_OR_RETURN(void* p, Alloc(rows.size() * cols.size() * 2, what));
-    KVD_RETURN_IF_ERROR(CudaStatus(
-        cudaMemcpy2D(p, cols.size() * 2, src, ld * 2, cols.size() * 2,
-                     rows.size(), cudaMemcpyDefault),
-        absl::StrCat("uploading ", what)));
-    return DeviceMatrix{static_cast<const uint16_t*>(p), rows.size(),
-                        cols.size()};
-  }
-  absl::StatusOr<DeviceMatrix> Matrix(const ops::Matrix& m,
-                                      absl::string_view what) {
-    return Matrix(m, {0, m.rows()}, {0, m.cols()}, what);
-  }
-};
+using internal::DeviceMatrix;
+using internal::DeviceMemory;
 
 }  // namespace
 

@@ -15,20 +15,13 @@
 #include "kernels/cuda/model_ops.h"
 #include "ops/backend/cuda_model_support.h"
 #include "ops/backend/internal/cuda_layer.h"
+#include "ops/backend/internal/device_memory.h"
 
 namespace kvd::ops::internal {
 namespace {
 
 namespace kc = ::kvd::kernels::cuda;
 using kc::internal::CudaStatus;
-
-// A bf16 matrix on the device in the GEMM's layout (rows x cols, dense).
-struct DeviceMatrix {
-  const uint16_t* data = nullptr;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  kc::Bf16Weights view() const { return {data, rows, cols, cols}; }
-};
 
 }  // namespace
 
@@ -48,43 +41,7 @@ struct CudaForward::DeviceWeights {
   DeviceMatrix embedding, output;
   const float* output_norm = nullptr;
   std::vector<Layer> layers;
-  std::vector<void*> allocations;
-
-  ~DeviceWeights() {
-    for (void* p : allocations) cudaFree(p);
-  }
-  absl::StatusOr<void*> Alloc(size_t bytes, absl::string_view what) {
-    void* p = nullptr;
-    KVD_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, std::max<size_t>(bytes, 16)),
-                                   absl::StrCat("cudaMalloc for ", what)));
-    allocations.push_back(p);
-    return p;
-  }
-  absl::StatusOr<const float*> Vector(const std::vector<float>& v,
-                                      absl::string_view what) {
-    if (v.empty()) return nullptr;
-    KVD_ASSIGN_OR_RETURN(void* p, Alloc(v.size() * 4, what));
-    KVD_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyDefault),
-                   absl::StrCat("uploading ", what)));
-    return static_cast<const float*>(p);
-  }
-  absl::StatusOr<DeviceMatrix> Matrix(const ops::Matrix& m,
-                                      absl::string_view what) {
-    const kernels::cpu::WeightView v = m.view();
-    if (v.type != kernels::cpu::WeightType::kBf16) {
-      return absl::UnimplementedError(absl::StrCat(
-          "CUDA model: weight ", what,
-          " is not bf16 in the loaded model; load it with precision bf16"));
-    }
-    const int64_t ld = v.stride();
-    KVD_ASSIGN_OR_RETURN(void* p, Alloc(v.rows * v.cols * 2, what));
-    KVD_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpy2D(p, v.cols * 2, v.data, ld * 2, v.cols * 2,
-                                v.rows, cudaMemcpyDefault),
-                   absl::StrCat("uploading ", what)));
-    return DeviceMatrix{static_cast<const uint16_t*>(p), v.rows, v.cols};
-  }
+  DeviceMemory mem;
 };
 
 struct CudaForward::Workspace {
@@ -93,23 +50,15 @@ struct CudaForward::Workspace {
         *attn = nullptr, *o = nullptr, *gate = nullptr, *up = nullptr;
   float *gathered = nullptr, *logits = nullptr;
   int32_t* ints_dev = nullptr;
-  std::vector<void*> allocations;
+  DeviceMemory mem;
 
   void Free() {
-    for (void* p : allocations) cudaFree(p);
-    allocations.clear();
+    mem.Free();
     rows = gather = ints = 0;
   }
-  ~Workspace() { Free(); }
   template <typename T>
   absl::Status Alloc(T** p, int64_t n) {
-    void* raw = nullptr;
-    KVD_RETURN_IF_ERROR(
-        CudaStatus(cudaMalloc(&raw, std::max<int64_t>(n, 1) * sizeof(T)),
-                   "cudaMalloc for the CUDA model's step buffers"));
-    allocations.push_back(raw);
-    *p = static_cast<T*>(raw);
-    return absl::OkStatus();
+    return mem.Alloc(p, n, "the CUDA model's step buffers");
   }
   CudaStepBuffers buffers() const { return {h, x, q, k, v, attn, o, gate, up}; }
 };
@@ -121,6 +70,7 @@ absl::StatusOr<std::unique_ptr<CudaForward>> CudaForward::Create(
   f->config_ = model.config();
   f->device_ = device;
   f->ws_ = std::make_unique<Workspace>();
+  f->ws_->mem.device = device;
   KVD_RETURN_IF_ERROR(f->SetDevice());
   cudaStream_t stream = nullptr;
   KVD_RETURN_IF_ERROR(
@@ -156,32 +106,34 @@ absl::Status CudaForward::SetDevice() const {
 absl::Status CudaForward::Upload(const Model& model) {
   const ModelWeights& w = model.weights();
   auto dw = std::make_unique<DeviceWeights>();
+  dw->mem.device = device_;
   KVD_ASSIGN_OR_RETURN(dw->embedding,
-                       dw->Matrix(w.token_embedding, "token_embd"));
+                       dw->mem.Matrix(w.token_embedding, "token_embd"));
   if (w.output.empty()) {
     dw->output = dw->embedding;  // tied
   } else {
-    KVD_ASSIGN_OR_RETURN(dw->output, dw->Matrix(w.output, "output"));
+    KVD_ASSIGN_OR_RETURN(dw->output, dw->mem.Matrix(w.output, "output"));
   }
   KVD_ASSIGN_OR_RETURN(dw->output_norm,
-                       dw->Vector(w.output_norm, "output_norm"));
+                       dw->mem.Vector(w.output_norm, "output_norm"));
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& lw = w.layers[l];
     DeviceWeights::Layer d;
     const std::string p = absl::StrCat("blk.", l, ".");
     KVD_ASSIGN_OR_RETURN(d.attn_norm,
-                         dw->Vector(lw.attn_norm, p + "attn_norm"));
-    KVD_ASSIGN_OR_RETURN(d.ffn_norm, dw->Vector(lw.ffn_norm, p + "ffn_norm"));
-    KVD_ASSIGN_OR_RETURN(d.bq, dw->Vector(lw.bq, p + "attn_q.bias"));
-    KVD_ASSIGN_OR_RETURN(d.bk, dw->Vector(lw.bk, p + "attn_k.bias"));
-    KVD_ASSIGN_OR_RETURN(d.bv, dw->Vector(lw.bv, p + "attn_v.bias"));
-    KVD_ASSIGN_OR_RETURN(d.wq, dw->Matrix(lw.wq, p + "attn_q"));
-    KVD_ASSIGN_OR_RETURN(d.wk, dw->Matrix(lw.wk, p + "attn_k"));
-    KVD_ASSIGN_OR_RETURN(d.wv, dw->Matrix(lw.wv, p + "attn_v"));
-    KVD_ASSIGN_OR_RETURN(d.wo, dw->Matrix(lw.wo, p + "attn_output"));
-    KVD_ASSIGN_OR_RETURN(d.w_gate, dw->Matrix(lw.w_gate, p + "ffn_gate"));
-    KVD_ASSIGN_OR_RETURN(d.w_up, dw->Matrix(lw.w_up, p + "ffn_up"));
-    KVD_ASSIGN_OR_RETURN(d.w_down, dw->Matrix(lw.w_down, p + "ffn_down"));
+                         dw->mem.Vector(lw.attn_norm, p + "attn_norm"));
+    KVD_ASSIGN_OR_RETURN(d.ffn_norm,
+                         dw->mem.Vector(lw.ffn_norm, p + "ffn_norm"));
+    KVD_ASSIGN_OR_RETURN(d.bq, dw->mem.Vector(lw.bq, p + "attn_q.bias"));
+    KVD_ASSIGN_OR_RETURN(d.bk, dw->mem.Vector(lw.bk, p + "attn_k.bias"));
+    KVD_ASSIGN_OR_RETURN(d.bv, dw->mem.Vector(lw.bv, p + "attn_v.bias"));
+    KVD_ASSIGN_OR_RETURN(d.wq, dw->mem.Matrix(lw.wq, p + "attn_q"));
+    KVD_ASSIGN_OR_RETURN(d.wk, dw->mem.Matrix(lw.wk, p + "attn_k"));
+    KVD_ASSIGN_OR_RETURN(d.wv, dw->mem.Matrix(lw.wv, p + "attn_v"));
+    KVD_ASSIGN_OR_RETURN(d.wo, dw->mem.Matrix(lw.wo, p + "attn_output"));
+    KVD_ASSIGN_OR_RETURN(d.w_gate, dw->mem.Matrix(lw.w_gate, p + "ffn_gate"));
+    KVD_ASSIGN_OR_RETURN(d.w_up, dw->mem.Matrix(lw.w_up, p + "ffn_up"));
+    KVD_ASSIGN_OR_RETURN(d.w_down, dw->mem.Matrix(lw.w_down, p + "ffn_down"));
     dw->layers.push_back(d);
   }
   weights_ = std::move(dw);

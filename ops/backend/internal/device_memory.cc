@@ -1,0 +1,72 @@
+#include "ops/backend/internal/device_memory.h"
+
+#include <cuda_runtime.h>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "kernels/cuda/internal/cuda_check.h"
+
+namespace kvd::ops::internal {
+
+using kernels::cuda::internal::CudaStatus;
+
+void DeviceMemory::Free() {
+  if (allocations.empty()) return;
+  cudaSetDevice(device);
+  for (void* p : allocations) cudaFree(p);
+  allocations.clear();
+}
+
+absl::StatusOr<void*> DeviceMemory::Alloc(size_t bytes,
+                                          absl::string_view what) {
+  void* p = nullptr;
+  KVD_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, std::max<size_t>(bytes, 16)),
+                                 absl::StrCat("cudaMalloc for ", what)));
+  allocations.push_back(p);
+  return p;
+}
+
+absl::StatusOr<const float*> DeviceMemory::Vector(const std::vector<float>& v,
+                                                  IndexRange r,
+                                                  absl::string_view what) {
+  if (v.empty()) return nullptr;
+  KVD_ASSIGN_OR_RETURN(void* p, Alloc(r.size() * 4, what));
+  KVD_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpy(p, v.data() + r.begin, r.size() * 4, cudaMemcpyDefault),
+      absl::StrCat("uploading ", what)));
+  return static_cast<const float*>(p);
+}
+
+absl::StatusOr<const float*> DeviceMemory::Vector(const std::vector<float>& v,
+                                                  absl::string_view what) {
+  return Vector(v, {0, static_cast<int64_t>(v.size())}, what);
+}
+
+absl::StatusOr<DeviceMatrix> DeviceMemory::Matrix(const ops::Matrix& m,
+                                                  IndexRange rows,
+                                                  IndexRange cols,
+                                                  absl::string_view what) {
+  const kernels::cpu::WeightView v = m.view();
+  if (v.type != kernels::cpu::WeightType::kBf16) {
+    return absl::UnimplementedError(absl::StrCat(
+        "CUDA model: weight ", what,
+        " is not bf16 in the loaded model; load it with precision bf16"));
+  }
+  const int64_t ld = v.stride();
+  const uint16_t* src =
+      static_cast<const uint16_t*>(v.data) + rows.begin * ld + cols.begin;
+  KVD_ASSIGN_OR_RETURN(void* p, Alloc(rows.size() * cols.size() * 2, what));
+  KVD_RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpy2D(p, cols.size() * 2, src, ld * 2, cols.size() * 2,
+                              rows.size(), cudaMemcpyDefault),
+                 absl::StrCat("uploading ", what)));
+  return DeviceMatrix{static_cast<const uint16_t*>(p), rows.size(),
+                      cols.size()};
+}
+
+absl::StatusOr<DeviceMatrix> DeviceMemory::Matrix(const ops::Matrix& m,
+                                                  absl::string_view what) {
+  return Matrix(m, {0, m.rows()}, {0, m.cols()}, what);
+}
+
+}  // namespace kvd::ops::internal
