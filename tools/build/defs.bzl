@@ -29,6 +29,20 @@ def kvd_cc_test(name, copts = [], deps = [], **kwargs):
         **kwargs
     )
 
+def kvd_gpu_test(name, tags = [], **kwargs):
+    """A test that needs a CUDA device: excluded from `bazel test //...` by
+    its tag, skipped where the toolkit is absent, and linked from objects
+    (linkstatic) so tools/gpu/build_device_binaries.sh can relink it into a
+    self-contained binary for the lent GPU machine (listed there and in
+    tools/gpu/device_check.sh)."""
+    kvd_cc_test(
+        name = name,
+        linkstatic = 1,
+        tags = tags + ["requires-gpu"],
+        target_compatible_with = CUDA_COMPATIBLE,
+        **kwargs
+    )
+
 def kvd_proto_library(name, srcs, grpc = False, deps = [], visibility = None):
     """Generates C++ protobuf (and optionally gRPC) code with the system protoc.
 
