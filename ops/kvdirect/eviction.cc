@@ -217,7 +217,10 @@ void EvictionPolicy::EvictLayer(int64_t l) {
           // Vote once: pooled votes over the positions before the window.
           const int64_t window = std::min(options_.snapkv_window, budget);
           const std::vector<double>& votes = score_[l * n_kv_heads_ + g];
-          const int64_t prefix_end = set[size - window];
+          // Positions before the window's first; with no window (budget
+          // 0) every kept position (set[size] would read past the end).
+          const int64_t prefix_end =
+              window > 0 ? set[size - window] : set[size - 1] + 1;
           const int64_t half = options_.snapkv_kernel / 2;
           pooled.assign(prefix_end, 0.0);
           for (int64_t p = 0; p < prefix_end; ++p) {
