@@ -243,6 +243,20 @@ TEST(CudaArgumentChecks, RecomputeKv) {
   b = a;
   b.rows = 0;
   EXPECT_EQ(code(b), absl::StatusCode::kOk);
+  // k/v biases: both or neither, refused even with nothing to recompute.
+  const float* bias = reinterpret_cast<const float*>(0x9000);
+  b.bk = bias;
+  EXPECT_EQ(code(b), absl::StatusCode::kInvalidArgument);
+  b.bk = nullptr;
+  b.bv = bias;
+  EXPECT_EQ(code(b), absl::StatusCode::kInvalidArgument);
+  b.bk = bias;
+  EXPECT_EQ(code(b), absl::StatusCode::kOk);
+  b = a;
+  b.bk = bias;
+  b.bv = bias;
+  b.workspace = nullptr;  // the bias does not stand in for other checks
+  EXPECT_EQ(code(b), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(KvRecomputeWorkspaceFloats(4, 64, 32), 4 * 64 + 2 * 4 * 32);
 }
 
@@ -344,6 +358,17 @@ TEST(CudaArgumentChecks, PagedAttentionRecompute) {
   EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
   r = valid();
   r.rot_dim = 129;
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  // k/v biases: both or neither.
+  const float* bias = reinterpret_cast<const float*>(0x9000);
+  r = valid();
+  r.bk = bias;
+  r.bv = bias;
+  EXPECT_TRUE(PagedAttentionRecompute(r, nullptr).ok());
+  r.bv = nullptr;
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  r.bk = nullptr;
+  r.bv = bias;
   EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
   r = valid();
   r.workspace_bytes -= 1;

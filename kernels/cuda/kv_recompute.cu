@@ -8,6 +8,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/internal/cuda_check.h"
 #include "kernels/cuda/kv_recompute.h"
+#include "kernels/cuda/model_ops.h"
 
 namespace kvd::kernels::cuda {
 namespace {
@@ -76,6 +77,13 @@ absl::Status RecomputeKv(const KvRecomputeArgs& a, void* stream) {
         " head_dim=", a.head_dim, " ld_out=", a.ld_out,
         " rot_dim=", a.rot_dim));
   }
+  // The forward pass biases K and V together (model_ops.h AddBias on both or
+  // neither); a half-given pair is a caller's wiring bug that would silently
+  // give K or V other bits than the cached rows.
+  if ((a.bk == nullptr) != (a.bv == nullptr)) {
+    return absl::InvalidArgumentError(
+        "RecomputeKv: bk and bv must both be given or both be null");
+  }
   if (a.rows == 0) return absl::OkStatus();
   if (a.residual == nullptr || a.wk == nullptr || a.wv == nullptr ||
       a.k_out == nullptr || a.v_out == nullptr || a.workspace == nullptr ||
@@ -101,6 +109,14 @@ absl::Status RecomputeKv(const KvRecomputeArgs& a, void* stream) {
   KVD_CUDA_RETURN_IF_ERROR(
       Gemm(x, {a.wv + row0 * a.d_model, width, a.d_model, a.d_model}, v, width,
            stream, GemmTile::kAuto, a.gemm_impl));
+  // After the projection and before RoPE, with the forward pass's own
+  // AddBias (model_ops.h), so a recomputed biased row is the row it made.
+  if (a.bk != nullptr) {
+    KVD_CUDA_RETURN_IF_ERROR(
+        AddBias(k, width, a.bk + row0, a.rows, width, stream));
+    KVD_CUDA_RETURN_IF_ERROR(
+        AddBias(v, width, a.bv + row0, a.rows, width, stream));
+  }
   if (a.rot_dim > 0) {
     KVD_CUDA_RETURN_IF_ERROR(Rope(k, width, a.rows, heads, a.head_dim,
                                   a.rot_dim, a.positions, a.rope_base,

@@ -2,16 +2,20 @@
 // all K/V heads or for one tensor-parallel shard's heads [head_begin,
 // head_end) from the replicated residual:
 //
-//   K[r, h] = RoPE(RMSNorm(x[r]) . Wk[h]^T),  V[r, h] = RMSNorm(x[r]) . Wv[h]^T
+//   K[r, h] = RoPE(RMSNorm(x[r]) . Wk[h]^T + bk[h]),
+//   V[r, h] = RMSNorm(x[r]) . Wv[h]^T + bv[h]
 //
-// for heads h in the range, stored bf16 (the GPU backend's cache dtype). The
-// residual is bf16 (the checkpoint dtype in bf16 mode). Built from the
-// batch-invariant kernels (bf16 -> fp32, RmsNorm, Gemm over the shard's rows
-// of Wk/Wv, Rope), so a shard's K/V are bit-identical to the same heads of a
-// full recompute: each element's reduction order depends only on d_model,
-// never on which or how many heads are computed (tested in
+// for heads h in the range, stored bf16 (the GPU backend's cache dtype); the
+// biases are optional (qwen2's k/v bias). The residual is bf16 (the
+// checkpoint dtype in bf16 mode). Built from the batch-invariant kernels
+// (bf16 -> fp32, RmsNorm, Gemm over the shard's rows of Wk/Wv, one IEEE add
+// per biased element, Rope), so a shard's K/V are bit-identical to the same
+// heads of a full recompute: each element's reduction order depends only on
+// d_model, never on which or how many heads are computed (tested in
 // kv_recompute_test). This is what lets a TP=4 node resume a session saved on
-// a TP=2 node without any K/V difference.
+// a TP=2 node without any K/V difference. The bias is added exactly as the
+// forward pass's AddBias (model_ops.h) adds it, between the projection and
+// RoPE, so recomputed rows equal the rows the forward pass cached.
 //
 //   KvRecomputeArgs a{...};  // a.workspace: KvRecomputeWorkspaceFloats(...)
 //   KVD_RETURN_IF_ERROR(RecomputeKv(a, stream));
@@ -41,6 +45,11 @@ struct KvRecomputeArgs {
   // Full (unsharded) bf16 weights: n_kv_heads * head_dim rows of d_model.
   const uint16_t* wk = nullptr;
   const uint16_t* wv = nullptr;
+  // Optional full (unsharded) fp32 biases of n_kv_heads * head_dim values
+  // (device memory); the shard adds its slice, from head_begin * head_dim.
+  // Both or neither (INVALID_ARGUMENT otherwise); null: no bias.
+  const float* bk = nullptr;
+  const float* bv = nullptr;
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
   int64_t head_begin = 0;  // this shard's heads: [head_begin, head_end)

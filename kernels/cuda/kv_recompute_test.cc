@@ -5,6 +5,9 @@
 //    layouts, with NaN-poisoned outputs whose row padding must stay untouched;
 //  - a row recomputed alone equals the same row recomputed in a batch;
 //  - the full recompute matches a float64 host reference to bf16 accuracy.
+// Each with and without random k/v biases (qwen2): a shard reading the wrong
+// slice of the full-width bias breaks the first, a bias dropped or added
+// after RoPE breaks the last.
 #include "kernels/cuda/kv_recompute.h"
 
 #include <cmath>
@@ -32,10 +35,12 @@ struct Inputs {
   int64_t rows;
   std::vector<uint16_t> residual, wk, wv;
   std::vector<float> norm;
+  std::vector<float> bk, bv;  // empty: no bias
   std::vector<int32_t> pos;
 };
 
-Inputs MakeInputs(const Shape& sh, int64_t rows, std::mt19937_64* rng) {
+Inputs MakeInputs(const Shape& sh, int64_t rows, std::mt19937_64* rng,
+                  bool bias) {
   Inputs in;
   in.sh = sh;
   in.rows = rows;
@@ -44,6 +49,12 @@ Inputs MakeInputs(const Shape& sh, int64_t rows, std::mt19937_64* rng) {
   in.wk = testing::RandomBf16(w * sh.d_model, rng, -0.1f, 0.1f);
   in.wv = testing::RandomBf16(w * sh.d_model, rng, -0.1f, 0.1f);
   in.norm = testing::RandomFloats(sh.d_model, rng, 0.5f, 1.5f);
+  if (bias) {
+    // About a fifth of a projection's typical magnitude: dropping it moves
+    // K/V far beyond the float64 test's 1e-2.
+    in.bk = testing::RandomFloats(w, rng, -0.5f, 0.5f);
+    in.bv = testing::RandomFloats(w, rng, -0.5f, 0.5f);
+  }
   std::uniform_int_distribution<int32_t> p(0, 32767);
   in.pos.resize(rows);
   for (int32_t& x : in.pos) x = p(*rng);
@@ -52,13 +63,15 @@ Inputs MakeInputs(const Shape& sh, int64_t rows, std::mt19937_64* rng) {
 
 struct DeviceInputs {
   DeviceBuffer<uint16_t> residual, wk, wv;
-  DeviceBuffer<float> norm;
+  DeviceBuffer<float> norm, bk, bv;
   DeviceBuffer<int32_t> pos;
   explicit DeviceInputs(const Inputs& in)
       : residual(in.residual.size()),
         wk(in.wk.size()),
         wv(in.wv.size()),
         norm(in.norm.size()),
+        bk(in.bk.size()),
+        bv(in.bv.size()),
         pos(in.pos.size()) {}
 };
 
@@ -86,6 +99,9 @@ void RunRecompute(const Inputs& in, DeviceInputs& d, int64_t r0, int64_t rows,
   a.eps = 1e-5f;
   a.wk = d.wk.get();
   a.wv = d.wv.get();
+  // The full-width biases whatever the shard: RecomputeKv picks the slice.
+  a.bk = in.bk.empty() ? nullptr : d.bk.get();
+  a.bv = in.bv.empty() ? nullptr : d.bv.get();
   a.n_kv_heads = sh.n_kv_heads;
   a.head_dim = sh.head_dim;
   a.head_begin = h0;
@@ -116,6 +132,10 @@ void Upload(const Inputs& in, DeviceInputs& d) {
   KVD_CUDA_ASSERT(d.wk.Upload(in.wk));
   KVD_CUDA_ASSERT(d.wv.Upload(in.wv));
   KVD_CUDA_ASSERT(d.norm.Upload(in.norm));
+  if (!in.bk.empty()) {
+    KVD_CUDA_ASSERT(d.bk.Upload(in.bk));
+    KVD_CUDA_ASSERT(d.bv.Upload(in.bv));
+  }
   KVD_CUDA_ASSERT(d.pos.Upload(in.pos));
 }
 
@@ -126,32 +146,35 @@ TEST(CudaKvRecompute, ShardsEqualTheirHeadsOfTheFullRecomputeBitForBit) {
   std::mt19937_64 rng(testing::TestSeed());
   for (const Shape& sh : kShapes) {
     for (int64_t rows : {5, 37}) {  // decode and prefill GEMM tiles
-      SCOPED_TRACE(::testing::Message()
-                   << "d_model " << sh.d_model << " rows " << rows);
-      const Inputs in = MakeInputs(sh, rows, &rng);
-      DeviceInputs d(in);
-      Upload(in, d);
-      const int64_t n = sh.n_kv_heads, hd = sh.head_dim;
-      std::vector<uint16_t> fk, fv;
-      RunRecompute(in, d, 0, rows, 0, n, &fk, &fv);
-      const int64_t fld = n * hd + 3;
-      // TP=2, an uneven 3-way split, and TP=n (one head per shard).
-      std::vector<std::vector<std::pair<int64_t, int64_t>>> layouts = {
-          {{0, n / 2}, {n / 2, n}}, {{0, 1}, {1, n - 1}, {n - 1, n}}, {}};
-      for (int64_t h = 0; h < n; ++h) layouts[2].push_back({h, h + 1});
-      for (const auto& layout : layouts) {
-        for (const auto& [h0, h1] : layout) {
-          std::vector<uint16_t> k, v;
-          RunRecompute(in, d, 0, rows, h0, h1, &k, &v);
-          const int64_t w = (h1 - h0) * hd, ld = w + 3;
-          int64_t bad = 0;
-          for (int64_t r = 0; r < rows; ++r) {
-            for (int64_t c = 0; c < w; ++c) {
-              bad += k[r * ld + c] != fk[r * fld + h0 * hd + c];
-              bad += v[r * ld + c] != fv[r * fld + h0 * hd + c];
+      for (bool bias : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "d_model " << sh.d_model << " rows " << rows << " bias "
+                     << bias);
+        const Inputs in = MakeInputs(sh, rows, &rng, bias);
+        DeviceInputs d(in);
+        Upload(in, d);
+        const int64_t n = sh.n_kv_heads, hd = sh.head_dim;
+        std::vector<uint16_t> fk, fv;
+        RunRecompute(in, d, 0, rows, 0, n, &fk, &fv);
+        const int64_t fld = n * hd + 3;
+        // TP=2, an uneven 3-way split, and TP=n (one head per shard).
+        std::vector<std::vector<std::pair<int64_t, int64_t>>> layouts = {
+            {{0, n / 2}, {n / 2, n}}, {{0, 1}, {1, n - 1}, {n - 1, n}}, {}};
+        for (int64_t h = 0; h < n; ++h) layouts[2].push_back({h, h + 1});
+        for (const auto& layout : layouts) {
+          for (const auto& [h0, h1] : layout) {
+            std::vector<uint16_t> k, v;
+            RunRecompute(in, d, 0, rows, h0, h1, &k, &v);
+            const int64_t w = (h1 - h0) * hd, ld = w + 3;
+            int64_t bad = 0;
+            for (int64_t r = 0; r < rows; ++r) {
+              for (int64_t c = 0; c < w; ++c) {
+                bad += k[r * ld + c] != fk[r * fld + h0 * hd + c];
+                bad += v[r * ld + c] != fv[r * fld + h0 * hd + c];
+              }
             }
+            EXPECT_EQ(bad, 0) << "shard heads [" << h0 << ", " << h1 << ")";
           }
-          EXPECT_EQ(bad, 0) << "shard heads [" << h0 << ", " << h1 << ")";
         }
       }
     }
@@ -162,67 +185,75 @@ TEST(CudaKvRecompute, RowAloneEqualsRowInBatch) {
   KVD_REQUIRE_GPU();
   std::mt19937_64 rng(testing::TestSeed());
   const Shape sh = kShapes[1];
-  const Inputs in = MakeInputs(sh, 37, &rng);
-  DeviceInputs d(in);
-  Upload(in, d);
-  std::vector<uint16_t> bk, bv, k, v;
-  RunRecompute(in, d, 0, 37, 2, 6, &bk, &bv);
-  RunRecompute(in, d, 11, 1, 2, 6, &k, &v);
-  const int64_t ld = 4 * sh.head_dim + 3;
-  EXPECT_EQ(std::memcmp(&bk[11 * ld], k.data(), 4 * sh.head_dim * 2), 0);
-  EXPECT_EQ(std::memcmp(&bv[11 * ld], v.data(), 4 * sh.head_dim * 2), 0);
+  for (bool bias : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "bias " << bias);
+    const Inputs in = MakeInputs(sh, 37, &rng, bias);
+    DeviceInputs d(in);
+    Upload(in, d);
+    std::vector<uint16_t> bk, bv, k, v;
+    RunRecompute(in, d, 0, 37, 2, 6, &bk, &bv);
+    RunRecompute(in, d, 11, 1, 2, 6, &k, &v);
+    const int64_t ld = 4 * sh.head_dim + 3;
+    EXPECT_EQ(std::memcmp(&bk[11 * ld], k.data(), 4 * sh.head_dim * 2), 0);
+    EXPECT_EQ(std::memcmp(&bv[11 * ld], v.data(), 4 * sh.head_dim * 2), 0);
+  }
 }
 
 TEST(CudaKvRecompute, FullRecomputeMatchesFloat64) {
   KVD_REQUIRE_GPU();
   std::mt19937_64 rng(testing::TestSeed());
   for (const Shape& sh : kShapes) {
-    const int64_t rows = 19, n = sh.n_kv_heads, hd = sh.head_dim, w = n * hd,
-                  dm = sh.d_model;
-    const Inputs in = MakeInputs(sh, rows, &rng);
-    DeviceInputs d(in);
-    Upload(in, d);
-    std::vector<uint16_t> k, v;
-    RunRecompute(in, d, 0, rows, 0, n, &k, &v);
-    std::vector<double> wk(rows * w), wv(rows * w);
-    std::vector<float> gk(rows * w), gv(rows * w);
-    for (int64_t r = 0; r < rows; ++r) {
-      std::vector<double> x(dm);
-      double ss = 0;
-      for (int64_t i = 0; i < dm; ++i) {
-        x[i] = HostBf16ToFloat(in.residual[r * dm + i]);
-        ss += x[i] * x[i];
-      }
-      const double inv = 1.0 / std::sqrt(ss / dm + 1e-5);
-      for (int64_t i = 0; i < dm; ++i) x[i] *= inv * in.norm[i];
-      for (int64_t j = 0; j < w; ++j) {
-        double sk = 0, sv = 0;
+    for (bool bias : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "d_model " << sh.d_model << " bias " << bias);
+      const int64_t rows = 19, n = sh.n_kv_heads, hd = sh.head_dim, w = n * hd,
+                    dm = sh.d_model;
+      const Inputs in = MakeInputs(sh, rows, &rng, bias);
+      DeviceInputs d(in);
+      Upload(in, d);
+      std::vector<uint16_t> k, v;
+      RunRecompute(in, d, 0, rows, 0, n, &k, &v);
+      std::vector<double> wk(rows * w), wv(rows * w);
+      std::vector<float> gk(rows * w), gv(rows * w);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<double> x(dm);
+        double ss = 0;
         for (int64_t i = 0; i < dm; ++i) {
-          sk += x[i] * HostBf16ToFloat(in.wk[j * dm + i]);
-          sv += x[i] * HostBf16ToFloat(in.wv[j * dm + i]);
+          x[i] = HostBf16ToFloat(in.residual[r * dm + i]);
+          ss += x[i] * x[i];
         }
-        wk[r * w + j] = sk;
-        wv[r * w + j] = sv;
-      }
-      const int64_t half = sh.rot_dim / 2;
-      for (int64_t h = 0; h < n; ++h) {
-        for (int64_t i = 0; i < half; ++i) {
-          const double th =
-              in.pos[r] * std::pow(500000.0, -2.0 * i / sh.rot_dim);
-          double* p = &wk[r * w + h * hd];
-          const double a = p[i], b = p[i + half];
-          p[i] = a * std::cos(th) - b * std::sin(th);
-          p[i + half] = a * std::sin(th) + b * std::cos(th);
+        const double inv = 1.0 / std::sqrt(ss / dm + 1e-5);
+        for (int64_t i = 0; i < dm; ++i) x[i] *= inv * in.norm[i];
+        for (int64_t j = 0; j < w; ++j) {
+          double sk = 0, sv = 0;
+          for (int64_t i = 0; i < dm; ++i) {
+            sk += x[i] * HostBf16ToFloat(in.wk[j * dm + i]);
+            sv += x[i] * HostBf16ToFloat(in.wv[j * dm + i]);
+          }
+          // The bias joins before RoPE, as in the forward pass.
+          wk[r * w + j] = sk + (bias ? in.bk[j] : 0.0);
+          wv[r * w + j] = sv + (bias ? in.bv[j] : 0.0);
+        }
+        const int64_t half = sh.rot_dim / 2;
+        for (int64_t h = 0; h < n; ++h) {
+          for (int64_t i = 0; i < half; ++i) {
+            const double th =
+                in.pos[r] * std::pow(500000.0, -2.0 * i / sh.rot_dim);
+            double* p = &wk[r * w + h * hd];
+            const double a = p[i], b = p[i + half];
+            p[i] = a * std::cos(th) - b * std::sin(th);
+            p[i + half] = a * std::sin(th) + b * std::cos(th);
+          }
+        }
+        for (int64_t j = 0; j < w; ++j) {
+          gk[r * w + j] = HostBf16ToFloat(k[r * (w + 3) + j]);
+          gv[r * w + j] = HostBf16ToFloat(v[r * (w + 3) + j]);
         }
       }
-      for (int64_t j = 0; j < w; ++j) {
-        gk[r * w + j] = HostBf16ToFloat(k[r * (w + 3) + j]);
-        gv[r * w + j] = HostBf16ToFloat(v[r * (w + 3) + j]);
-      }
+      // bf16 activations into the GEMM and bf16 outputs: about 2^-8 relative.
+      EXPECT_LT(testing::RelativeError(gk.data(), wk.data(), gk.size()), 1e-2);
+      EXPECT_LT(testing::RelativeError(gv.data(), wv.data(), gv.size()), 1e-2);
     }
-    // bf16 activations into the GEMM and bf16 outputs: about 2^-8 relative.
-    EXPECT_LT(testing::RelativeError(gk.data(), wk.data(), gk.size()), 1e-2);
-    EXPECT_LT(testing::RelativeError(gv.data(), wv.data(), gv.size()), 1e-2);
   }
 }
 

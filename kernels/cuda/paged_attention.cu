@@ -204,6 +204,12 @@ absl::Status PagedAttentionRecompute(const PagedRecomputeArgs& r,
     return absl::InvalidArgumentError(
         "PagedAttentionRecompute: null wk or wv with positions to recompute");
   }
+  // RecomputeKv's own refusal, here before anything is enqueued.
+  if ((r.bk == nullptr) != (r.bv == nullptr)) {
+    return absl::InvalidArgumentError(
+        "PagedAttentionRecompute: bk and bv must both be given or both be "
+        "null");
+  }
   const WorkspaceLayout l = Layout(a.nq, a.n_heads, a.n_kv_heads, a.head_dim,
                                    r.n_seqs, r.d_model, r.group_rows, max_hot);
   if (r.workspace == nullptr || r.workspace_bytes < l.total) {
@@ -265,6 +271,8 @@ absl::Status PagedAttentionRecompute(const PagedRecomputeArgs& r,
       k.eps = r.eps;
       k.wk = r.wk;
       k.wv = r.wv;
+      k.bk = r.bk;
+      k.bv = r.bv;
       k.n_kv_heads = a.n_kv_heads;
       k.head_dim = a.head_dim;
       k.head_begin = 0;

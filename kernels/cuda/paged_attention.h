@@ -14,12 +14,13 @@
 //
 // PagedAttentionRecompute: positions below a per-sequence hot boundary are
 // not read from the pool but recomputed from bf16 residuals with RecomputeKv
-// (kv_recompute.h: RMSNorm, K/V projection, RoPE, bf16), `group_rows`
-// positions per sequence at a time into a bounded scratch, and each group is
-// folded before the next is recomputed (a two-stage per-group pipeline, not a
-// single fused kernel; README.md). The fold state crosses launches exactly,
-// so the output equals PagedAttention over a cache that RecomputeKv filled,
-// bit for bit. Scratch is bounded by group_rows, not by the context length.
+// (kv_recompute.h: RMSNorm, K/V projection, optional k/v bias, RoPE, bf16),
+// `group_rows` positions per sequence at a time into a bounded scratch, and
+// each group is folded before the next is recomputed (a two-stage per-group
+// pipeline, not a single fused kernel; README.md). The fold state crosses
+// launches exactly, so the output equals PagedAttention over a cache that
+// RecomputeKv filled, bit for bit. Scratch is bounded by group_rows, not by the
+// context length.
 //
 //   PagedAttentionArgs a{...};  // a.kv: pool + block tables
 //   KVD_RETURN_IF_ERROR(PagedAttention(a, stream));
@@ -101,6 +102,11 @@ struct PagedRecomputeArgs {
   float eps = 1e-5f;
   const uint16_t* wk = nullptr;
   const uint16_t* wv = nullptr;
+  // Optional k/v biases (qwen2), attn.n_kv_heads * attn.head_dim device
+  // floats each, both or neither; null: none. RecomputeKv adds them as the
+  // forward pass does.
+  const float* bk = nullptr;
+  const float* bv = nullptr;
   int64_t rot_dim = 0;
   float rope_base = 10000.0f;
   RopeStyle rope_style = RopeStyle::kHalfSplit;
@@ -122,8 +128,9 @@ int64_t PagedRecomputeWorkspaceBytes(int64_t nq, int64_t n_heads,
                                      int64_t n_seqs, int64_t d_model,
                                      int64_t group_rows, int64_t max_hot_begin);
 
-// INVALID_ARGUMENT for bad shapes, null pointers, a hot boundary that is not
-// chunk-aligned, a missing residual or a small workspace (naming it);
+// INVALID_ARGUMENT for bad shapes, null pointers, only one of bk/bv, a hot
+// boundary that is not chunk-aligned, a missing residual or a small
+// workspace (naming it);
 // INTERNAL on launch failure.
 absl::Status PagedAttentionRecompute(const PagedRecomputeArgs& args,
                                      void* stream);

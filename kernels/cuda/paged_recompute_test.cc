@@ -3,7 +3,9 @@
 // call, equals the contiguous Attention over a cache that RecomputeKv filled
 // from the same residuals, bit for bit: for several group sizes (the scratch
 // bound), block sizes, hot boundaries (none, all, in between, different per
-// sequence), GQA and a sliding window. The pool rows below the hot boundary
+// sequence), GQA, a sliding window and k/v biases (qwen2: the reference
+// cache is RecomputeKv's with the bias, so a bias PagedAttentionRecompute
+// failed to pass on would show). The pool rows below the hot boundary
 // are NaN, so reading one instead of recomputing it would show; the
 // workspace and outputs are NaN-poisoned first.
 #include <algorithm>
@@ -30,6 +32,7 @@ struct Case {
   int64_t d_model, n_heads, n_kv_heads, head_dim, rot_dim, window;
   std::vector<int64_t> len;  // per sequence
   std::vector<int64_t> hot;  // per sequence, multiples of 32, <= len
+  bool bias = false;         // random k/v biases
 };
 
 class PagedRecomputeTest : public ::testing::TestWithParam<Case> {};
@@ -53,11 +56,17 @@ TEST_P(PagedRecomputeTest, EqualsAttentionOverRecomputedCache) {
       testing::RandomBf16(width * c.d_model, &rng, -0.1f, 0.1f);
   const std::vector<float> norm =
       testing::RandomFloats(c.d_model, &rng, 0.5f, 1.5f);
+  const std::vector<float> bk = testing::RandomFloats(width, &rng, -0.5f, 0.5f);
+  const std::vector<float> bv = testing::RandomFloats(width, &rng, -0.5f, 0.5f);
   DeviceBuffer<uint16_t> dwk(wk.size()), dwv(wv.size());
-  DeviceBuffer<float> dnorm(norm.size());
+  DeviceBuffer<float> dnorm(norm.size()), dbk(width), dbv(width);
   KVD_CUDA_ASSERT(dwk.Upload(wk));
   KVD_CUDA_ASSERT(dwv.Upload(wv));
   KVD_CUDA_ASSERT(dnorm.Upload(norm));
+  KVD_CUDA_ASSERT(dbk.Upload(bk));
+  KVD_CUDA_ASSERT(dbv.Upload(bv));
+  const float* bias_k = c.bias ? dbk.get() : nullptr;
+  const float* bias_v = c.bias ? dbv.get() : nullptr;
 
   // Residuals, and the cache RecomputeKv fills from them (the reference).
   std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> dres, dk, dv;
@@ -83,6 +92,8 @@ TEST_P(PagedRecomputeTest, EqualsAttentionOverRecomputedCache) {
     r.eps = 1e-5f;
     r.wk = dwk.get();
     r.wv = dwv.get();
+    r.bk = bias_k;
+    r.bv = bias_v;
     r.n_kv_heads = c.n_kv_heads;
     r.head_dim = c.head_dim;
     r.head_begin = 0;
@@ -163,6 +174,8 @@ TEST_P(PagedRecomputeTest, EqualsAttentionOverRecomputedCache) {
       r.eps = 1e-5f;
       r.wk = dwk.get();
       r.wv = dwv.get();
+      r.bk = bias_k;
+      r.bv = bias_v;
       r.rot_dim = c.rot_dim;
       r.rope_base = rope_base;
       r.rope_style = RopeStyle::kHalfSplit;
@@ -192,7 +205,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{512, 8, 2, 128, 128, 0, {200, 64}, {192, 64}},  // all cold
         Case{128, 4, 4, 32, 16, 0, {100, 40}, {0, 0}},       // all hot
         Case{192, 6, 3, 64, 64, 70, {260, 130}, {224, 32}},  // window
-        Case{256, 4, 1, 256, 128, 0, {90}, {64}}));          // gemma dims
+        Case{256, 4, 1, 256, 128, 0, {90}, {64}},            // gemma dims
+        // qwen2-style k/v bias: cold, mixed and hot sequences; a window.
+        Case{256, 4, 2, 64, 64, 0, {300, 97, 64}, {160, 96, 0}, true},
+        Case{192, 6, 3, 64, 64, 70, {260, 130}, {224, 32}, true}));
 
 }  // namespace
 }  // namespace kvd::kernels::cuda

@@ -209,10 +209,7 @@ uint32_t CudaBackendModel::numerics_version() const {
 }
 
 absl::Status CudaBackendModel::BoundedHotWindowSupport() const {
-  if (!config_.qkv_bias) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      "the CUDA backend cannot bound the hot window of ", config_.name,
-      ": its cold K/V recompute has no q/k/v bias input"));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<KvCache> CudaBackendModel::NewCache(KvBlockPool* pool) const {
@@ -254,7 +251,7 @@ absl::Status CudaBackendModel::RunForward(absl::Span<const SequenceStep> batch,
   KVD_ASSIGN_OR_RETURN(
       const internal::CudaBatchCheck check,
       internal::CheckCudaBackendBatch(batch, patcher, n_layers,
-                                      /*cold_supported=*/!c.qkv_bias));
+                                      /*cold_supported=*/true));
   ForwardOutput result;
   const std::vector<int64_t> logit_rows =
       SelectLogitRows(batch, c.vocab_size, &result);

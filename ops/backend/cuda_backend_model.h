@@ -17,11 +17,10 @@
 // bounded hot window) runs attention through PagedAttentionRecompute: the
 // positions below the hot boundary's chunk are recomputed from the source's
 // residuals inside attention, and the boundary chunk's rows below it are
-// recomputed into the cache first; bit-identical to a full cache for
-// models without q/k/v bias (RecomputeKv has no bias input). Forward
-// refuses with UNIMPLEMENTED, before touching any cache: a ResidualPatcher,
-// a KeySelection, and a KvSource with a cold range on a model with q/k/v
-// bias (qwen2).
+// recomputed into the cache first; bit-identical to a full cache, with or
+// without q/k/v bias (RecomputeKv adds the k/v bias as Forward does).
+// Forward refuses with UNIMPLEMENTED, before touching any cache: a
+// ResidualPatcher and a KeySelection.
 //
 //   KVD_ASSIGN_OR_RETURN(auto gpu, CudaBackendModel::Create(*cpu_model, {}));
 //   const ModelBackend& backend = *gpu;
@@ -86,8 +85,8 @@ class CudaBackendModel final : public ModelBackend {
   Precision precision() const override { return Precision::kBf16; }
   // kCudaNumericsVersion (backend.h).
   uint32_t numerics_version() const override;
-  // UNIMPLEMENTED for models with q/k/v bias (the device's cold-chunk
-  // recompute has no bias input).
+  // OK: every model Create accepts (q/k/v bias included) can bound its hot
+  // window.
   absl::Status BoundedHotWindowSupport() const override;
 
   // A pool over one cudaMalloc'd slab of budget_bytes / block_bytes blocks

@@ -14,13 +14,14 @@
 //   (e) greedy tokens equal the CPU bf16 engine's up to a near-tie
 //       (cuda_model_test's rule);
 //   (f) a full pool: RESOURCE_EXHAUSTED with caches and pool unchanged;
-//       a patcher, a KeySelection, a cold KvSource on qwen2 (bias):
-//       UNIMPLEMENTED with nothing changed; host caches and pools:
-//       INVALID_ARGUMENT; the fp32 mode: UNIMPLEMENTED at Create;
+//       a patcher, a KeySelection: UNIMPLEMENTED with nothing changed;
+//       host caches and pools: INVALID_ARGUMENT; the fp32 mode:
+//       UNIMPLEMENTED at Create;
 //   (g) a KvSource's bounded hot window (cold chunks recomputed from the
 //       observed residuals inside attention, the boundary chunk's rows into
 //       the cache) gives the full cache's logits bit for bit, prefill
-//       chunks and decode, alone and batched (llama; qwen2 refuses).
+//       chunks and decode, alone and batched, on llama and on qwen2 (whose
+//       k/v bias the cold recompute must add exactly as Forward does).
 #include "ops/backend/cuda_backend_model.h"
 
 #include <cuda_runtime.h>
@@ -128,17 +129,6 @@ class WindowSource : public KvSource {
  private:
   const Collect* store_;
   int64_t seq_, budget_;
-};
-
-class ColdSource : public KvSource {
- public:
-  int64_t HotBegin(int64_t, int64_t length) const override {
-    return length >= 32 ? 32 : 0;
-  }
-  absl::Status Check(int64_t, int64_t) const override {
-    return absl::OkStatus();
-  }
-  void ReadResiduals(int64_t, int64_t, int64_t, float*) const override {}
 };
 
 // K and V of `layer` at positions [0, n) as bf16 bits (n x row values each),
@@ -399,16 +389,11 @@ TEST_P(CudaBackendModelTest, BoundedHotWindowMatchesTheFullCache) {
   // first chunk (rows recomputed into the cache only), inside a later chunk
   // (cold chunks from residuals too), then on a chunk edge and past it.
   WindowSource early(&store, 5, 90), mid(&store, 5, 40), edge(&store, 5, 38);
-  if (cpu_->config().qkv_bias) {
-    const std::vector<int32_t> one = {prompts[2][0]};
-    SequenceStep st{&bounded, one, LogitsMode::kLast, 5, &mid};
-    ForwardOutput out;
-    EXPECT_EQ(gpu_->Forward({&st, 1}, &out, &store).code(),
-              absl::StatusCode::kUnimplemented);
-    EXPECT_EQ(bounded.length(), 100);
-    EXPECT_EQ(bounded.first_kept(0), 0);
-    return;
-  }
+  // qwen2 (q/k/v bias) included: its cold K/V are recomputed with the k/v
+  // bias (RecomputeKv's bk/bv). The bias is 0.1-scale random, so a recompute
+  // that dropped it, or added it after RoPE, would change these logits'
+  // bits at the first step with a cold chunk (step 1).
+  EXPECT_TRUE(gpu_->BoundedHotWindowSupport().ok());
   std::vector<int32_t> feed = {prompts[2][0]};
   for (int step = 0; step < 9; ++step) {
     const WindowSource* src = step == 0 ? &early : step == 1 ? &mid : &edge;
@@ -448,9 +433,6 @@ TEST_P(CudaBackendModelTest, BoundedHotWindowMatchesTheFullCache) {
 // in the same step, and a 40-token chunk over a bounded window: each
 // sequence's logits equal its full cache's, bit for bit.
 TEST_P(CudaBackendModelTest, LongBoundedHotWindowsInOneBatchMatchFullCaches) {
-  if (cpu_->config().qkv_bias) {
-    GTEST_SKIP() << "the device's cold recompute has no q/k/v bias input";
-  }
   std::mt19937 rng(99);
   std::uniform_int_distribution<int32_t> id(0, vocab_ - 1);
   auto tokens = [&](int n) {
@@ -557,7 +539,6 @@ TEST_P(CudaBackendModelTest, RefusalsChangeNothing) {
   // Unsupported features: UNIMPLEMENTED, nothing changed.
   NoopPatcher patcher;
   KeepAll selection;
-  ColdSource cold;
   KvCache other = NewCache();
   Alone(prompts[3], 37, &other);
   const std::vector<int32_t> one = {1};
@@ -568,13 +549,6 @@ TEST_P(CudaBackendModelTest, RefusalsChangeNothing) {
   selected.key_selection = &selection;
   EXPECT_EQ(gpu_->Forward({&selected, 1}, &out).code(),
             absl::StatusCode::kUnimplemented);
-  if (cpu_->config().qkv_bias) {
-    // The device's cold recompute has no bias input.
-    SequenceStep sourced{&other, one};
-    sourced.kv_source = &cold;
-    EXPECT_EQ(gpu_->Forward({&sourced, 1}, &out).code(),
-              absl::StatusCode::kUnimplemented);
-  }
   EXPECT_EQ(cache->length(), 10);
   EXPECT_EQ(cache->blocks_held(), held);
   EXPECT_EQ(other.length(), 37);

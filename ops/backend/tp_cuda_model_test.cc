@@ -12,7 +12,10 @@
 //       own heads from the replicated residual (kernels/cuda/kv_recompute.h),
 //       and the same recompute from TP = 1's residuals gives exactly TP = 1's
 //       K/V of those heads; at layer 0 (same residual at every degree) each
-//       shard's K/V equal TP = 1's heads directly.
+//       shard's K/V equal TP = 1's heads directly. On qwen2 the recompute
+//       gets the full-width k/v biases and adds its heads' slice, while each
+//       shard's forward added its uploaded slice: a wrong slice offset or a
+//       dropped bias fails the comparison at every layer.
 // Models: cuda_model_test's random llama / qwen2 cases (GQA 8:2: TP 1, 2),
 // and the same with 4 K/V heads (GQA 8:4) so that TP = 4 splits whole groups.
 #include "ops/backend/tp_cuda_model.h"
@@ -197,7 +200,8 @@ TEST_P(TpCudaModelTest, ShardedIsTokenIdenticalToTp1) {
 
 // RecomputeKv of heads [h0, h1) of `layer` from `rows` residual rows (fp32
 // values that are exactly bf16) at positions 0..rows-1, with the CPU model's
-// full weights; bf16 bits, rows x (h1 - h0) * head_dim each.
+// full weights and (qwen2) full k/v biases; bf16 bits, rows x (h1 - h0) *
+// head_dim each.
 void Recompute(const Model& cpu, int64_t layer, const std::vector<float>& res,
                int64_t rows, IndexRange heads, std::vector<uint16_t>* k,
                std::vector<uint16_t>* v) {
@@ -223,13 +227,19 @@ void Recompute(const Model& cpu, int64_t layer, const std::vector<float>& res,
   for (int64_t r = 0; r < rows; ++r) pos[r] = static_cast<int32_t>(r);
   DeviceBuffer<uint16_t> d_res(rows * d), d_wk(c.kv_dim() * d),
       d_wv(c.kv_dim() * d), d_k(rows * width), d_v(rows * width);
-  DeviceBuffer<float> d_norm(d),
+  DeviceBuffer<float> d_norm(d), d_bk(c.kv_dim()), d_bv(c.kv_dim()),
       d_ws(kc::KvRecomputeWorkspaceFloats(rows, d, width));
   DeviceBuffer<int32_t> d_pos(rows);
   KVD_CUDA_ASSERT(d_res.Upload(res16));
   KVD_CUDA_ASSERT(d_wk.Upload(dense(lw.wk)));
   KVD_CUDA_ASSERT(d_wv.Upload(dense(lw.wv)));
   KVD_CUDA_ASSERT(d_norm.Upload(lw.attn_norm));
+  if (c.qkv_bias) {
+    ASSERT_EQ(lw.bk.size(), static_cast<size_t>(c.kv_dim()));
+    ASSERT_EQ(lw.bv.size(), static_cast<size_t>(c.kv_dim()));
+    KVD_CUDA_ASSERT(d_bk.Upload(lw.bk));
+    KVD_CUDA_ASSERT(d_bv.Upload(lw.bv));
+  }
   KVD_CUDA_ASSERT(d_pos.Upload(pos));
   KVD_CUDA_ASSERT(d_k.Poison());
   KVD_CUDA_ASSERT(d_v.Poison());
@@ -242,6 +252,9 @@ void Recompute(const Model& cpu, int64_t layer, const std::vector<float>& res,
   a.eps = c.rms_eps;
   a.wk = d_wk.get();
   a.wv = d_wv.get();
+  // The whole model's biases: RecomputeKv adds the slice of heads.
+  a.bk = c.qkv_bias ? d_bk.get() : nullptr;
+  a.bv = c.qkv_bias ? d_bv.get() : nullptr;
   a.n_kv_heads = c.n_kv_heads;
   a.head_dim = c.head_dim;
   a.head_begin = heads.begin;
@@ -300,9 +313,6 @@ TEST_P(TpCudaModelTest, ShardKvIsTheRecomputeOfItsHeadsFromTheResidual) {
   std::vector<std::vector<uint16_t>> k1(c.n_layers), v1(c.n_layers);
   for (int64_t l = 0; l < c.n_layers; ++l)
     ASSERT_TRUE(tp1->ReadKv(*cache1, 0, l, &k1[l], &v1[l]).ok());
-  // RecomputeKv has no bias input: for qwen2 (q/k/v bias) only the layer-0
-  // identity with TP = 1 is checked.
-  const bool recompute = !c.qkv_bias;
   int64_t checked_rows = 0;
   std::vector<int> degrees = {1};
   for (int s : Degrees()) degrees.push_back(s);
@@ -324,7 +334,6 @@ TEST_P(TpCudaModelTest, ShardKvIsTheRecomputeOfItsHeadsFromTheResidual) {
           EXPECT_EQ(k, Columns(k1[0], c.kv_dim(), sl.kv_rows));
           EXPECT_EQ(v, Columns(v1[0], c.kv_dim(), sl.kv_rows));
         }
-        if (!recompute) continue;
         // The shard's cache == its heads recomputed from its own (replicated)
         // residual.
         std::vector<uint16_t> rk, rv;
@@ -343,7 +352,7 @@ TEST_P(TpCudaModelTest, ShardKvIsTheRecomputeOfItsHeadsFromTheResidual) {
       "[ tp %s ] shard K/V vs recompute from the residual: %lld rows x layers "
       "checked bit for bit%s\n",
       name_.c_str(), static_cast<long long>(checked_rows),
-      recompute ? "" : " (q/k/v bias: layer 0 vs TP=1 only)");
+      c.qkv_bias ? " (with the k/v bias slices)" : "");
 }
 
 TEST_P(TpCudaModelTest, RefusesDegreesThatSplitAGroupAndBadAllReduces) {

@@ -109,6 +109,10 @@ absl::Status AttentionPartial(const ModelConfig& c, int64_t layer,
     // weights: the whole model's, not a shard's slice.
     r.wk = lw.wk.data;
     r.wv = lw.wv.data;
+    // Whole-model biases too (kvd == kv_dim above); without them a biased
+    // model's recomputed K/V would not be the rows Forward cached.
+    r.bk = c.qkv_bias ? lw.bk : nullptr;
+    r.bv = c.qkv_bias ? lw.bv : nullptr;
     r.rot_dim = c.rope_dim;
     r.rope_base = lc.rope_base;
     r.rope_style = CudaRopeStyle(c);

@@ -41,8 +41,9 @@ struct CudaShardDims {
 // recomputed from residuals inside the call (kernels/cuda paged_attention.h,
 // PagedAttentionRecompute: RecomputeKv per group, folded in canonical
 // order) instead of read from the pool. RecomputeKv runs Forward's K/V
-// arithmetic without the q/k/v bias, so for models without bias the result
-// is the bits attention over rows Forward cached would give.
+// arithmetic (the k/v bias added with AddBias's single IEEE add, before
+// RoPE), so the result is the bits attention over rows Forward cached would
+// give, with or without q/k/v bias.
 struct CudaColdRows {
   int64_t n_seqs = 0;
   // HOST int64[n_seqs]: multiples of the attention chunk; 0 where nothing
