@@ -56,4 +56,10 @@ absl::StatusOr<BackendChoice> SelectBackend(BackendRequest request,
   return choice;
 }
 
+uint32_t CudaTpNumericsVersion(int degree, bool simulated_all_reduce) {
+  if (degree <= 1) return kCudaNumericsVersion;
+  return kCudaNumericsVersion + 1000 * static_cast<uint32_t>(degree) +
+         (simulated_all_reduce ? 0 : 100);
+}
+
 }  // namespace kvd::ops

@@ -71,6 +71,14 @@ inline constexpr bool kCudaAutoSelectVerified = false;
 // alter an output bit.
 inline constexpr uint32_t kCudaNumericsVersion = 1'000'001;
 
+// The numerics version of a tensor-parallel CUDA backend
+// (tp_cuda_backend_model.h). Degree 1 runs the single-GPU kernels in their
+// order: kCudaNumericsVersion. Above 1 the W_o and W_down sums are the
+// all-reduce's, so each degree has its own version, and the simulated
+// all-reduce (fixed shard order) one apart from NCCL's (its ring or tree
+// order). Distinct for every degree and kind; degree < 1 is treated as 1.
+uint32_t CudaTpNumericsVersion(int degree, bool simulated_all_reduce);
+
 struct BackendChoice {
   Backend backend = Backend::kCpu;
   // One line for the user when the choice is not what was asked for or needs

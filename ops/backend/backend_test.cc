@@ -1,5 +1,7 @@
 #include "ops/backend/backend.h"
 
+#include <set>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -127,6 +129,21 @@ TEST(SelectBackend, CudaRequestSucceedsWhenPossible) {
 TEST(BackendName, Names) {
   EXPECT_STREQ(BackendName(Backend::kCpu), "cpu");
   EXPECT_STREQ(BackendName(Backend::kCuda), "cuda");
+}
+
+TEST(CudaTpNumericsVersion, EachDegreeAndAllReduceHasItsOwn) {
+  EXPECT_EQ(CudaTpNumericsVersion(1, true), kCudaNumericsVersion);
+  EXPECT_EQ(CudaTpNumericsVersion(1, false), kCudaNumericsVersion);
+  std::set<uint32_t> seen = {kCudaNumericsVersion};
+  for (int degree = 2; degree <= 64; degree *= 2) {
+    for (bool simulated : {true, false}) {
+      EXPECT_TRUE(seen.insert(CudaTpNumericsVersion(degree, simulated)).second)
+          << degree << " " << simulated;
+    }
+  }
+  for (int degree : {3, 5, 6, 7}) {
+    EXPECT_TRUE(seen.insert(CudaTpNumericsVersion(degree, true)).second);
+  }
 }
 
 }  // namespace

@@ -6,9 +6,9 @@
 // from the single-device simulation: TP > 1 is token-identical, not
 // bit-identical, to TP = 1 (kernels/cuda/README.md, "Tensor parallelism").
 //
-// A separate target from the model so only binaries that run TP across
-// several GPUs link libnccl.so (the device test binaries stay
-// self-contained).
+// NCCL itself is loaded at run time (dlopen of libnccl.so.2) by the first
+// NewNcclAllReduce: nothing links it, so kvd starts where there is no NCCL
+// and only TP across GPUs needs the library.
 //
 //   KVD_ASSIGN_OR_RETURN(std::unique_ptr<AllReduce> ar,
 //                        NewNcclAllReduce({0, 1, 2, 3}));
@@ -28,7 +28,8 @@
 namespace kvd::ops {
 
 // devices[s]: the CUDA ordinal of shard s (distinct). INVALID_ARGUMENT for
-// an empty or repeated list; if NCCL cannot set up the communicators (no
+// an empty or repeated list; FAILED_PRECONDITION when NCCL cannot be loaded
+// (saying what to install); if NCCL cannot set up the communicators (no
 // device, a CUDA failure: INTERNAL; NCCL's system or remote errors:
 // UNAVAILABLE) the status carries NCCL's message.
 absl::StatusOr<std::unique_ptr<AllReduce>> NewNcclAllReduce(

@@ -1,5 +1,6 @@
 #include "ops/backend/open_backend.h"
 
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,15 +10,76 @@
 
 namespace kvd::ops {
 
-absl::Status PrecheckBackend(BackendRequest request) {
-  if (request != BackendRequest::kCuda) return absl::OkStatus();
+namespace {
+
+// The request tensor parallelism turns it into: CUDA, unless the flags
+// contradict each other.
+absl::StatusOr<BackendRequest> EffectiveRequest(
+    BackendRequest request, const TensorParallelRequest& tp) {
+  if (tp.degree < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tensor-parallel-size must be at least 1; got ", tp.degree));
+  }
+  if (tp.degree == 1) return request;
+  if (request == BackendRequest::kCpu) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tensor-parallel-size ", tp.degree,
+        " splits the model over GPUs, but --backend cpu asks for the CPU; "
+        "drop one of them"));
+  }
+  return BackendRequest::kCuda;
+}
+
+absl::StatusOr<OpenedBackend> OpenTensorParallel(
+    const Model& model, const TensorParallelRequest& tp) {
+  const std::string flag =
+      absl::StrCat("--tensor-parallel-size ", tp.degree, ": ");
+  absl::StatusOr<BackendChoice> choice =
+      ChooseBackend(BackendRequest::kCuda, model.config(), model.precision());
+  if (!choice.ok()) {
+    return absl::Status(choice.status().code(),
+                        absl::StrCat(flag, choice.status().message()));
+  }
+  absl::StatusOr<std::unique_ptr<ModelBackend>> gpu =
+      MakeTpCudaBackend(model, tp);
+  if (!gpu.ok()) {
+    return absl::Status(gpu.status().code(),
+                        absl::StrCat(flag, gpu.status().message()));
+  }
+  OpenedBackend opened;
+  opened.kind = Backend::kCuda;
+  opened.owned = *std::move(gpu);
+  opened.backend = opened.owned.get();
+  opened.notice =
+      tp.simulate ? absl::StrCat("kvd: ", tp.degree,
+                                 " tensor-parallel shards simulated on GPU 0 "
+                                 "(--tensor-parallel-simulate: for testing, no "
+                                 "speed-up)")
+                  : absl::StrCat("kvd: tensor parallel over GPUs 0..",
+                                 tp.degree - 1, " (NCCL)");
+  return opened;
+}
+
+}  // namespace
+
+absl::Status PrecheckBackend(BackendRequest request,
+                             const TensorParallelRequest& tp) {
+  KVD_ASSIGN_OR_RETURN(const BackendRequest effective,
+                       EffectiveRequest(request, tp));
+  if (effective != BackendRequest::kCuda) return absl::OkStatus();
   // Any model: only the device is in question here.
-  return SelectBackend(request, ProbeCudaDevices(), CudaModelSupport{true, ""})
+  return SelectBackend(effective, ProbeCudaDevices(),
+                       CudaModelSupport{true, ""})
       .status();
 }
 
 absl::StatusOr<OpenedBackend> OpenBackend(BackendRequest request,
-                                          const Model& model) {
+                                          const Model& model,
+                                          const TensorParallelRequest& tp) {
+  KVD_ASSIGN_OR_RETURN(const BackendRequest effective,
+                       EffectiveRequest(request, tp));
+  if (tp.degree > 1) return OpenTensorParallel(model, tp);
+  request = effective;
   KVD_ASSIGN_OR_RETURN(
       const BackendChoice choice,
       ChooseBackend(request, model.config(), model.precision()));

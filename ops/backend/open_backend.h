@@ -1,5 +1,6 @@
-// The backend that runs a loaded model, as `--backend auto|cpu|cuda` asks:
-// the CPU model itself, or a CudaBackendModel made from its weights. Every
+// The backend that runs a loaded model, as `--backend auto|cpu|cuda` and
+// `--tensor-parallel-size` ask: the CPU model itself, a CudaBackendModel made
+// from its weights, or a TpCudaBackendModel splitting them over GPUs. Every
 // command that loads a model (kvd generate, chat, serve) opens its backend
 // here, so they all fall back and explain themselves alike.
 //
@@ -22,9 +23,20 @@
 
 namespace kvd::ops {
 
+// How many tensor-parallel shards to split the model over.
+struct TensorParallelRequest {
+  // 1: one GPU (or the CPU). Above 1: a CUDA backend whose shard s runs on
+  // GPU s, summed with NCCL; must divide the model's K/V heads.
+  int degree = 1;
+  // Every shard on GPU 0, one after another, summed in a fixed order: the
+  // sharded code paths on one GPU, for testing (no speed-up).
+  bool simulate = false;
+};
+
 struct OpenedBackend {
   Backend kind = Backend::kCpu;
-  // The CUDA backend when kind is kCuda; null for the CPU.
+  // The CUDA backend (single-GPU or tensor-parallel) when kind is kCuda;
+  // null for the CPU.
   std::unique_ptr<ModelBackend> owned;
   // What to run on: owned.get(), or the CPU model (which must outlive it).
   const ModelBackend* backend = nullptr;
@@ -37,19 +49,34 @@ struct OpenedBackend {
 // kCuda: CUDA, or FAILED_PRECONDITION (no device, or a model the CUDA path
 // cannot run) / the CUDA backend's own error (UNIMPLEMENTED,
 // RESOURCE_EXHAUSTED, INTERNAL) naming what to do.
+// tp.degree > 1 asks for CUDA whatever `request` says unless it is kCpu
+// (INVALID_ARGUMENT: the flags contradict each other); it fails rather than
+// fall back: FAILED_PRECONDITION without enough devices (or NCCL), the
+// backend's own error otherwise (INVALID_ARGUMENT for a degree the model
+// does not split into, naming the ones it does). tp.degree < 1:
+// INVALID_ARGUMENT.
 absl::StatusOr<OpenedBackend> OpenBackend(BackendRequest request,
-                                          const Model& model);
+                                          const Model& model,
+                                          const TensorParallelRequest& tp = {});
 
 // Before a model loads: FAILED_PRECONDITION when `request` is kCuda and no
 // CUDA device can be used (the reason and what to do), so nobody waits for
 // the weights to load to learn it. OK otherwise; OpenBackend checks the
 // model itself.
-absl::Status PrecheckBackend(BackendRequest request);
+// With tp.degree > 1 as for kCuda, after OpenBackend's flag checks.
+absl::Status PrecheckBackend(BackendRequest request,
+                             const TensorParallelRequest& tp = {});
 
 // CudaBackendModel::Create(model) on device 0; FAILED_PRECONDITION when kvd
 // was built without the CUDA toolkit. In open_backend_{cuda,none}.cc.
 absl::StatusOr<std::unique_ptr<ModelBackend>> MakeCudaBackend(
     const Model& model);
+// TpCudaBackendModel::Create over GPUs 0..degree-1 with NCCL, or every shard
+// on GPU 0 when tp.simulate; FAILED_PRECONDITION with fewer devices than
+// shards (naming --tensor-parallel-simulate), without NCCL, or when kvd was
+// built without the CUDA toolkit. In open_backend_{cuda,none}.cc.
+absl::StatusOr<std::unique_ptr<ModelBackend>> MakeTpCudaBackend(
+    const Model& model, const TensorParallelRequest& tp);
 
 }  // namespace kvd::ops
 

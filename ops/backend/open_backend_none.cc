@@ -10,4 +10,9 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> MakeCudaBackend(
       "with /usr/local/cuda (tools/setup.sh) to use a GPU");
 }
 
+absl::StatusOr<std::unique_ptr<ModelBackend>> MakeTpCudaBackend(
+    const Model& model, const TensorParallelRequest& tp) {
+  return MakeCudaBackend(model).status();
+}
+
 }  // namespace kvd::ops

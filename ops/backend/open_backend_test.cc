@@ -92,5 +92,56 @@ TEST(OpenBackend, CudaRefusesAModelItsPathCannotRun) {
   }
 }
 
+TEST(OpenBackend, TensorParallelFlagsThatContradictAreRefused) {
+  auto model = TinyBf16Llama();
+  ASSERT_NE(model, nullptr);
+  absl::StatusOr<OpenedBackend> cpu =
+      OpenBackend(BackendRequest::kCpu, *model, {2});
+  ASSERT_FALSE(cpu.ok());
+  EXPECT_EQ(cpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(cpu.status().message(), HasSubstr("--backend cpu"));
+  EXPECT_EQ(PrecheckBackend(BackendRequest::kCpu, {2}).code(),
+            absl::StatusCode::kInvalidArgument);
+  for (int degree : {0, -1}) {
+    EXPECT_EQ(
+        OpenBackend(BackendRequest::kAuto, *model, {degree}).status().code(),
+        absl::StatusCode::kInvalidArgument);
+  }
+  // Degree 1 is the ordinary choice.
+  absl::StatusOr<OpenedBackend> one =
+      OpenBackend(BackendRequest::kCpu, *model, {1});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->backend, model.get());
+}
+
+TEST(OpenBackend, TensorParallelRunsOnGpusOrSaysWhatIsMissing) {
+  auto model = TinyBf16Llama();
+  ASSERT_NE(model, nullptr);
+  const int devices = ProbeCudaDevices().device_count;
+  // auto with a degree above 1 means CUDA: no quiet fallback to the CPU.
+  absl::StatusOr<OpenedBackend> b =
+      OpenBackend(BackendRequest::kAuto, *model, {2});
+  const absl::Status pre = PrecheckBackend(BackendRequest::kAuto, {2});
+  if (devices == 0) {
+    ASSERT_FALSE(b.ok());
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(b.status().message(), HasSubstr("--tensor-parallel-size 2"));
+    EXPECT_EQ(pre.code(), absl::StatusCode::kFailedPrecondition);
+    return;
+  }
+  EXPECT_TRUE(pre.ok()) << pre;
+  if (devices < 2) {
+    ASSERT_FALSE(b.ok());
+    EXPECT_THAT(b.status().message(), HasSubstr("--tensor-parallel-simulate"));
+  }
+  absl::StatusOr<OpenedBackend> sim =
+      OpenBackend(BackendRequest::kCuda, *model, {2, /*simulate=*/true});
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  EXPECT_EQ(sim->kind, Backend::kCuda);
+  EXPECT_STREQ(sim->backend->backend_name(), "cuda-tp");
+  EXPECT_EQ(sim->backend->numerics_version(), CudaTpNumericsVersion(2, true));
+  EXPECT_THAT(sim->notice, HasSubstr("simulated"));
+}
+
 }  // namespace
 }  // namespace kvd::ops

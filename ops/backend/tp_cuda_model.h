@@ -46,12 +46,14 @@
 #include "absl/types/span.h"
 #include "ops/backend/all_reduce.h"
 #include "ops/backend/internal/cuda_batch.h"
+#include "ops/backend/internal/device_memory.h"
 #include "ops/backend/tensor_parallel_plan.h"
 #include "ops/model/model.h"
 #include "ops/model/model_config.h"
 
 namespace kvd::ops {
 namespace internal {
+class TpForward;
 struct StepPlan;
 }  // namespace internal
 
@@ -95,7 +97,7 @@ class TpCudaModel {
   TpCudaModel& operator=(const TpCudaModel&) = delete;
 
   const ModelConfig& config() const { return config_; }
-  const TensorParallelPlan& plan() const { return plan_; }
+  const TensorParallelPlan& plan() const;
   int64_t free_blocks() const;
 
   absl::StatusOr<TpKvCache> NewCache();
@@ -123,26 +125,19 @@ class TpCudaModel {
 
  private:
   friend TpKvCache;
-  struct Shard;
-  struct Replicated;
   TpCudaModel() = default;
-  absl::Status Upload(const Model& model);
-  absl::Status EnsureWorkspace(int64_t rows, int64_t n_seqs, int64_t ints);
   void FreeBlocks(std::vector<std::vector<int32_t>>* blocks);
   absl::Status RunStep(const internal::StepPlan& plan,
                        std::vector<float>* logits,
                        std::vector<std::vector<float>>* residuals);
-  // All-reduces every shard's step output buffer (m x d_model partials).
-  absl::Status ReduceOutputs(int64_t count);
-  absl::Status SetDevice(const Shard& shard) const;
 
   ModelConfig config_;
   TpCudaModelOptions options_;
-  TensorParallelPlan plan_;
-  std::shared_ptr<AllReduce> all_reduce_;
-  std::vector<std::unique_ptr<Replicated>> replicated_;  // one per device
-  std::vector<std::unique_ptr<Shard>> shards_;
-  std::vector<void*> owned_streams_;  // cudaStream_t
+  // Shards, weights, streams and step buffers (internal/tp_forward.h).
+  std::unique_ptr<internal::TpForward> fwd_;
+  // Shard s's K/V pool: max_blocks_ blocks of its K/V heads, in pools_[s].
+  std::vector<std::unique_ptr<internal::DeviceMemory>> pool_memory_;
+  std::vector<uint16_t*> pools_;
   int64_t max_blocks_ = 0;
   mutable absl::Mutex blocks_mu_;
   std::vector<int32_t> free_blocks_ ABSL_GUARDED_BY(blocks_mu_);

@@ -19,8 +19,9 @@
 #
 # cuda_model_test (the CUDA model vs the CPU engine), tp_cuda_model_test
 # (tensor parallelism simulated on one GPU; the NCCL all-reduce is not linked)
-# cuda_backend_model_test (the engine's backend interface on the GPU) and
-# cuda_engine_test (the session engine itself on the GPU) are
+# cuda_backend_model_test (the engine's backend interface on the GPU),
+# tp_cuda_backend_model_test (the tensor-parallel backend the engine runs on)
+# and cuda_engine_test (the session engine itself on the GPU) are
 # compiled by Bazel and relinked statically here (below), so this script
 # needs Bazel too.
 #
@@ -133,6 +134,7 @@ for j in $(jobs -p); do wait "$j" || wait_all_ok=1; done
 BAZEL_TESTS=(//ops/backend:cuda_model_test //ops/backend:tp_cuda_model_test
              //ops/backend:cuda_backend_model_test
              //ops/backend:cuda_backend_conformance_test
+             //ops/backend:tp_cuda_backend_model_test
              //services/engine:cuda_engine_test)
 # The engine's session store (cuda_engine_test) brings RocksDB, protobuf and
 # RocksDB's compression libraries; Debian ships them as static archives too.

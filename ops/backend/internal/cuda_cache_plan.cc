@@ -57,8 +57,8 @@ absl::StatusOr<CudaBatchCheck> CheckCudaBackendBatch(
           return absl::UnimplementedError(absl::StrCat(
               "CUDA backend: sequence ", step.sequence_id,
               "'s KvSource keeps layer ", l, " hot only from position ", hot,
-              "; attention over K/V recomputed from residuals on the GPU "
-              "does not support this model (its q/k/v bias); use a full hot "
+              "; this backend cannot recompute cold K/V inside attention "
+              "(its BoundedHotWindowSupport says why); use a full hot "
               "window, or the CPU backend"));
         }
       }
@@ -208,6 +208,18 @@ int64_t PlannedInts(absl::Span<const SequenceStep> batch, int64_t n_layers,
   }
   return 3 * rows + n_gather +
          n_layers * static_cast<int64_t>(batch.size()) * stride;
+}
+
+void ShowStagedResiduals(ResidualObserver* observer, const float* staged,
+                         int64_t first_layer, int64_t n_shown, int64_t m,
+                         int64_t d, absl::Span<const int64_t> row_seq_id,
+                         absl::Span<const int64_t> row_pos) {
+  for (int64_t i = 0; i < n_shown; ++i) {
+    for (int64_t r = 0; r < m; ++r) {
+      observer->OnResidual(row_seq_id[r], first_layer + i, row_pos[r],
+                           staged + (i * m + r) * d);
+    }
+  }
 }
 
 }  // namespace kvd::ops::internal

@@ -48,9 +48,9 @@ struct CudaBatchCheck {
 
 // What the CUDA backend refuses before PrepareStepCaches, nothing changed:
 // UNIMPLEMENTED for a ResidualPatcher, a KeySelection, or, unless
-// `cold_supported` (the model has no q/k/v bias, which the device's cold
-// recompute lacks), a KvSource whose hot window starts above position 0 at
-// some layer (each message names the feature);
+// `cold_supported` (the backend can recompute cold K/V inside attention), a
+// KvSource whose hot window starts above position 0 at some layer (each
+// message names the feature);
 // FAILED_PRECONDITION for a cache of another model or precision (not bf16);
 // INVALID_ARGUMENT for a null cache, a cache twice in the batch, caches of
 // host or of different pools (one launch reads one pool), or more than
@@ -120,6 +120,21 @@ absl::StatusOr<uint8_t*> RegionBase(const KvCache& cache);
 // they can be grown before any cache changes).
 int64_t PlannedInts(absl::Span<const SequenceStep> batch, int64_t n_layers,
                     int64_t n_gather);
+
+// Rows per launch sequence for ForwardLayers and RecomputeKvIntoCache: bounds
+// the step buffers (rows x d_ff floats) whatever the segment length; rows do
+// not depend on how they are chunked.
+inline constexpr int64_t kBackendChunkRows = 4096;
+static_assert(kBackendChunkRows <= kMaxCudaStepRows);
+
+// Shows `observer` each row's residual entering each of `n_shown` layers
+// from `first_layer` on: `staged` holds n_shown x m x d_model floats,
+// layer-major, rows in step order (row r is sequence row_seq_id[r]'s
+// position row_pos[r]).
+void ShowStagedResiduals(ResidualObserver* observer, const float* staged,
+                         int64_t first_layer, int64_t n_shown, int64_t m,
+                         int64_t d, absl::Span<const int64_t> row_seq_id,
+                         absl::Span<const int64_t> row_pos);
 
 }  // namespace kvd::ops::internal
 

@@ -1,0 +1,354 @@
+#include "ops/backend/tp_cuda_backend_model.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <functional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "kernels/cuda/internal/cuda_check.h"
+#include "ops/backend/backend.h"
+#include "ops/backend/internal/block_id_region.h"
+#include "ops/backend/internal/cuda_batch.h"
+#include "ops/backend/internal/cuda_cache_plan.h"
+#include "ops/backend/internal/cuda_forward.h"
+#include "ops/backend/internal/tp_forward.h"
+
+namespace kvd::ops {
+namespace internal {
+
+// One pool's memory: each shard's share of its blocks (a slab on the
+// shard's device) and the reserved address range its block numbers come
+// from. Owned by the pool (its region's owner); the model only keeps a weak
+// reference to find the slabs of a cache's pool.
+struct TpSlabs {
+  std::vector<int> devices;
+  std::vector<void*> slabs;
+  std::shared_ptr<void> block_ids;
+
+  ~TpSlabs() {
+    // The pool may go on any thread, after the model: leave the caller's
+    // current device as it was.
+    int previous = 0;
+    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+    for (size_t s = 0; s < slabs.size(); ++s) {
+      cudaSetDevice(devices[s]);
+      cudaFree(slabs[s]);
+    }
+    if (restore) cudaSetDevice(previous);
+  }
+};
+
+}  // namespace internal
+
+namespace {
+
+namespace kc = ::kvd::kernels::cuda;
+using kc::internal::CudaStatus;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TpCudaBackendModel>> TpCudaBackendModel::Create(
+    const Model& cpu_model, const TpCudaBackendOptions& options) {
+  if (options.max_pool_blocks < 0 ||
+      options.max_pool_blocks > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TpCudaBackendOptions: max_pool_blocks (",
+                     options.max_pool_blocks, ") must be in [0, 2^30]"));
+  }
+  internal::TpForwardOptions fo;
+  fo.degree = options.degree;
+  fo.devices = options.devices;
+  fo.device = options.device;
+  fo.all_reduce = options.all_reduce;
+  std::unique_ptr<TpCudaBackendModel> m(new TpCudaBackendModel());
+  KVD_ASSIGN_OR_RETURN(m->fwd_, internal::TpForward::Create(
+                                    cpu_model, fo, "TpCudaBackendOptions"));
+  m->config_ = cpu_model.config();
+  m->options_ = options;
+  // Without an all-reduce of the caller's, the shards share one device and
+  // the simulation sums them.
+  m->numerics_version_ = CudaTpNumericsVersion(
+      options.degree, /*simulated_all_reduce=*/options.all_reduce == nullptr);
+  return m;
+}
+
+TpCudaBackendModel::~TpCudaBackendModel() = default;
+
+int TpCudaBackendModel::degree() const { return options_.degree; }
+
+absl::Status TpCudaBackendModel::BoundedHotWindowSupport() const {
+  return absl::UnimplementedError(absl::StrCat(
+      "the tensor-parallel CUDA backend (degree ", options_.degree,
+      ") cannot bound the hot window: attention over K/V recomputed from "
+      "residuals does not run on shards yet; use a full hot window"));
+}
+
+absl::StatusOr<std::unique_ptr<KvBlockPool>> TpCudaBackendModel::NewBlockPool(
+    const KvBlockPool::Options& options) const {
+  const size_t row_bytes = KvCache::RowBytes(config_, Precision::kBf16);
+  // The CPU pool's checks and messages; a heap pool allocates nothing up
+  // front.
+  KVD_RETURN_IF_ERROR(KvBlockPool::Create(row_bytes, options).status());
+  const size_t block_bytes = 2 * options.block_rows * row_bytes;
+  // As CudaBackendModel: a budget sizes the pool (capped by an explicit
+  // max_pool_blocks); without one, CudaModel's default does.
+  int64_t blocks =
+      options.budget_bytes != 0 && options_.max_pool_blocks == 0
+          ? static_cast<int64_t>(options.budget_bytes / block_bytes)
+          : internal::PoolBlocks(options_.max_pool_blocks, config_.n_layers,
+                                 config_.context_length, options.block_rows);
+  if (options.budget_bytes != 0) {
+    blocks = std::min<int64_t>(blocks, options.budget_bytes / block_bytes);
+  }
+  auto slabs = std::make_shared<internal::TpSlabs>();
+  KVD_ASSIGN_OR_RETURN(KvBlockPool::Region region,
+                       internal::ReserveBlockIdRegion(blocks, block_bytes));
+  slabs->block_ids = std::move(region.owner);
+  absl::MutexLock lock(&mu_);
+  for (int s = 0; s < fwd_->degree(); ++s) {
+    KVD_RETURN_IF_ERROR(fwd_->SetDevice(s));
+    // The shard's K/V heads of every block: 2 * block_rows rows of its
+    // kv_width bf16 values.
+    const size_t bytes = static_cast<size_t>(blocks) * 2 * options.block_rows *
+                         fwd_->kv_width(s) * sizeof(uint16_t);
+    void* slab = nullptr;
+    KVD_RETURN_IF_ERROR(CudaStatus(
+        cudaMalloc(&slab, bytes),
+        absl::StrCat("cudaMalloc of shard ", s, "'s share of a K/V pool (",
+                     blocks, " blocks, ", bytes, " bytes on device ",
+                     fwd_->device(s), ")")));
+    slabs->devices.push_back(fwd_->device(s));
+    slabs->slabs.push_back(slab);
+  }
+  // Forget pools that are gone before remembering this one.
+  for (auto it = slabs_.begin(); it != slabs_.end();) {
+    if (it->second.expired()) {
+      slabs_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  slabs_[region.base] = slabs;
+  region.owner = slabs;
+  KvBlockPool::Options pool_options = options;
+  // The budget the pool reports and names when full is what the slabs hold.
+  pool_options.budget_bytes = static_cast<size_t>(blocks) * block_bytes;
+  return KvBlockPool::CreateInRegion(row_bytes, pool_options, region);
+}
+
+absl::StatusOr<KvCache> TpCudaBackendModel::NewCache(KvBlockPool* pool) const {
+  if (pool == nullptr) {
+    return absl::InvalidArgumentError(
+        "tensor-parallel CUDA backend: null K/V block pool");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = slabs_.find(pool->region_base());
+    if (pool->region_base() == nullptr || it == slabs_.end() ||
+        it->second.expired()) {
+      return absl::InvalidArgumentError(
+          "tensor-parallel CUDA backend: the K/V block pool was not made by "
+          "this backend's NewBlockPool (its shards keep their K/V heads in "
+          "their own slabs)");
+    }
+  }
+  return KvCache::InPool(config_, Precision::kBf16, pool);
+}
+
+absl::StatusOr<std::vector<internal::CudaPool>> TpCudaBackendModel::ShardPools(
+    const KvCache& cache) const {
+  KVD_ASSIGN_OR_RETURN(uint8_t * base, internal::RegionBase(cache));
+  auto it = slabs_.find(base);
+  std::shared_ptr<internal::TpSlabs> slabs =
+      it == slabs_.end() ? nullptr : it->second.lock();
+  if (slabs == nullptr) {
+    return absl::InvalidArgumentError(
+        "tensor-parallel CUDA backend: the K/V cache's pool was not made by "
+        "this backend's NewBlockPool");
+  }
+  std::vector<internal::CudaPool> pools;
+  for (void* slab : slabs->slabs) {
+    pools.push_back({static_cast<uint16_t*>(slab), cache.block_rows()});
+  }
+  return pools;
+}
+
+absl::Status TpCudaBackendModel::RunForward(
+    absl::Span<const SequenceStep> batch, ForwardOutput* out,
+    ResidualObserver* observer, ResidualPatcher* patcher) const {
+  const ModelConfig& c = config_;
+  const int64_t d = c.d_model, n_layers = c.n_layers;
+  KVD_ASSIGN_OR_RETURN(const internal::CudaBatchCheck check,
+                       internal::CheckCudaBackendBatch(
+                           batch, patcher, n_layers, /*cold_supported=*/false));
+  ForwardOutput result;
+  const std::vector<int64_t> logit_rows =
+      SelectLogitRows(batch, c.vocab_size, &result);
+
+  absl::MutexLock lock(&mu_);
+  internal::TpForward& f = *fwd_;
+  // Every allocation that can fail comes before the caches change.
+  const int64_t m = check.rows;
+  const int64_t n_shown = n_layers + 1;
+  if (m > 0) {
+    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(
+        m, logit_rows.size(),
+        internal::PlannedInts(batch, n_layers, logit_rows.size())));
+  }
+  float* pinned = nullptr;
+  if (observer != nullptr && m > 0) {
+    KVD_ASSIGN_OR_RETURN(pinned, f.PinnedFloats(n_shown * m * d));
+  }
+  std::vector<internal::CudaPool> pools;
+  if (m > 0) {
+    KVD_ASSIGN_OR_RETURN(pools, ShardPools(*batch.front().cache));
+  }
+
+  KVD_RETURN_IF_ERROR(PrepareStepCaches(c, Precision::kBf16, batch).status());
+  std::vector<int64_t> old_length(batch.size());
+  for (size_t s = 0; s < batch.size(); ++s)
+    old_length[s] = batch[s].cache->length();
+
+  std::vector<int64_t> row_seq_id, row_pos;
+  absl::Status st = [&]() -> absl::Status {
+    if (m == 0) return absl::OkStatus();
+    std::vector<internal::CacheRows> seqs(batch.size());
+    for (size_t s = 0; s < batch.size(); ++s) {
+      const SequenceStep& step = batch[s];
+      seqs[s] = {step.cache, step.tokens, step.cache->length(),
+                 static_cast<int64_t>(step.tokens.size())};
+      for (size_t i = 0; i < step.tokens.size(); ++i) {
+        row_seq_id.push_back(step.sequence_id);
+        row_pos.push_back(step.cache->length() + i);
+      }
+    }
+    KVD_ASSIGN_OR_RETURN(const internal::StepPlan plan,
+                         internal::PlanCacheRows(seqs, n_layers, logit_rows));
+    // Prepare never lengthens a table beyond PlannedInts' count; grow anyway
+    // rather than trust it.
+    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, plan.n_gather, plan.ints.size()));
+    KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
+    KVD_RETURN_IF_ERROR(f.Embed(plan));
+    std::function<absl::Status(int64_t)> show;
+    if (pinned != nullptr) {
+      show = [&](int64_t l) {
+        return f.DownloadResiduals(pinned + l * m * d, m);
+      };
+    }
+    KVD_RETURN_IF_ERROR(f.RunLayers(plan, pools, 0, n_layers, show));
+    if (show) KVD_RETURN_IF_ERROR(show(n_layers));
+    result.logits.resize(plan.n_gather * c.vocab_size);
+    KVD_RETURN_IF_ERROR(f.Logits(plan, result.logits.data()));
+    return f.Sync("tensor-parallel CUDA backend: running the forward step");
+  }();
+  if (!st.ok()) {
+    for (size_t s = 0; s < batch.size(); ++s)
+      batch[s].cache->Truncate(old_length[s]);
+    return st;
+  }
+  for (size_t s = 0; s < batch.size(); ++s) {
+    batch[s].cache->SetLength(old_length[s] + batch[s].tokens.size());
+  }
+  if (pinned != nullptr) {
+    internal::ShowStagedResiduals(observer, pinned, 0, n_shown, m, d,
+                                  row_seq_id, row_pos);
+  }
+  *out = std::move(result);
+  return absl::OkStatus();
+}
+
+absl::Status TpCudaBackendModel::RunForwardLayers(KvCache* cache,
+                                                  int64_t position, int64_t n,
+                                                  int64_t first_layer,
+                                                  int64_t end_layer, float* h,
+                                                  ResidualObserver* observer,
+                                                  int64_t sequence_id) const {
+  const ModelConfig& c = config_;
+  const int64_t d = c.d_model;
+  if (cache != nullptr)
+    KVD_RETURN_IF_ERROR(internal::CheckDeviceCache(cache, "ForwardLayers"));
+  KVD_ASSIGN_OR_RETURN(const bool work,
+                       PrepareLayerRange(c, Precision::kBf16, cache, position,
+                                         n, first_layer, end_layer, h));
+  if (!work) return absl::OkStatus();
+
+  // The final residual (layer n_layers) is shown only by a run that ends
+  // there, as on the CPU.
+  const int64_t n_shown =
+      (end_layer == c.n_layers ? end_layer + 1 : end_layer) - first_layer;
+  absl::MutexLock lock(&mu_);
+  internal::TpForward& f = *fwd_;
+  KVD_ASSIGN_OR_RETURN(const std::vector<internal::CudaPool> pools,
+                       ShardPools(*cache));
+  for (int64_t done = 0; done < n; done += internal::kBackendChunkRows) {
+    const int64_t m = std::min(internal::kBackendChunkRows, n - done);
+    const internal::CacheRows rows{cache, {}, position + done, m};
+    KVD_ASSIGN_OR_RETURN(const internal::StepPlan plan,
+                         internal::PlanCacheRows({&rows, 1}, c.n_layers, {}));
+    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, 0, plan.ints.size()));
+    float* pinned = nullptr;
+    if (observer != nullptr) {
+      KVD_ASSIGN_OR_RETURN(pinned, f.PinnedFloats(n_shown * m * d));
+    }
+    float* chunk = h + done * d;
+    KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
+    KVD_RETURN_IF_ERROR(f.UploadResiduals(chunk, m));
+    std::function<absl::Status(int64_t)> show;
+    if (pinned != nullptr) {
+      show = [&](int64_t l) {
+        return f.DownloadResiduals(pinned + (l - first_layer) * m * d, m);
+      };
+    }
+    KVD_RETURN_IF_ERROR(f.RunLayers(plan, pools, first_layer, end_layer, show));
+    if (show && end_layer == c.n_layers) KVD_RETURN_IF_ERROR(show(end_layer));
+    KVD_RETURN_IF_ERROR(f.DownloadResiduals(chunk, m));
+    KVD_RETURN_IF_ERROR(f.Sync("ForwardLayers: running the sharded layers"));
+    if (pinned != nullptr) {
+      std::vector<int64_t> ids(m, sequence_id), pos(m);
+      for (int64_t i = 0; i < m; ++i) pos[i] = position + done + i;
+      internal::ShowStagedResiduals(observer, pinned, first_layer, n_shown, m,
+                                    d, ids, pos);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TpCudaBackendModel::RecomputeKvIntoCache(int64_t layer,
+                                                      const float* residuals,
+                                                      int64_t position,
+                                                      int64_t n,
+                                                      KvCache* cache) const {
+  if (cache != nullptr) {
+    KVD_RETURN_IF_ERROR(
+        internal::CheckDeviceCache(cache, "RecomputeKvIntoCache"));
+  }
+  KVD_RETURN_IF_ERROR(CheckRecomputeTarget(config_, Precision::kBf16, layer,
+                                           position, n, cache));
+  if (n == 0) return absl::OkStatus();
+  if (residuals == nullptr) {
+    return absl::InvalidArgumentError("RecomputeKvIntoCache: null residuals");
+  }
+  absl::MutexLock lock(&mu_);
+  internal::TpForward& f = *fwd_;
+  KVD_ASSIGN_OR_RETURN(const std::vector<internal::CudaPool> pools,
+                       ShardPools(*cache));
+  for (int64_t done = 0; done < n; done += internal::kBackendChunkRows) {
+    const int64_t m = std::min(internal::kBackendChunkRows, n - done);
+    const internal::CacheRows rows{cache, {}, position + done, m};
+    KVD_ASSIGN_OR_RETURN(
+        const internal::StepPlan plan,
+        internal::PlanCacheRows({&rows, 1}, config_.n_layers, {}));
+    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, 0, plan.ints.size()));
+    KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
+    // The replicated residual to every shard; each computes its own heads.
+    KVD_RETURN_IF_ERROR(
+        f.UploadResiduals(residuals + done * config_.d_model, m));
+    KVD_RETURN_IF_ERROR(f.ProjectKv(plan, pools, layer));
+  }
+  return f.Sync("RecomputeKvIntoCache: writing each shard's K/V rows");
+}
+
+}  // namespace kvd::ops
