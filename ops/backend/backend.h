@@ -79,6 +79,17 @@ inline constexpr uint32_t kCudaNumericsVersion = 1'000'001;
 // order). Distinct for every degree and kind; degree < 1 is treated as 1.
 uint32_t CudaTpNumericsVersion(int degree, bool simulated_all_reduce);
 
+// How many tensor-parallel shards to split the model over
+// (--tensor-parallel-size; opened by open_backend.h).
+struct TensorParallelRequest {
+  // 1: one GPU (or the CPU). Above 1: a CUDA backend whose shard s runs on
+  // GPU s, summed with NCCL; must divide the model's K/V heads.
+  int degree = 1;
+  // Every shard on GPU 0, one after another, summed in a fixed order: the
+  // sharded code paths on one GPU, for testing (no speed-up).
+  bool simulate = false;
+};
+
 struct BackendChoice {
   Backend backend = Backend::kCpu;
   // One line for the user when the choice is not what was asked for or needs

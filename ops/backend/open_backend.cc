@@ -30,8 +30,20 @@ absl::StatusOr<BackendRequest> EffectiveRequest(
   return BackendRequest::kCuda;
 }
 
+// FAILED_PRECONDITION, saying what to do, where no CUDA device is usable.
+absl::Status TensorParallelDeviceCheck(const TensorParallelRequest& tp) {
+  const DeviceProbe probe = ProbeCudaDevices();
+  if (probe.device_count > 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--tensor-parallel-size ", tp.degree,
+      " runs on GPUs, and no CUDA device can be used here (", probe.detail,
+      "); run on a GPU machine, or drop --tensor-parallel-size to run on "
+      "the CPU"));
+}
+
 absl::StatusOr<OpenedBackend> OpenTensorParallel(
     const Model& model, const TensorParallelRequest& tp) {
+  KVD_RETURN_IF_ERROR(TensorParallelDeviceCheck(tp));
   const std::string flag =
       absl::StrCat("--tensor-parallel-size ", tp.degree, ": ");
   absl::StatusOr<BackendChoice> choice =
@@ -66,6 +78,7 @@ absl::Status PrecheckBackend(BackendRequest request,
                              const TensorParallelRequest& tp) {
   KVD_ASSIGN_OR_RETURN(const BackendRequest effective,
                        EffectiveRequest(request, tp));
+  if (tp.degree > 1) return TensorParallelDeviceCheck(tp);
   if (effective != BackendRequest::kCuda) return absl::OkStatus();
   // Any model: only the device is in question here.
   return SelectBackend(effective, ProbeCudaDevices(),

@@ -23,16 +23,6 @@
 
 namespace kvd::ops {
 
-// How many tensor-parallel shards to split the model over.
-struct TensorParallelRequest {
-  // 1: one GPU (or the CPU). Above 1: a CUDA backend whose shard s runs on
-  // GPU s, summed with NCCL; must divide the model's K/V heads.
-  int degree = 1;
-  // Every shard on GPU 0, one after another, summed in a fixed order: the
-  // sharded code paths on one GPU, for testing (no speed-up).
-  bool simulate = false;
-};
-
 struct OpenedBackend {
   Backend kind = Backend::kCpu;
   // The CUDA backend (single-GPU or tensor-parallel) when kind is kCuda;

@@ -9,6 +9,10 @@
 //   - a bounded hot window (K/V below it recomputed from residuals inside
 //     attention) gives the full cache's bits, on llama and on qwen2 (whose
 //     cold recompute adds the k/v bias exactly as the forward pass does);
+//   - with two tensor-parallel shards (simulated on the GPU), kv-direct
+//     restores (each shard recomputing its own K/V head) and stride restores
+//     are bit-identical to the conversation kept hot; a TP session moves to
+//     a single-GPU node by a re-prefill;
 //   - greedy tokens agree with the CPU engine's until the first near-tie
 //     (the rule of cuda_model_cases.h), and a session checkpointed on the
 //     GPU continues on a CPU engine over the same store by a re-prefill,
@@ -26,6 +30,7 @@
 #include "ops/backend/cuda_backend_model.h"
 #include "ops/backend/cuda_probe.h"
 #include "ops/backend/testing/cuda_model_cases.h"
+#include "ops/backend/tp_cuda_backend_model.h"
 #include "ops/kvdirect/checkpoint_policy.h"
 #include "ops/kvdirect/residual_kv_source.h"
 #include "services/engine/session_engine.h"
@@ -238,6 +243,58 @@ TEST_P(CudaEngineTest, AgreesWithTheCpuEngineAndMovesToIt) {
   std::printf("[ %s engine ] GPU session resumed on the CPU: %s (%s)\n",
               family(), StatePathName(moved.paths[2]),
               moved.details[2].c_str());
+}
+
+TEST_P(CudaEngineTest, TensorParallelSessionsRestoreBitIdenticallyOnShards) {
+  // Two shards simulated on the GPU, each holding one of the two K/V heads:
+  // a kv-direct restore has every shard recompute its own head from the
+  // replicated residual checkpoint, and a stride restore runs the sharded
+  // layers.
+  ops::TpCudaBackendOptions o;
+  o.degree = 2;
+  absl::StatusOr<std::unique_ptr<ops::TpCudaBackendModel>> made =
+      ops::TpCudaBackendModel::Create(*model_, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const ops::TpCudaBackendModel& tp = **made;
+  const Transcript hot =
+      Converse(tp, "kv-direct", ops::ResidualKvSource::kAll, false);
+  ASSERT_TRUE(hot.status.ok()) << hot.status;
+  for (const char* policy : {"kv-direct", "stride:2"}) {
+    SCOPED_TRACE(policy);
+    const Transcript got =
+        Converse(tp, policy, ops::ResidualKvSource::kAll, true);
+    ASSERT_TRUE(got.status.ok()) << got.status;
+    ASSERT_EQ(got.paths.size(), static_cast<size_t>(kTurns));
+    for (int i = 1; i < kTurns; ++i) EXPECT_EQ(got.paths[i], StatePath::kDram);
+    const ::testing::AssertionResult same =
+        testing::LogitsBitIdentical(hot.logits, got.logits);
+    EXPECT_TRUE(same);
+    EXPECT_EQ(hot.tokens, got.tokens);
+    std::printf("[ %s engine ] TP 2 %s restores on shards: %s\n", family(),
+                policy, same ? "bit-identical" : "DIFFERENT");
+  }
+
+  // Bounded hot windows do not run on shards: refused at start.
+  SessionEngineOptions bounded;
+  bounded.hot_budget = 32;
+  EXPECT_EQ(SessionEngine::ValidateOptions(tp, bounded).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // A session saved at TP 2 moves to a single-GPU node: other numerics (the
+  // W_o and W_down sums differ), so it is re-prefilled from its tokens.
+  const std::string dir = testing::FreshTestDir("tp-to-single");
+  Open(tp, dir, "kv-direct", ops::ResidualKvSource::kAll);
+  ASSERT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
+  Transcript moved;
+  Turn(0, &moved);
+  Open(*gpu_, dir, "kv-direct", ops::ResidualKvSource::kAll);
+  Turn(1, &moved);
+  ASSERT_TRUE(moved.status.ok()) << moved.status;
+  ASSERT_EQ(moved.paths.size(), 2u);
+  EXPECT_EQ(moved.paths[1], StatePath::kReprefill);
+  std::printf("[ %s engine ] TP 2 session resumed on one GPU: %s (%s)\n",
+              family(), StatePathName(moved.paths[1]),
+              moved.details[1].c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -73,8 +73,9 @@ absl::StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Open(
   // engine checks them again against the backend it gets.
   KVD_RETURN_IF_ERROR(
       engine::SessionEngine::ValidateOptions(*rt->model_, options.engine));
-  KVD_ASSIGN_OR_RETURN(rt->backend_,
-                       ops::OpenBackend(options.backend, *rt->model_));
+  KVD_ASSIGN_OR_RETURN(
+      rt->backend_,
+      ops::OpenBackend(options.backend, *rt->model_, options.tensor_parallel));
   // A GPU backend holds its own copy of the weights.
   if (rt->backend_.kind == ops::Backend::kCuda) rt->model_->ReleaseWeights();
   const ops::ModelBackend& backend = *rt->backend_.backend;

@@ -48,6 +48,9 @@ struct NodeOptions {
   // Which backend runs the engine (ops/backend/open_backend.h); the notice
   // saying why the CPU, or which device, is backend_notice().
   ops::BackendRequest backend = ops::BackendRequest::kCpu;
+  // Tensor-parallel shards (above 1: a CUDA backend over several GPUs, or
+  // simulated on one).
+  ops::TensorParallelRequest tensor_parallel;
   // Return memory malloc keeps free to the kernel every few seconds
   // (memory_trimmer.h), so resident memory tracks the budgets above.
   bool trim_free_memory = true;

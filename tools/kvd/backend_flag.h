@@ -1,6 +1,7 @@
-// The --backend flag of the commands that load a model (generate, chat,
-// serve): auto (default), cpu or cuda; the rule is ops/backend/backend.h and
-// the opening ops/backend/open_backend.h.
+// The backend flags of the commands that load a model (generate, chat,
+// serve): --backend auto (default), cpu or cuda, and
+// --tensor-parallel-size / --tensor-parallel-simulate; the rule is
+// ops/backend/backend.h and the opening ops/backend/open_backend.h.
 //
 //   DeclareBackendFlag(args);
 //   ...
@@ -19,6 +20,11 @@ void DeclareBackendFlag(Args& args);
 
 // INVALID_ARGUMENT naming the flag for anything but auto, cpu or cuda.
 absl::StatusOr<ops::BackendRequest> BackendRequestFromFlag(const Args& args);
+
+// INVALID_ARGUMENT naming the flag for a size that is not a whole number
+// in [1, 64].
+absl::StatusOr<ops::TensorParallelRequest> TensorParallelFromFlags(
+    const Args& args);
 
 }  // namespace kvd::cli
 

@@ -54,7 +54,9 @@ absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(std::string path, ResolveModel(args.Get("model")));
   KVD_ASSIGN_OR_RETURN(const ops::BackendRequest backend_request,
                        BackendRequestFromFlag(args));
-  KVD_RETURN_IF_ERROR(ops::PrecheckBackend(backend_request));
+  KVD_ASSIGN_OR_RETURN(const ops::TensorParallelRequest tensor_parallel,
+                       TensorParallelFromFlags(args));
+  KVD_RETURN_IF_ERROR(ops::PrecheckBackend(backend_request, tensor_parallel));
   KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));
 
   KVD_ASSIGN_OR_RETURN(engine::GenerateRequest req, SamplingFromFlags(args));
@@ -88,8 +90,9 @@ absl::Status Run(const Args& args) {
   }
   KVD_ASSIGN_OR_RETURN(std::unique_ptr<ops::Tokenizer> tokenizer,
                        ops::TokenizerFromGguf(model->file()));
-  KVD_ASSIGN_OR_RETURN(const ops::OpenedBackend backend,
-                       ops::OpenBackend(backend_request, *model));
+  KVD_ASSIGN_OR_RETURN(
+      const ops::OpenedBackend backend,
+      ops::OpenBackend(backend_request, *model, tensor_parallel));
   // A GPU backend holds its own copy of the weights.
   if (backend.kind == ops::Backend::kCuda) model->ReleaseWeights();
   if (!backend.notice.empty())
@@ -140,7 +143,7 @@ absl::Status Run(const Args& args) {
                  model->config().name.c_str(), ops::PrecisionName(precision),
                  model->pool()->num_threads(),
                  backend.kind == ops::Backend::kCuda
-                     ? "cuda"
+                     ? backend.backend->backend_name()
                      : kernels::cpu::IsaName(kernels::cpu::ActiveIsa()),
                  load_s, static_cast<long long>(result.prompt_tokens),
                  result.prefill_seconds > 0

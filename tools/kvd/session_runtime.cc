@@ -135,7 +135,8 @@ absl::StatusOr<std::unique_ptr<node::NodeRuntime>> OpenSessionRuntime(
   KVD_ASSIGN_OR_RETURN(node::NodeOptions o, NodeOptionsFromFlags(args));
   KVD_RETURN_IF_ERROR(AddModelAndSessionFlags(args, o));
   KVD_ASSIGN_OR_RETURN(o.backend, BackendRequestFromFlag(args));
-  KVD_RETURN_IF_ERROR(ops::PrecheckBackend(o.backend));
+  KVD_ASSIGN_OR_RETURN(o.tensor_parallel, TensorParallelFromFlags(args));
+  KVD_RETURN_IF_ERROR(ops::PrecheckBackend(o.backend, o.tensor_parallel));
   ProgressBar bar("loading " + o.model_path, show_progress);
   KVD_ASSIGN_OR_RETURN(std::unique_ptr<node::NodeRuntime> rt,
                        node::NodeRuntime::Open(o, [&bar](int done, int total) {

@@ -1,0 +1,57 @@
+#include "tools/kvd/backend_flag.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace kvd::cli {
+namespace {
+
+Args Parsed(const std::vector<std::string>& argv) {
+  Args a("kvd test", "backend flags");
+  DeclareBackendFlag(a);
+  const absl::Status st = a.Parse(argv);
+  EXPECT_TRUE(st.ok()) << st;
+  return a;
+}
+
+TEST(BackendFlag, DefaultsAreOneDeviceChosenAutomatically) {
+  const Args a = Parsed({});
+  EXPECT_EQ(*BackendRequestFromFlag(a), ops::BackendRequest::kAuto);
+  const absl::StatusOr<ops::TensorParallelRequest> tp =
+      TensorParallelFromFlags(a);
+  ASSERT_TRUE(tp.ok()) << tp.status();
+  EXPECT_EQ(tp->degree, 1);
+  EXPECT_FALSE(tp->simulate);
+}
+
+TEST(BackendFlag, TensorParallelSizeAndSimulation) {
+  const Args a = Parsed({"--backend", "cuda", "--tensor-parallel-size", "4",
+                         "--tensor-parallel-simulate"});
+  EXPECT_EQ(*BackendRequestFromFlag(a), ops::BackendRequest::kCuda);
+  const absl::StatusOr<ops::TensorParallelRequest> tp =
+      TensorParallelFromFlags(a);
+  ASSERT_TRUE(tp.ok()) << tp.status();
+  EXPECT_EQ(tp->degree, 4);
+  EXPECT_TRUE(tp->simulate);
+}
+
+TEST(BackendFlag, BadSizesNameTheFlag) {
+  for (const char* bad : {"0", "-2", "65", "two", "1.5"}) {
+    const Args a = Parsed({"--tensor-parallel-size", bad});
+    const absl::StatusOr<ops::TensorParallelRequest> tp =
+        TensorParallelFromFlags(a);
+    ASSERT_FALSE(tp.ok()) << bad;
+    EXPECT_EQ(tp.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(tp.status().message().find("--tensor-parallel-size"),
+              std::string::npos)
+        << tp.status();
+  }
+  const Args a = Parsed({"--backend", "gpu"});
+  EXPECT_EQ(BackendRequestFromFlag(a).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvd::cli
