@@ -14,10 +14,12 @@
 #include "kernels/cuda/internal/cuda_check.h"
 #include "kernels/cuda/paged_attention.h"
 #include "ops/backend/backend.h"
+#include "ops/backend/internal/backend_steps.h"
 #include "ops/backend/internal/cuda_batch.h"
 #include "ops/backend/internal/cuda_cache_plan.h"
 #include "ops/backend/internal/cuda_forward.h"
 #include "ops/backend/internal/cuda_step_plan.h"
+#include "ops/backend/internal/device_memory.h"
 
 namespace kvd::ops {
 namespace {
@@ -25,38 +27,12 @@ namespace {
 namespace kc = ::kvd::kernels::cuda;
 using kc::internal::CudaStatus;
 
-// Rows per launch sequence for ForwardLayers and RecomputeKvIntoCache: bounds
-// the step buffers (rows x d_ff floats) whatever the segment length; rows do
-// not depend on how they are chunked.
-constexpr int64_t kChunkRows = 4096;
-static_assert(kChunkRows <= internal::kMaxCudaStepRows);
-
-// Frees a pool's slab on its device, leaving the caller's current device as
-// it was (the pool may go on any thread, after the model).
+// Frees a pool's slab on its device (the pool may go on any thread, after
+// the model).
 struct SlabDeleter {
   int device;
-  void operator()(void* p) const {
-    int previous = 0;
-    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
-    cudaSetDevice(device);
-    cudaFree(p);
-    if (restore) cudaSetDevice(previous);
-  }
+  void operator()(void* p) const { internal::FreeOnDevice(device, p); }
 };
-
-// Shows the observer each row's residual entering each layer in `layers`
-// (pinned: layers.size() x m x d_model, layer-major), rows in step order.
-void ShowResiduals(ResidualObserver* observer, const float* pinned,
-                   int64_t first_layer, int64_t n_shown, int64_t m, int64_t d,
-                   absl::Span<const int64_t> row_seq_id,
-                   absl::Span<const int64_t> row_pos) {
-  for (int64_t i = 0; i < n_shown; ++i) {
-    for (int64_t r = 0; r < m; ++r) {
-      observer->OnResidual(row_seq_id[r], first_layer + i, row_pos[r],
-                           pinned + (i * m + r) * d);
-    }
-  }
-}
 
 // Positions recomputed per sequence per fused-recompute group
 // (PagedRecomputeArgs::group_rows' default).
@@ -173,16 +149,9 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> CudaBackendModel::NewBlockPool(
   // front.
   KVD_RETURN_IF_ERROR(KvBlockPool::Create(row_bytes, options).status());
   const size_t block_bytes = 2 * options.block_rows * row_bytes;
-  // A budget sizes the slab (capped by an explicit max_pool_blocks); without
-  // one, CudaModel's default does.
-  int64_t blocks =
-      options.budget_bytes != 0 && options_.max_pool_blocks == 0
-          ? static_cast<int64_t>(options.budget_bytes / block_bytes)
-          : internal::PoolBlocks(options_.max_pool_blocks, config_.n_layers,
-                                 config_.context_length, options.block_rows);
-  if (options.budget_bytes != 0) {
-    blocks = std::min<int64_t>(blocks, options.budget_bytes / block_bytes);
-  }
+  const int64_t blocks = internal::BackendPoolBlocks(
+      options.budget_bytes, block_bytes, options_.max_pool_blocks,
+      config_.n_layers, config_.context_length, options.block_rows);
   const size_t bytes = static_cast<size_t>(blocks) * block_bytes;
   void* slab = nullptr;
   {
@@ -291,28 +260,15 @@ absl::Status CudaBackendModel::RunForward(absl::Span<const SequenceStep> batch,
   }
 
   KVD_RETURN_IF_ERROR(PrepareStepCaches(c, Precision::kBf16, batch).status());
-  std::vector<int64_t> old_length(batch.size());
-  for (size_t s = 0; s < batch.size(); ++s)
-    old_length[s] = batch[s].cache->length();
-
-  std::vector<int64_t> row_seq_id, row_pos;
-  absl::Status st = [&]() -> absl::Status {
+  const internal::PreparedStep prepared = internal::DescribePreparedStep(batch);
+  const absl::Status st = [&]() -> absl::Status {
     if (m == 0) return absl::OkStatus();
-    std::vector<internal::CacheRows> seqs(batch.size());
-    for (size_t s = 0; s < batch.size(); ++s) {
-      const SequenceStep& step = batch[s];
-      seqs[s] = {step.cache, step.tokens, step.cache->length(),
-                 static_cast<int64_t>(step.tokens.size())};
-      for (size_t i = 0; i < step.tokens.size(); ++i) {
-        row_seq_id.push_back(step.sequence_id);
-        row_pos.push_back(step.cache->length() + i);
-      }
-    }
     // Before the step's rows take the buffers: the rows below each hot
     // boundary but in its chunk, which attention reads from the pool.
     KVD_RETURN_IF_ERROR(PatchColdChunks(f, c, batch, spans, pool));
-    KVD_ASSIGN_OR_RETURN(const internal::StepPlan plan,
-                         internal::PlanCacheRows(seqs, n_layers, logit_rows));
+    KVD_ASSIGN_OR_RETURN(
+        const internal::StepPlan plan,
+        internal::PlanCacheRows(prepared.seqs, n_layers, logit_rows));
     // Prepare never lengthens a table beyond PlannedInts' count; grow anyway
     // rather than trust it.
     KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, plan.n_gather, plan.ints.size()));
@@ -368,19 +324,8 @@ absl::Status CudaBackendModel::RunForward(absl::Span<const SequenceStep> batch,
     KVD_RETURN_IF_ERROR(f.Logits(plan, result.logits.data()));
     return f.Sync("CUDA backend: running the forward step");
   }();
-  if (!st.ok()) {
-    for (size_t s = 0; s < batch.size(); ++s)
-      batch[s].cache->Truncate(old_length[s]);
-    return st;
-  }
-  for (size_t s = 0; s < batch.size(); ++s) {
-    batch[s].cache->SetLength(old_length[s] + batch[s].tokens.size());
-  }
-  if (pinned != nullptr) {
-    ShowResiduals(observer, pinned, 0, n_shown, m, d, row_seq_id, row_pos);
-  }
-  *out = std::move(result);
-  return absl::OkStatus();
+  return internal::FinishStep(st, batch, prepared, observer, pinned, n_shown, d,
+                              std::move(result), out);
 }
 
 absl::Status CudaBackendModel::RunForwardLayers(KvCache* cache,
@@ -390,52 +335,19 @@ absl::Status CudaBackendModel::RunForwardLayers(KvCache* cache,
                                                 ResidualObserver* observer,
                                                 int64_t sequence_id) const {
   const ModelConfig& c = config_;
-  const int64_t d = c.d_model;
   if (cache != nullptr)
     KVD_RETURN_IF_ERROR(internal::CheckDeviceCache(cache, "ForwardLayers"));
   KVD_ASSIGN_OR_RETURN(const bool work,
                        PrepareLayerRange(c, Precision::kBf16, cache, position,
                                          n, first_layer, end_layer, h));
   if (!work) return absl::OkStatus();
-
-  // The final residual (layer n_layers) is shown only by a run that ends
-  // there, as on the CPU.
-  const int64_t n_shown =
-      (end_layer == c.n_layers ? end_layer + 1 : end_layer) - first_layer;
   absl::MutexLock lock(&mu_);
   internal::CudaForward& f = *fwd_;
   KVD_RETURN_IF_ERROR(f.SetDevice());
   KVD_ASSIGN_OR_RETURN(const internal::CudaPool pool, DevicePool(*cache));
-  for (int64_t done = 0; done < n; done += kChunkRows) {
-    const int64_t m = std::min(kChunkRows, n - done);
-    const internal::CacheRows rows{cache, {}, position + done, m};
-    KVD_ASSIGN_OR_RETURN(const internal::StepPlan plan,
-                         internal::PlanCacheRows({&rows, 1}, c.n_layers, {}));
-    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, 0, plan.ints.size()));
-    float* pinned = nullptr;
-    if (observer != nullptr) {
-      KVD_ASSIGN_OR_RETURN(pinned, f.PinnedFloats(n_shown * m * d));
-    }
-    float* chunk = h + done * d;
-    KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
-    KVD_RETURN_IF_ERROR(f.UploadResiduals(chunk, m));
-    std::function<absl::Status(int64_t)> show;
-    if (pinned != nullptr) {
-      show = [&](int64_t l) {
-        return f.DownloadResiduals(pinned + (l - first_layer) * m * d, m);
-      };
-    }
-    KVD_RETURN_IF_ERROR(f.RunLayers(plan, pool, first_layer, end_layer, show));
-    if (show && end_layer == c.n_layers) KVD_RETURN_IF_ERROR(show(end_layer));
-    KVD_RETURN_IF_ERROR(f.DownloadResiduals(chunk, m));
-    KVD_RETURN_IF_ERROR(f.Sync("ForwardLayers: running the layers"));
-    if (pinned != nullptr) {
-      std::vector<int64_t> ids(m, sequence_id), pos(m);
-      for (int64_t i = 0; i < m; ++i) pos[i] = position + done + i;
-      ShowResiduals(observer, pinned, first_layer, n_shown, m, d, ids, pos);
-    }
-  }
-  return absl::OkStatus();
+  return internal::ForwardLayersInChunks(f, pool, c, cache, position, n,
+                                         first_layer, end_layer, h, observer,
+                                         sequence_id);
 }
 
 absl::Status CudaBackendModel::RecomputeKvIntoCache(int64_t layer,
@@ -456,19 +368,8 @@ absl::Status CudaBackendModel::RecomputeKvIntoCache(int64_t layer,
   internal::CudaForward& f = *fwd_;
   KVD_RETURN_IF_ERROR(f.SetDevice());
   KVD_ASSIGN_OR_RETURN(const internal::CudaPool pool, DevicePool(*cache));
-  for (int64_t done = 0; done < n; done += kChunkRows) {
-    const int64_t m = std::min(kChunkRows, n - done);
-    const internal::CacheRows rows{cache, {}, position + done, m};
-    KVD_ASSIGN_OR_RETURN(
-        const internal::StepPlan plan,
-        internal::PlanCacheRows({&rows, 1}, config_.n_layers, {}));
-    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, 0, plan.ints.size()));
-    KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
-    KVD_RETURN_IF_ERROR(
-        f.UploadResiduals(residuals + done * config_.d_model, m));
-    KVD_RETURN_IF_ERROR(f.ProjectKv(plan, pool, layer));
-  }
-  return f.Sync("RecomputeKvIntoCache: writing K/V rows");
+  return internal::RecomputeKvInChunks(f, pool, config_, layer, residuals,
+                                       position, n, cache);
 }
 
 }  // namespace kvd::ops

@@ -10,10 +10,12 @@
 #include "base/status_macros.h"
 #include "kernels/cuda/internal/cuda_check.h"
 #include "ops/backend/backend.h"
+#include "ops/backend/internal/backend_steps.h"
 #include "ops/backend/internal/block_id_region.h"
 #include "ops/backend/internal/cuda_batch.h"
 #include "ops/backend/internal/cuda_cache_plan.h"
 #include "ops/backend/internal/cuda_forward.h"
+#include "ops/backend/internal/device_memory.h"
 #include "ops/backend/internal/tp_forward.h"
 
 namespace kvd::ops {
@@ -29,15 +31,8 @@ struct TpSlabs {
   std::shared_ptr<void> block_ids;
 
   ~TpSlabs() {
-    // The pool may go on any thread, after the model: leave the caller's
-    // current device as it was.
-    int previous = 0;
-    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
-    for (size_t s = 0; s < slabs.size(); ++s) {
-      cudaSetDevice(devices[s]);
-      cudaFree(slabs[s]);
-    }
-    if (restore) cudaSetDevice(previous);
+    for (size_t s = 0; s < slabs.size(); ++s)
+      FreeOnDevice(devices[s], slabs[s]);
   }
 };
 
@@ -93,16 +88,9 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> TpCudaBackendModel::NewBlockPool(
   // front.
   KVD_RETURN_IF_ERROR(KvBlockPool::Create(row_bytes, options).status());
   const size_t block_bytes = 2 * options.block_rows * row_bytes;
-  // As CudaBackendModel: a budget sizes the pool (capped by an explicit
-  // max_pool_blocks); without one, CudaModel's default does.
-  int64_t blocks =
-      options.budget_bytes != 0 && options_.max_pool_blocks == 0
-          ? static_cast<int64_t>(options.budget_bytes / block_bytes)
-          : internal::PoolBlocks(options_.max_pool_blocks, config_.n_layers,
-                                 config_.context_length, options.block_rows);
-  if (options.budget_bytes != 0) {
-    blocks = std::min<int64_t>(blocks, options.budget_bytes / block_bytes);
-  }
+  const int64_t blocks = internal::BackendPoolBlocks(
+      options.budget_bytes, block_bytes, options_.max_pool_blocks,
+      config_.n_layers, config_.context_length, options.block_rows);
   auto slabs = std::make_shared<internal::TpSlabs>();
   KVD_ASSIGN_OR_RETURN(KvBlockPool::Region region,
                        internal::ReserveBlockIdRegion(blocks, block_bytes));
@@ -208,25 +196,12 @@ absl::Status TpCudaBackendModel::RunForward(
   }
 
   KVD_RETURN_IF_ERROR(PrepareStepCaches(c, Precision::kBf16, batch).status());
-  std::vector<int64_t> old_length(batch.size());
-  for (size_t s = 0; s < batch.size(); ++s)
-    old_length[s] = batch[s].cache->length();
-
-  std::vector<int64_t> row_seq_id, row_pos;
-  absl::Status st = [&]() -> absl::Status {
+  const internal::PreparedStep prepared = internal::DescribePreparedStep(batch);
+  const absl::Status st = [&]() -> absl::Status {
     if (m == 0) return absl::OkStatus();
-    std::vector<internal::CacheRows> seqs(batch.size());
-    for (size_t s = 0; s < batch.size(); ++s) {
-      const SequenceStep& step = batch[s];
-      seqs[s] = {step.cache, step.tokens, step.cache->length(),
-                 static_cast<int64_t>(step.tokens.size())};
-      for (size_t i = 0; i < step.tokens.size(); ++i) {
-        row_seq_id.push_back(step.sequence_id);
-        row_pos.push_back(step.cache->length() + i);
-      }
-    }
-    KVD_ASSIGN_OR_RETURN(const internal::StepPlan plan,
-                         internal::PlanCacheRows(seqs, n_layers, logit_rows));
+    KVD_ASSIGN_OR_RETURN(
+        const internal::StepPlan plan,
+        internal::PlanCacheRows(prepared.seqs, n_layers, logit_rows));
     // Prepare never lengthens a table beyond PlannedInts' count; grow anyway
     // rather than trust it.
     KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, plan.n_gather, plan.ints.size()));
@@ -244,20 +219,8 @@ absl::Status TpCudaBackendModel::RunForward(
     KVD_RETURN_IF_ERROR(f.Logits(plan, result.logits.data()));
     return f.Sync("tensor-parallel CUDA backend: running the forward step");
   }();
-  if (!st.ok()) {
-    for (size_t s = 0; s < batch.size(); ++s)
-      batch[s].cache->Truncate(old_length[s]);
-    return st;
-  }
-  for (size_t s = 0; s < batch.size(); ++s) {
-    batch[s].cache->SetLength(old_length[s] + batch[s].tokens.size());
-  }
-  if (pinned != nullptr) {
-    internal::ShowStagedResiduals(observer, pinned, 0, n_shown, m, d,
-                                  row_seq_id, row_pos);
-  }
-  *out = std::move(result);
-  return absl::OkStatus();
+  return internal::FinishStep(st, batch, prepared, observer, pinned, n_shown, d,
+                              std::move(result), out);
 }
 
 absl::Status TpCudaBackendModel::RunForwardLayers(KvCache* cache,
@@ -267,53 +230,18 @@ absl::Status TpCudaBackendModel::RunForwardLayers(KvCache* cache,
                                                   ResidualObserver* observer,
                                                   int64_t sequence_id) const {
   const ModelConfig& c = config_;
-  const int64_t d = c.d_model;
   if (cache != nullptr)
     KVD_RETURN_IF_ERROR(internal::CheckDeviceCache(cache, "ForwardLayers"));
   KVD_ASSIGN_OR_RETURN(const bool work,
                        PrepareLayerRange(c, Precision::kBf16, cache, position,
                                          n, first_layer, end_layer, h));
   if (!work) return absl::OkStatus();
-
-  // The final residual (layer n_layers) is shown only by a run that ends
-  // there, as on the CPU.
-  const int64_t n_shown =
-      (end_layer == c.n_layers ? end_layer + 1 : end_layer) - first_layer;
   absl::MutexLock lock(&mu_);
-  internal::TpForward& f = *fwd_;
   KVD_ASSIGN_OR_RETURN(const std::vector<internal::CudaPool> pools,
                        ShardPools(*cache));
-  for (int64_t done = 0; done < n; done += internal::kBackendChunkRows) {
-    const int64_t m = std::min(internal::kBackendChunkRows, n - done);
-    const internal::CacheRows rows{cache, {}, position + done, m};
-    KVD_ASSIGN_OR_RETURN(const internal::StepPlan plan,
-                         internal::PlanCacheRows({&rows, 1}, c.n_layers, {}));
-    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, 0, plan.ints.size()));
-    float* pinned = nullptr;
-    if (observer != nullptr) {
-      KVD_ASSIGN_OR_RETURN(pinned, f.PinnedFloats(n_shown * m * d));
-    }
-    float* chunk = h + done * d;
-    KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
-    KVD_RETURN_IF_ERROR(f.UploadResiduals(chunk, m));
-    std::function<absl::Status(int64_t)> show;
-    if (pinned != nullptr) {
-      show = [&](int64_t l) {
-        return f.DownloadResiduals(pinned + (l - first_layer) * m * d, m);
-      };
-    }
-    KVD_RETURN_IF_ERROR(f.RunLayers(plan, pools, first_layer, end_layer, show));
-    if (show && end_layer == c.n_layers) KVD_RETURN_IF_ERROR(show(end_layer));
-    KVD_RETURN_IF_ERROR(f.DownloadResiduals(chunk, m));
-    KVD_RETURN_IF_ERROR(f.Sync("ForwardLayers: running the sharded layers"));
-    if (pinned != nullptr) {
-      std::vector<int64_t> ids(m, sequence_id), pos(m);
-      for (int64_t i = 0; i < m; ++i) pos[i] = position + done + i;
-      internal::ShowStagedResiduals(observer, pinned, first_layer, n_shown, m,
-                                    d, ids, pos);
-    }
-  }
-  return absl::OkStatus();
+  return internal::ForwardLayersInChunks(*fwd_, pools, c, cache, position, n,
+                                         first_layer, end_layer, h, observer,
+                                         sequence_id);
 }
 
 absl::Status TpCudaBackendModel::RecomputeKvIntoCache(int64_t layer,
@@ -332,23 +260,12 @@ absl::Status TpCudaBackendModel::RecomputeKvIntoCache(int64_t layer,
     return absl::InvalidArgumentError("RecomputeKvIntoCache: null residuals");
   }
   absl::MutexLock lock(&mu_);
-  internal::TpForward& f = *fwd_;
   KVD_ASSIGN_OR_RETURN(const std::vector<internal::CudaPool> pools,
                        ShardPools(*cache));
-  for (int64_t done = 0; done < n; done += internal::kBackendChunkRows) {
-    const int64_t m = std::min(internal::kBackendChunkRows, n - done);
-    const internal::CacheRows rows{cache, {}, position + done, m};
-    KVD_ASSIGN_OR_RETURN(
-        const internal::StepPlan plan,
-        internal::PlanCacheRows({&rows, 1}, config_.n_layers, {}));
-    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, 0, plan.ints.size()));
-    KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
-    // The replicated residual to every shard; each computes its own heads.
-    KVD_RETURN_IF_ERROR(
-        f.UploadResiduals(residuals + done * config_.d_model, m));
-    KVD_RETURN_IF_ERROR(f.ProjectKv(plan, pools, layer));
-  }
-  return f.Sync("RecomputeKvIntoCache: writing each shard's K/V rows");
+  // The replicated residual goes to every shard; each computes its own
+  // heads (TpForward::ProjectKv).
+  return internal::RecomputeKvInChunks(*fwd_, pools, config_, layer, residuals,
+                                       position, n, cache);
 }
 
 }  // namespace kvd::ops

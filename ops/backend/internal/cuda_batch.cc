@@ -24,6 +24,16 @@ int64_t PoolBlocks(int64_t max_blocks, int64_t n_layers, int64_t context_length,
   return n_layers * ((positions + block_rows - 1) / block_rows);
 }
 
+int64_t BackendPoolBlocks(size_t budget_bytes, size_t block_bytes,
+                          int64_t max_blocks, int64_t n_layers,
+                          int64_t context_length, int64_t block_rows) {
+  if (budget_bytes == 0) {
+    return PoolBlocks(max_blocks, n_layers, context_length, block_rows);
+  }
+  const int64_t by_budget = static_cast<int64_t>(budget_bytes / block_bytes);
+  return max_blocks == 0 ? by_budget : std::min(max_blocks, by_budget);
+}
+
 absl::StatusOr<int64_t> CheckBatch(absl::Span<const StepView> steps,
                                    const BatchLimits& limits,
                                    absl::string_view who) {

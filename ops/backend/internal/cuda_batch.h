@@ -89,6 +89,13 @@ absl::Status CheckPoolOptions(absl::string_view options_name,
 int64_t PoolBlocks(int64_t max_blocks, int64_t n_layers, int64_t context_length,
                    int64_t block_rows);
 
+// Blocks of a CUDA backend's NewBlockPool: a budget sizes the pool
+// (budget_bytes / block_bytes, capped by max_blocks when that is set too);
+// without one, PoolBlocks(max_blocks, ...).
+int64_t BackendPoolBlocks(size_t budget_bytes, size_t block_bytes,
+                          int64_t max_blocks, int64_t n_layers,
+                          int64_t context_length, int64_t block_rows);
+
 // One step of a batch as the model sees it.
 struct StepView {
   const void* cache = nullptr;  // identity, for the duplicate check

@@ -200,5 +200,20 @@ TEST(DeviceBlockCache, BlocksGoBackOnceWhateverTheMoves) {
   EXPECT_THAT(owner.freed, ElementsAre(9, 7));
 }
 
+TEST(BackendPoolBlocks, ABudgetSizesThePoolAndMaxBlocksCapsIt) {
+  // No budget: PoolBlocks' default, or max_blocks.
+  EXPECT_EQ(BackendPoolBlocks(0, 1000, 0, 2, 100, 32),
+            PoolBlocks(0, 2, 100, 32));
+  EXPECT_EQ(BackendPoolBlocks(0, 1000, 7, 2, 100, 32), 7);
+  // A budget alone: what fits, rounded down.
+  EXPECT_EQ(BackendPoolBlocks(10'500, 1000, 0, 2, 100, 32), 10);
+  // Both: the smaller, whichever it is.
+  EXPECT_EQ(BackendPoolBlocks(10'500, 1000, 7, 2, 100, 32), 7);
+  EXPECT_EQ(BackendPoolBlocks(10'500, 1000, 70, 2, 100, 32), 10);
+  // A budget above the no-budget default is not capped by it.
+  EXPECT_GT(BackendPoolBlocks(int64_t{1} << 40, 1000, 0, 2, 100, 32),
+            PoolBlocks(0, 2, 100, 32));
+}
+
 }  // namespace
 }  // namespace kvd::ops::internal

@@ -93,7 +93,6 @@ CudaForward::~CudaForward() {
   }
   ws_.reset();
   weights_.reset();
-  if (pinned_ != nullptr) cudaFreeHost(pinned_);
   if (cold_ws_ != nullptr) cudaFree(cold_ws_);
   if (cold_res_ != nullptr) cudaFree(cold_res_);
 }
@@ -185,21 +184,9 @@ absl::Status CudaForward::EnsureWorkspace(int64_t rows, int64_t gather_rows,
 }
 
 absl::StatusOr<float*> CudaForward::PinnedFloats(int64_t floats) {
-  if (floats <= pinned_floats_) return pinned_;
-  KVD_RETURN_IF_ERROR(
-      Sync("waiting for the stream before growing the pinned buffer"));
-  const int64_t n = std::max(floats, 2 * pinned_floats_);
-  if (pinned_ != nullptr) cudaFreeHost(pinned_);
-  pinned_ = nullptr;
-  pinned_floats_ = 0;
-  void* p = nullptr;
-  KVD_RETURN_IF_ERROR(CudaStatus(
-      cudaMallocHost(&p, n * sizeof(float)),
-      absl::StrCat("cudaMallocHost of ", n * sizeof(float),
-                   " bytes for the residuals the observer is shown")));
-  pinned_ = static_cast<float*>(p);
-  pinned_floats_ = n;
-  return pinned_;
+  return pinned_.Get(floats, [this] {
+    return Sync("waiting for the stream before growing the pinned buffer");
+  });
 }
 
 absl::Status CudaForward::EnsureColdBuffers(int64_t bytes,

@@ -33,6 +33,7 @@
 #include "absl/types/span.h"
 #include "ops/backend/internal/cuda_layer.h"
 #include "ops/backend/internal/cuda_step_plan.h"
+#include "ops/backend/internal/device_memory.h"
 #include "ops/model/model.h"
 #include "ops/model/model_config.h"
 
@@ -129,8 +130,7 @@ class CudaForward {
   void* stream_ = nullptr;  // cudaStream_t
   std::unique_ptr<DeviceWeights> weights_;
   std::unique_ptr<Workspace> ws_;
-  float* pinned_ = nullptr;
-  int64_t pinned_floats_ = 0;
+  PinnedHostFloats pinned_;
   void* cold_ws_ = nullptr;
   int64_t cold_ws_bytes_ = 0;
   uint16_t* cold_res_ = nullptr;

@@ -69,4 +69,34 @@ absl::StatusOr<DeviceMatrix> DeviceMemory::Matrix(const ops::Matrix& m,
   return Matrix(m, {0, m.rows()}, {0, m.cols()}, what);
 }
 
+void FreeOnDevice(int device, void* p) {
+  int previous = 0;
+  const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+  cudaSetDevice(device);
+  cudaFree(p);
+  if (restore) cudaSetDevice(previous);
+}
+
+PinnedHostFloats::~PinnedHostFloats() {
+  if (data_ != nullptr) cudaFreeHost(data_);
+}
+
+absl::StatusOr<float*> PinnedHostFloats::Get(
+    int64_t floats, const std::function<absl::Status()>& wait_for_copies) {
+  if (floats <= floats_) return data_;
+  KVD_RETURN_IF_ERROR(wait_for_copies());
+  const int64_t n = std::max(floats, 2 * floats_);
+  if (data_ != nullptr) cudaFreeHost(data_);
+  data_ = nullptr;
+  floats_ = 0;
+  void* p = nullptr;
+  KVD_RETURN_IF_ERROR(CudaStatus(
+      cudaMallocHost(&p, n * sizeof(float)),
+      absl::StrCat("cudaMallocHost of ", n * sizeof(float),
+                   " bytes for the residuals the observer is shown")));
+  data_ = static_cast<float*>(p);
+  floats_ = n;
+  return data_;
+}
+
 }  // namespace kvd::ops::internal

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -66,6 +67,29 @@ struct DeviceMemory {
                                       IndexRange cols, absl::string_view what);
   absl::StatusOr<DeviceMatrix> Matrix(const ops::Matrix& m,
                                       absl::string_view what);
+};
+
+// cudaFree(p) on `device`, leaving the calling thread's current device as it
+// was (memory may be freed on any thread, after its model).
+void FreeOnDevice(int device, void* p);
+
+// Page-locked host memory for asynchronous downloads, grown on demand
+// (at least doubling) and reused; freed when destroyed.
+class PinnedHostFloats {
+ public:
+  PinnedHostFloats() = default;
+  PinnedHostFloats(const PinnedHostFloats&) = delete;
+  PinnedHostFloats& operator=(const PinnedHostFloats&) = delete;
+  ~PinnedHostFloats();
+  // At least `floats` floats. Before growing it calls `wait_for_copies`
+  // (the old buffer may still be the target of an enqueued copy);
+  // RESOURCE_EXHAUSTED or INTERNAL if the memory cannot be had.
+  absl::StatusOr<float*> Get(
+      int64_t floats, const std::function<absl::Status()>& wait_for_copies);
+
+ private:
+  float* data_ = nullptr;
+  int64_t floats_ = 0;
 };
 
 }  // namespace kvd::ops::internal

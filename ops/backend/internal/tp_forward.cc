@@ -164,7 +164,6 @@ TpForward::~TpForward() {
   }
   shards_.clear();
   replicated_.clear();
-  if (pinned_ != nullptr) cudaFreeHost(pinned_);
 }
 
 int TpForward::device(int shard) const { return shards_[shard]->device; }
@@ -305,21 +304,9 @@ absl::Status TpForward::EnsureWorkspace(int64_t rows, int64_t gather_rows,
 }
 
 absl::StatusOr<float*> TpForward::PinnedFloats(int64_t floats) {
-  if (floats <= pinned_floats_) return pinned_;
-  KVD_RETURN_IF_ERROR(
-      Sync("waiting for the streams before growing the pinned buffer"));
-  const int64_t n = std::max(floats, 2 * pinned_floats_);
-  if (pinned_ != nullptr) cudaFreeHost(pinned_);
-  pinned_ = nullptr;
-  pinned_floats_ = 0;
-  void* p = nullptr;
-  KVD_RETURN_IF_ERROR(CudaStatus(
-      cudaMallocHost(&p, n * sizeof(float)),
-      absl::StrCat("cudaMallocHost of ", n * sizeof(float),
-                   " bytes for the residuals the observer is shown")));
-  pinned_ = static_cast<float*>(p);
-  pinned_floats_ = n;
-  return pinned_;
+  return pinned_.Get(floats, [this] {
+    return Sync("waiting for the streams before growing the pinned buffer");
+  });
 }
 
 absl::Status TpForward::UploadPlan(const StepPlan& plan) {

@@ -43,6 +43,7 @@
 #include "ops/backend/all_reduce.h"
 #include "ops/backend/internal/cuda_forward.h"
 #include "ops/backend/internal/cuda_step_plan.h"
+#include "ops/backend/internal/device_memory.h"
 #include "ops/backend/tensor_parallel_plan.h"
 #include "ops/model/model.h"
 #include "ops/model/model_config.h"
@@ -131,8 +132,7 @@ class TpForward {
   std::vector<std::unique_ptr<Replicated>> replicated_;  // one per device
   std::vector<std::unique_ptr<Shard>> shards_;
   std::vector<void*> owned_streams_;  // cudaStream_t
-  float* pinned_ = nullptr;
-  int64_t pinned_floats_ = 0;
+  PinnedHostFloats pinned_;
 };
 
 }  // namespace kvd::ops::internal
