@@ -34,93 +34,6 @@ struct SlabDeleter {
   void operator()(void* p) const { internal::FreeOnDevice(device, p); }
 };
 
-// Positions recomputed per sequence per fused-recompute group
-// (PagedRecomputeArgs::group_rows' default).
-constexpr int64_t kColdGroupRows = 256;
-
-struct ColdSizes {
-  bool any = false;
-  int64_t workspace_bytes = 0;  // PagedAttentionRecompute's, worst layer
-  int64_t residual_values = 0;  // bf16 cold residuals of the worst layer
-};
-
-ColdSizes SizeColdBuffers(
-    const ModelConfig& c,
-    const std::vector<std::vector<internal::ColdSpan>>& spans, int64_t rows) {
-  ColdSizes sizes;
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    int64_t values = 0, max_cold = 0;
-    for (const auto& seq : spans) {
-      values += seq[l].cold * c.d_model;
-      max_cold = std::max(max_cold, seq[l].cold);
-    }
-    if (max_cold == 0) continue;
-    sizes.any = true;
-    sizes.residual_values = std::max(sizes.residual_values, values);
-    sizes.workspace_bytes = std::max(
-        sizes.workspace_bytes, kc::PagedRecomputeWorkspaceBytes(
-                                   rows, c.n_heads, c.n_kv_heads, c.head_dim,
-                                   static_cast<int64_t>(spans.size()),
-                                   c.d_model, kColdGroupRows, max_cold));
-  }
-  return sizes;
-}
-
-// Enqueues the upload of layer `layer`'s cold residuals of every sequence
-// (spans[s][layer].cold rows each) to targets[s].
-absl::Status UploadColdResiduals(
-    internal::CudaForward& f, int64_t d, absl::Span<const SequenceStep> batch,
-    const std::vector<std::vector<internal::ColdSpan>>& spans, int64_t layer,
-    absl::Span<uint16_t* const> targets) {
-  std::vector<float> rows;
-  std::vector<uint16_t> bf16;
-  for (size_t s = 0; s < batch.size(); ++s) {
-    const internal::ColdSpan& span = spans[s][layer];
-    if (span.cold == 0) continue;
-    // Below the window start nothing is visible (the fold clips it) and the
-    // source need not hold it: zeros.
-    rows.assign(span.cold * d, 0.0f);
-    batch[s].kv_source->ReadResiduals(layer, span.from, span.cold - span.from,
-                                      rows.data() + span.from * d);
-    // Residuals are bf16 values in this mode: the conversion is exact.
-    bf16.resize(rows.size());
-    kernels::cpu::FloatToBf16(rows.data(), bf16.data(), rows.size());
-    // From pageable memory: staged before the call returns.
-    KVD_RETURN_IF_ERROR(f.UploadBf16(targets[s], bf16.data(), bf16.size()));
-  }
-  return absl::OkStatus();
-}
-
-// Recomputes into the cache the rows [boundary, hot) of each cold span: below
-// the hot boundary but in its chunk, which the fused recompute reads from
-// the pool. Forward's own K/V launches on the source's residuals, so the
-// rows are the bits Forward wrote for them.
-absl::Status PatchColdChunks(
-    internal::CudaForward& f, const ModelConfig& c,
-    absl::Span<const SequenceStep> batch,
-    const std::vector<std::vector<internal::ColdSpan>>& spans,
-    const internal::CudaPool& pool) {
-  std::vector<float> rows;
-  for (size_t s = 0; s < batch.size(); ++s) {
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-      const internal::ColdSpan& span = spans[s][l];
-      const int64_t n = span.hot - span.boundary;
-      if (n == 0) continue;
-      rows.resize(n * c.d_model);
-      batch[s].kv_source->ReadResiduals(l, span.boundary, n, rows.data());
-      const internal::CacheRows patch{batch[s].cache, {}, span.boundary, n};
-      KVD_ASSIGN_OR_RETURN(
-          const internal::StepPlan plan,
-          internal::PlanCacheRows({&patch, 1}, c.n_layers, {}));
-      KVD_RETURN_IF_ERROR(f.EnsureWorkspace(n, 0, plan.ints.size()));
-      KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
-      KVD_RETURN_IF_ERROR(f.UploadResiduals(rows.data(), n));
-      KVD_RETURN_IF_ERROR(f.ProjectKv(plan, pool, l));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackendModel>> CudaBackendModel::Create(
@@ -228,7 +141,8 @@ absl::Status CudaBackendModel::RunForward(absl::Span<const SequenceStep> batch,
   // PrepareStepCaches will see.
   const std::vector<std::vector<internal::ColdSpan>> spans =
       internal::PlanColdSpans(batch, c, kc::kAttentionChunk);
-  const ColdSizes cold_sizes = SizeColdBuffers(c, spans, check.rows);
+  const internal::ColdSizes cold_sizes =
+      internal::SizeColdBuffers(c, spans, check.rows, c.n_heads, c.n_kv_heads);
 
   absl::MutexLock lock(&mu_);
   internal::CudaForward& f = *fwd_;
@@ -265,7 +179,7 @@ absl::Status CudaBackendModel::RunForward(absl::Span<const SequenceStep> batch,
     if (m == 0) return absl::OkStatus();
     // Before the step's rows take the buffers: the rows below each hot
     // boundary but in its chunk, which attention reads from the pool.
-    KVD_RETURN_IF_ERROR(PatchColdChunks(f, c, batch, spans, pool));
+    KVD_RETURN_IF_ERROR(internal::PatchColdChunks(f, pool, c, batch, spans));
     KVD_ASSIGN_OR_RETURN(
         const internal::StepPlan plan,
         internal::PlanCacheRows(prepared.seqs, n_layers, logit_rows));
@@ -275,49 +189,32 @@ absl::Status CudaBackendModel::RunForward(absl::Span<const SequenceStep> batch,
     KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
     KVD_RETURN_IF_ERROR(f.Embed(plan));
 
-    // Per layer, the cold recompute's host arrays (read by each launch).
-    const int64_t n_seqs = batch.size();
-    std::vector<std::vector<int64_t>> hot_begin(n_layers);
-    std::vector<std::vector<const uint16_t*>> residual(n_layers);
-    std::vector<std::vector<uint16_t*>> targets(n_layers);
-    std::vector<internal::CudaColdRows> cold(n_layers);
-    std::vector<const internal::CudaColdRows*> cold_of(n_layers, nullptr);
-    if (cold_sizes.any) {
-      for (int64_t l = 0; l < n_layers; ++l) {
-        hot_begin[l].assign(n_seqs, 0);
-        residual[l].assign(n_seqs, nullptr);
-        targets[l].assign(n_seqs, nullptr);
-        int64_t offset = 0;
-        for (int64_t s = 0; s < n_seqs; ++s) {
-          const int64_t rows = spans[s][l].cold;
-          if (rows == 0) continue;
-          hot_begin[l][s] = rows;
-          targets[l][s] = f.cold_residuals() + offset;
-          residual[l][s] = targets[l][s];
-          offset += rows * d;
-        }
-        if (offset == 0) continue;
-        cold[l] = {
-            n_seqs,         hot_begin[l].data(), residual[l].data(),
-            kColdGroupRows, f.cold_workspace(),  f.cold_workspace_bytes()};
-        cold_of[l] = &cold[l];
-      }
-    }
+    // Per layer, the cold recompute's arguments (host arrays each launch
+    // reads) and where each sequence's cold residuals go.
+    const internal::ColdLayout cold(spans, n_layers, d, f.cold_residuals(),
+                                    f.cold_workspace(),
+                                    f.cold_workspace_bytes());
+    std::vector<std::vector<uint16_t>> cold_rows;
     std::function<absl::Status(int64_t)> before_layer;
     if (pinned != nullptr || cold_sizes.any) {
       before_layer = [&](int64_t l) -> absl::Status {
         if (pinned != nullptr)
           KVD_RETURN_IF_ERROR(f.DownloadResiduals(pinned + l * m * d, m));
+        if (cold.layers()[l] == nullptr) return absl::OkStatus();
         // The previous layer's attention has read the shared residual
         // buffer by the time this upload runs (stream order).
-        if (cold_of[l] != nullptr)
-          KVD_RETURN_IF_ERROR(
-              UploadColdResiduals(f, d, batch, spans, l, targets[l]));
+        internal::ReadColdResiduals(c, batch, spans, l, &cold_rows);
+        for (size_t s = 0; s < batch.size(); ++s) {
+          if (cold_rows[s].empty()) continue;
+          // From pageable memory: staged before the call returns.
+          KVD_RETURN_IF_ERROR(f.UploadBf16(
+              cold.targets(l)[s], cold_rows[s].data(), cold_rows[s].size()));
+        }
         return absl::OkStatus();
       };
     }
     KVD_RETURN_IF_ERROR(
-        f.RunLayers(plan, pool, 0, n_layers, before_layer, cold_of));
+        f.RunLayers(plan, pool, 0, n_layers, before_layer, cold.layers()));
     if (pinned != nullptr)
       KVD_RETURN_IF_ERROR(f.DownloadResiduals(pinned + n_layers * m * d, m));
     result.logits.resize(plan.n_gather * c.vocab_size);

@@ -21,7 +21,9 @@
 //       observed residuals inside attention, the boundary chunk's rows into
 //       the cache) gives the full cache's logits bit for bit, prefill
 //       chunks and decode, alone and batched, on llama and on qwen2 (whose
-//       k/v bias the cold recompute must add exactly as Forward does).
+//       k/v bias the cold recompute must add exactly as Forward does); on
+//       this backend and on the tensor-parallel one (TpCudaBackendModel,
+//       two shards simulated on the GPU, each recomputing its own heads).
 #include "ops/backend/cuda_backend_model.h"
 
 #include <cuda_runtime.h>
@@ -41,6 +43,7 @@
 #include "kernels/cuda/internal/test_util.h"
 #include "ops/backend/cuda_model.h"
 #include "ops/backend/testing/cuda_model_cases.h"
+#include "ops/backend/tp_cuda_backend_model.h"
 
 namespace kvd::ops {
 namespace {
@@ -152,16 +155,29 @@ void DownloadRows(const KvCache& cache, int64_t layer, int64_t n,
   }
 }
 
-class CudaBackendModelTest : public ::testing::TestWithParam<std::string> {
+// What every fixture here runs: a random-weight model of `family` on the
+// CPU, a CUDA backend made from it, one pool.
+template <typename Param>
+class BackendTestBase : public ::testing::TestWithParam<Param> {
  protected:
-  void SetUp() override {
-    KVD_REQUIRE_GPU();
-    auto cpu = LoadTinyModel(CudaCaseSpec(GetParam()), Precision::kBf16, 4);
+  // degree 0: CudaBackendModel; otherwise TpCudaBackendModel with that many
+  // shards simulated on the GPU.
+  void Init(const std::string& family, int degree) {
+    family_ = family;
+    auto cpu = LoadTinyModel(CudaCaseSpec(family), Precision::kBf16, 4);
     ASSERT_TRUE(cpu.ok()) << cpu.status();
     cpu_ = std::move(*cpu);
-    auto gpu = CudaBackendModel::Create(*cpu_, {});
-    ASSERT_TRUE(gpu.ok()) << gpu.status();
-    gpu_ = std::move(*gpu);
+    if (degree == 0) {
+      auto gpu = CudaBackendModel::Create(*cpu_, {});
+      ASSERT_TRUE(gpu.ok()) << gpu.status();
+      gpu_ = std::move(*gpu);
+    } else {
+      TpCudaBackendOptions o;
+      o.degree = degree;
+      auto gpu = TpCudaBackendModel::Create(*cpu_, o);
+      ASSERT_TRUE(gpu.ok()) << gpu.status();
+      gpu_ = std::move(*gpu);
+    }
     auto pool = gpu_->NewBlockPool({});
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = std::move(*pool);
@@ -192,11 +208,39 @@ class CudaBackendModelTest : public ::testing::TestWithParam<std::string> {
     return {out.Logits(0), out.Logits(0) + vocab_};
   }
 
+  std::string family_;
   std::unique_ptr<Model> cpu_;
-  std::unique_ptr<CudaBackendModel> gpu_;
+  std::unique_ptr<ModelBackend> gpu_;
   std::unique_ptr<KvBlockPool> pool_;
   int64_t vocab_ = 0, d_ = 0, n_layers_ = 0;
 };
+
+class CudaBackendModelTest : public BackendTestBase<std::string> {
+ protected:
+  void SetUp() override {
+    KVD_REQUIRE_GPU();
+    Init(GetParam(), 0);
+  }
+};
+
+// The bounded-window cases run on the single-GPU backend (degree 0) and on
+// the tensor-parallel one with two shards simulated on the GPU, where every
+// shard recomputes its own heads' cold K/V inside attention.
+using BoundedCase = std::tuple<std::string, int>;  // (family, degree)
+
+class CudaBoundedWindowTest : public BackendTestBase<BoundedCase> {
+ protected:
+  void SetUp() override {
+    KVD_REQUIRE_GPU();
+    Init(std::get<0>(GetParam()), std::get<1>(GetParam()));
+  }
+};
+
+std::string BoundedCaseName(const ::testing::TestParamInfo<BoundedCase>& i) {
+  const int degree = std::get<1>(i.param);
+  return std::get<0>(i.param) +
+         (degree == 0 ? "" : "_tp" + std::to_string(degree));
+}
 
 TEST_P(CudaBackendModelTest, LogitsEqualCudaModelBits) {
   auto ref = CudaModel::Create(*cpu_, {});
@@ -377,7 +421,7 @@ TEST_P(CudaBackendModelTest, RecomputeAndForwardLayersReproduceTheCache) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST_P(CudaBackendModelTest, BoundedHotWindowMatchesTheFullCache) {
+TEST_P(CudaBoundedWindowTest, BoundedHotWindowMatchesTheFullCache) {
   const auto prompts = CudaCasePrompts();
   const std::vector<int32_t>& prompt = prompts[5];  // 100 tokens
   Collect store;
@@ -432,7 +476,7 @@ TEST_P(CudaBackendModelTest, BoundedHotWindowMatchesTheFullCache) {
 // Past one cold recompute group (256 rows), two sequences with cold ranges
 // in the same step, and a 40-token chunk over a bounded window: each
 // sequence's logits equal its full cache's, bit for bit.
-TEST_P(CudaBackendModelTest, LongBoundedHotWindowsInOneBatchMatchFullCaches) {
+TEST_P(CudaBoundedWindowTest, LongBoundedHotWindowsInOneBatchMatchFullCaches) {
   std::mt19937 rng(99);
   std::uniform_int_distribution<int32_t> id(0, vocab_ - 1);
   auto tokens = [&](int n) {
@@ -595,6 +639,10 @@ TEST_P(CudaBackendModelTest, RefusalsChangeNothing) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaBackendModelTest,
                          ::testing::Values("llama", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Families, CudaBoundedWindowTest,
+                         ::testing::Combine(::testing::Values("llama", "qwen2"),
+                                            ::testing::Values(0, 2)),
+                         BoundedCaseName);
 
 }  // namespace
 }  // namespace kvd::ops

@@ -8,7 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/internal/cuda_check.h"
+#include "kernels/cuda/paged_attention.h"
 #include "ops/backend/backend.h"
 #include "ops/backend/internal/backend_steps.h"
 #include "ops/backend/internal/block_id_region.h"
@@ -75,10 +77,7 @@ TpCudaBackendModel::~TpCudaBackendModel() = default;
 int TpCudaBackendModel::degree() const { return options_.degree; }
 
 absl::Status TpCudaBackendModel::BoundedHotWindowSupport() const {
-  return absl::UnimplementedError(absl::StrCat(
-      "the tensor-parallel CUDA backend (degree ", options_.degree,
-      ") cannot bound the hot window: attention over K/V recomputed from "
-      "residuals does not run on shards yet; use a full hot window"));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<KvBlockPool>> TpCudaBackendModel::NewBlockPool(
@@ -171,20 +170,36 @@ absl::Status TpCudaBackendModel::RunForward(
   const int64_t d = c.d_model, n_layers = c.n_layers;
   KVD_ASSIGN_OR_RETURN(const internal::CudaBatchCheck check,
                        internal::CheckCudaBackendBatch(
-                           batch, patcher, n_layers, /*cold_supported=*/false));
+                           batch, patcher, n_layers, /*cold_supported=*/true));
   ForwardOutput result;
   const std::vector<int64_t> logit_rows =
       SelectLogitRows(batch, c.vocab_size, &result);
+  // KvSources' cold positions per sequence and layer, from the lengths
+  // PrepareStepCaches will see; every shard recomputes them for its heads.
+  const std::vector<std::vector<internal::ColdSpan>> spans =
+      internal::PlanColdSpans(batch, c, kc::kAttentionChunk);
 
   absl::MutexLock lock(&mu_);
   internal::TpForward& f = *fwd_;
-  // Every allocation that can fail comes before the caches change.
+  const int degree = f.degree();
+  // Every allocation that can fail comes before the caches change: the step
+  // buffers, each shard's cold recompute scratch, the observer's staging.
   const int64_t m = check.rows;
   const int64_t n_shown = n_layers + 1;
+  bool any_cold = false;
   if (m > 0) {
     KVD_RETURN_IF_ERROR(f.EnsureWorkspace(
-        m, logit_rows.size(),
-        internal::PlannedInts(batch, n_layers, logit_rows.size())));
+        std::max(m, kc::kAttentionChunk), logit_rows.size(),
+        // PatchColdChunks' plans: up to a chunk of rows of one sequence.
+        internal::PlannedInts(batch, n_layers, logit_rows.size()) +
+            3 * kc::kAttentionChunk));
+    for (int s = 0; s < degree; ++s) {
+      const internal::ColdSizes sizes =
+          internal::SizeColdBuffers(c, spans, m, f.n_heads(s), f.n_kv_heads(s));
+      any_cold = any_cold || sizes.any;
+      KVD_RETURN_IF_ERROR(
+          f.EnsureColdBuffers(s, sizes.workspace_bytes, sizes.residual_values));
+    }
   }
   float* pinned = nullptr;
   if (observer != nullptr && m > 0) {
@@ -199,6 +214,9 @@ absl::Status TpCudaBackendModel::RunForward(
   const internal::PreparedStep prepared = internal::DescribePreparedStep(batch);
   const absl::Status st = [&]() -> absl::Status {
     if (m == 0) return absl::OkStatus();
+    // Before the step's rows take the buffers: the rows below each hot
+    // boundary but in its chunk, which attention reads from the pools.
+    KVD_RETURN_IF_ERROR(internal::PatchColdChunks(f, pools, c, batch, spans));
     KVD_ASSIGN_OR_RETURN(
         const internal::StepPlan plan,
         internal::PlanCacheRows(prepared.seqs, n_layers, logit_rows));
@@ -207,14 +225,46 @@ absl::Status TpCudaBackendModel::RunForward(
     KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, plan.n_gather, plan.ints.size()));
     KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
     KVD_RETURN_IF_ERROR(f.Embed(plan));
-    std::function<absl::Status(int64_t)> show;
-    if (pinned != nullptr) {
-      show = [&](int64_t l) {
-        return f.DownloadResiduals(pinned + l * m * d, m);
+
+    // Per shard, the cold recompute's arguments over its own scratch.
+    std::vector<std::unique_ptr<internal::ColdLayout>> cold;
+    std::vector<absl::Span<const internal::CudaColdRows* const>> cold_of;
+    if (any_cold) {
+      for (int s = 0; s < degree; ++s) {
+        cold.push_back(std::make_unique<internal::ColdLayout>(
+            spans, n_layers, d, f.cold_residuals(s), f.cold_workspace(s),
+            f.cold_workspace_bytes(s)));
+        cold_of.push_back(cold.back()->layers());
+      }
+    }
+    std::vector<std::vector<uint16_t>> cold_rows;
+    std::function<absl::Status(int64_t)> before_layer;
+    if (pinned != nullptr || any_cold) {
+      before_layer = [&](int64_t l) -> absl::Status {
+        if (pinned != nullptr)
+          KVD_RETURN_IF_ERROR(f.DownloadResiduals(pinned + l * m * d, m));
+        if (!any_cold || cold.front()->layers()[l] == nullptr)
+          return absl::OkStatus();
+        // Read once, uploaded to every shard (each recomputes its heads
+        // from the replicated residual). The previous layer's attention has
+        // read each shard's buffer by the time its upload runs (stream
+        // order).
+        internal::ReadColdResiduals(c, batch, spans, l, &cold_rows);
+        for (int s = 0; s < degree; ++s) {
+          for (size_t q = 0; q < batch.size(); ++q) {
+            if (cold_rows[q].empty()) continue;
+            KVD_RETURN_IF_ERROR(f.UploadBf16(s, cold[s]->targets(l)[q],
+                                             cold_rows[q].data(),
+                                             cold_rows[q].size()));
+          }
+        }
+        return absl::OkStatus();
       };
     }
-    KVD_RETURN_IF_ERROR(f.RunLayers(plan, pools, 0, n_layers, show));
-    if (show) KVD_RETURN_IF_ERROR(show(n_layers));
+    KVD_RETURN_IF_ERROR(
+        f.RunLayers(plan, pools, 0, n_layers, before_layer, cold_of));
+    if (pinned != nullptr)
+      KVD_RETURN_IF_ERROR(f.DownloadResiduals(pinned + n_layers * m * d, m));
     result.logits.resize(plan.n_gather * c.vocab_size);
     KVD_RETURN_IF_ERROR(f.Logits(plan, result.logits.data()));
     return f.Sync("tensor-parallel CUDA backend: running the forward step");

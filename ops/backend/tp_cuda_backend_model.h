@@ -24,10 +24,13 @@
 // CudaTpNumericsVersion(degree, simulated): a session saved at another
 // degree is re-prefilled from its tokens when it is restored here.
 //
-// Not built: bounded hot windows (a KvSource with cold positions: the cold
-// recompute inside attention does not run on shards; BoundedHotWindowSupport
-// says so), the residual patcher and key selections (UNIMPLEMENTED before
-// any cache changes, as on the single-GPU backend).
+// KV-Direct's bounded hot windows (a KvSource with cold positions) run as
+// on the single-GPU backend, shard-locally: every shard gets the cold
+// residuals and recomputes its own heads' K/V inside attention
+// (PagedAttentionRecompute over its weight slice and bias slice), so the
+// logits equal a full cache's bit for bit. Not supported: the residual
+// patcher and key selections (UNIMPLEMENTED before any cache changes, as on
+// the single-GPU backend).
 //
 //   TpCudaBackendOptions o;
 //   o.degree = 2;  // both shards on device 0: simulated
@@ -98,8 +101,7 @@ class TpCudaBackendModel final : public ModelBackend {
   const ModelConfig& config() const override { return config_; }
   Precision precision() const override { return Precision::kBf16; }
   uint32_t numerics_version() const override { return numerics_version_; }
-  // UNIMPLEMENTED: the cold recompute inside attention does not run on
-  // shards.
+  // OK: bounded hot windows run shard-locally.
   absl::Status BoundedHotWindowSupport() const override;
   int degree() const;
 

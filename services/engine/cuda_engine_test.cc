@@ -10,9 +10,9 @@
 //     attention) gives the full cache's bits, on llama and on qwen2 (whose
 //     cold recompute adds the k/v bias exactly as the forward pass does);
 //   - with two tensor-parallel shards (simulated on the GPU), kv-direct
-//     restores (each shard recomputing its own K/V head) and stride restores
-//     are bit-identical to the conversation kept hot; a TP session moves to
-//     a single-GPU node by a re-prefill;
+//     restores (each shard recomputing its own K/V head), stride restores
+//     and a bounded hot window are bit-identical to the conversation kept
+//     hot; a TP session moves to a single-GPU node by a re-prefill;
 //   - greedy tokens agree with the CPU engine's until the first near-tie
 //     (the rule of cuda_model_cases.h), and a session checkpointed on the
 //     GPU continues on a CPU engine over the same store by a re-prefill,
@@ -274,11 +274,22 @@ TEST_P(CudaEngineTest, TensorParallelSessionsRestoreBitIdenticallyOnShards) {
                 policy, same ? "bit-identical" : "DIFFERENT");
   }
 
-  // Bounded hot windows do not run on shards: refused at start.
-  SessionEngineOptions bounded;
-  bounded.hot_budget = 32;
-  EXPECT_EQ(SessionEngine::ValidateOptions(tp, bounded).code(),
-            absl::StatusCode::kInvalidArgument);
+  // A bounded hot window: each shard recomputes its own heads' cold K/V
+  // inside attention, and the logits are the full cache's bits.
+  SessionEngineOptions bounded_options;
+  bounded_options.hot_budget = 32;
+  const absl::Status valid =
+      SessionEngine::ValidateOptions(tp, bounded_options);
+  EXPECT_TRUE(valid.ok()) << valid;
+  const Transcript bounded = Converse(tp, "kv-direct", 32, false);
+  ASSERT_TRUE(bounded.status.ok()) << bounded.status;
+  ASSERT_EQ(bounded.logits.size(), hot.logits.size());
+  const ::testing::AssertionResult same_window =
+      testing::LogitsBitIdentical(hot.logits, bounded.logits);
+  EXPECT_TRUE(same_window);
+  EXPECT_EQ(hot.tokens, bounded.tokens);
+  std::printf("[ %s engine ] TP 2 hot window 32 vs full cache: %s\n", family(),
+              same_window ? "bit-identical" : "DIFFERENT");
 
   // A session saved at TP 2 moves to a single-GPU node: other numerics (the
   // W_o and W_down sums differ), so it is re-prefilled from its tokens.

@@ -1,6 +1,6 @@
-// The parts of a CUDA backend's Forward, ForwardLayers and
-// RecomputeKvIntoCache that do not depend on how the model is laid out over
-// devices, shared by
+// The parts of a CUDA backend's Forward (with KV-Direct's cold positions),
+// ForwardLayers and RecomputeKvIntoCache that do not depend on how the
+// model is laid out over devices, shared by
 // CudaBackendModel (one GPU: CudaForward, one CudaPool) and
 // TpCudaBackendModel (shards: TpForward, one CudaPool per shard). Both
 // forward passes offer the same calls (EnsureWorkspace, PinnedFloats,
@@ -26,6 +26,7 @@
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "ops/backend/internal/cuda_cache_plan.h"
+#include "ops/backend/internal/cuda_layer.h"
 #include "ops/model/kv_cache.h"
 #include "ops/model/model_backend.h"
 #include "ops/model/model_config.h"
@@ -84,6 +85,88 @@ inline absl::Status FinishStep(absl::Status st,
                         step.row_seq_id, step.row_pos);
   }
   *out = std::move(result);
+  return absl::OkStatus();
+}
+
+// Positions recomputed per sequence per fused-recompute group
+// (PagedRecomputeArgs::group_rows' default).
+inline constexpr int64_t kColdGroupRows = 256;
+
+// What one device needs for a step's cold positions (KvSources' bounded
+// hot windows): PagedAttentionRecompute's scratch and the bf16 cold
+// residuals, each for the worst layer.
+struct ColdSizes {
+  bool any = false;
+  int64_t workspace_bytes = 0;
+  int64_t residual_values = 0;
+};
+
+// For `rows` query rows over attention with n_heads / n_kv_heads heads (the
+// whole model's, or one shard's).
+ColdSizes SizeColdBuffers(const ModelConfig& c,
+                          const std::vector<std::vector<ColdSpan>>& spans,
+                          int64_t rows, int64_t n_heads, int64_t n_kv_heads);
+
+// Layer `layer`'s cold residuals of each sequence, read from its KvSource
+// and rounded to bf16 (exact: bf16-mode residuals are bf16 values):
+// out[s] holds spans[s][layer].cold rows of d_model (zeros below the
+// window's start, which nothing sees), empty where nothing is cold.
+void ReadColdResiduals(const ModelConfig& c,
+                       absl::Span<const SequenceStep> batch,
+                       const std::vector<std::vector<ColdSpan>>& spans,
+                       int64_t layer, std::vector<std::vector<uint16_t>>* out);
+
+// One device's per-layer arguments for the fused recompute of a step's
+// cold positions: sequence s's cold residuals of layer l at
+// targets(l)[s] in the device's cold residual buffer, and the CudaColdRows
+// RunLayers takes (null for a layer where nothing is cold).
+class ColdLayout {
+ public:
+  ColdLayout(const std::vector<std::vector<ColdSpan>>& spans, int64_t n_layers,
+             int64_t d_model, uint16_t* residual_buffer, void* workspace,
+             int64_t workspace_bytes);
+  ColdLayout(const ColdLayout&) = delete;
+  ColdLayout& operator=(const ColdLayout&) = delete;
+
+  absl::Span<const CudaColdRows* const> layers() const { return cold_of_; }
+  absl::Span<uint16_t* const> targets(int64_t layer) const {
+    return targets_[layer];
+  }
+
+ private:
+  std::vector<std::vector<int64_t>> hot_begin_;
+  std::vector<std::vector<const uint16_t*>> residual_;
+  std::vector<std::vector<uint16_t*>> targets_;
+  std::vector<CudaColdRows> cold_;
+  std::vector<const CudaColdRows*> cold_of_;
+};
+
+// Recomputes into the cache the rows [boundary, hot) of each cold span:
+// below the hot boundary but in its chunk, which the fused recompute reads
+// from the pool. Forward's own K/V launches (ProjectKv) on the source's
+// residuals, so the rows are the bits Forward wrote for them.
+template <typename Forward, typename Pools>
+absl::Status PatchColdChunks(Forward& f, const Pools& pools,
+                             const ModelConfig& c,
+                             absl::Span<const SequenceStep> batch,
+                             const std::vector<std::vector<ColdSpan>>& spans) {
+  std::vector<float> rows;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const ColdSpan& span = spans[s][l];
+      const int64_t n = span.hot - span.boundary;
+      if (n == 0) continue;
+      rows.resize(n * c.d_model);
+      batch[s].kv_source->ReadResiduals(l, span.boundary, n, rows.data());
+      const CacheRows patch{batch[s].cache, {}, span.boundary, n};
+      KVD_ASSIGN_OR_RETURN(const StepPlan plan,
+                           PlanCacheRows({&patch, 1}, c.n_layers, {}));
+      KVD_RETURN_IF_ERROR(f.EnsureWorkspace(n, 0, plan.ints.size()));
+      KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
+      KVD_RETURN_IF_ERROR(f.UploadResiduals(rows.data(), n));
+      KVD_RETURN_IF_ERROR(f.ProjectKv(plan, pools, l));
+    }
+  }
   return absl::OkStatus();
 }
 

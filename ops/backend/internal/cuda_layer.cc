@@ -90,11 +90,6 @@ absl::Status AttentionPartial(const ModelConfig& c, int64_t layer,
   if (rows.cold == nullptr) {
     KVD_RETURN_IF_ERROR(kc::PagedAttention(a, s));
   } else {
-    if (kvd != c.kv_dim()) {
-      return absl::InvalidArgumentError(
-          "cold K/V recompute inside attention needs the whole model's K/V "
-          "heads, not a tensor-parallel shard's");
-    }
     const CudaColdRows& cold = *rows.cold;
     kc::PagedRecomputeArgs r;
     r.attn = a;
@@ -105,12 +100,13 @@ absl::Status AttentionPartial(const ModelConfig& c, int64_t layer,
     r.d_model = d;
     r.norm_weight = lw.attn_norm;
     r.eps = c.rms_eps;
-    // RecomputeKv reads all K/V heads' rows of the dense (d_model wide)
-    // weights: the whole model's, not a shard's slice.
+    // RecomputeKv reads every K/V head's rows of these weights and biases:
+    // the whole model's, or a tensor-parallel shard's slice (its own heads,
+    // a.n_kv_heads of them), so it recomputes exactly the heads this pool
+    // holds, with KvPartial's arithmetic. Without the biases a biased
+    // model's recomputed K/V would not be the rows Forward cached.
     r.wk = lw.wk.data;
     r.wv = lw.wv.data;
-    // Whole-model biases too (kvd == kv_dim above); without them a biased
-    // model's recomputed K/V would not be the rows Forward cached.
     r.bk = c.qkv_bias ? lw.bk : nullptr;
     r.bv = c.qkv_bias ? lw.bv : nullptr;
     r.rot_dim = c.rope_dim;

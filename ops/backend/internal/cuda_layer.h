@@ -66,8 +66,8 @@ struct CudaStepRows {
   int64_t table_stride = 0;
   int64_t block_rows = 0;
   uint16_t* pool = nullptr;
-  // Non-null: attention recomputes the cold positions (whole model only,
-  // not a tensor-parallel shard).
+  // Non-null: attention recomputes the cold positions (of the heads these
+  // weights hold: the whole model's, or a tensor-parallel shard's).
   const CudaColdRows* cold = nullptr;
 };
 

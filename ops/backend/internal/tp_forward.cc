@@ -53,6 +53,12 @@ struct TpForward::Shard {
         *attn = nullptr, *o = nullptr, *gate = nullptr, *up = nullptr,
         *gathered = nullptr, *logits = nullptr;
   int32_t* ints_dev = nullptr;
+  // Cold-chunk recompute scratch, grown on demand (as CudaForward's).
+  DeviceMemory cold_ws_mem, cold_res_mem;
+  void* cold_ws = nullptr;
+  int64_t cold_ws_bytes = 0;
+  uint16_t* cold_res = nullptr;
+  int64_t cold_res_values = 0;
 
   CudaLayerWeights layer(int64_t l) const {
     const Layer& lw = layers[l];
@@ -70,8 +76,8 @@ struct TpForward::Shard {
             lw.w_down.view()};
   }
   CudaStepBuffers buffers() const { return {h, x, q, k, v, attn, o, gate, up}; }
-  CudaStepRows step_rows(const StepPlan& plan, const CudaPool& pool,
-                         int64_t l) const {
+  CudaStepRows step_rows(const StepPlan& plan, const CudaPool& pool, int64_t l,
+                         const CudaColdRows* cold = nullptr) const {
     CudaStepRows r;
     r.m = plan.rows;
     r.positions = ints_dev + plan.positions_offset();
@@ -80,6 +86,7 @@ struct TpForward::Shard {
     r.table_stride = plan.table_stride;
     r.block_rows = pool.block_rows;
     r.pool = pool.base;
+    r.cold = cold;
     return r;
   }
 };
@@ -132,6 +139,7 @@ absl::StatusOr<std::unique_ptr<TpForward>> TpForward::Create(
     auto shard = std::make_unique<Shard>();
     shard->device = devices[s];
     shard->weights.device = shard->ws.device = devices[s];
+    shard->cold_ws_mem.device = shard->cold_res_mem.device = devices[s];
     if (!stream_of.contains(devices[s])) {
       KVD_RETURN_IF_ERROR(
           CudaStatus(cudaSetDevice(devices[s]),
@@ -309,6 +317,67 @@ absl::StatusOr<float*> TpForward::PinnedFloats(int64_t floats) {
   });
 }
 
+int64_t TpForward::n_heads(int shard) const {
+  return shards_[shard]->dims.n_heads;
+}
+
+int64_t TpForward::n_kv_heads(int shard) const {
+  return shards_[shard]->dims.n_kv_heads;
+}
+
+absl::Status TpForward::EnsureColdBuffers(int shard, int64_t bytes,
+                                          int64_t residual_values) {
+  Shard& w = *shards_[shard];
+  if (bytes <= w.cold_ws_bytes && residual_values <= w.cold_res_values)
+    return absl::OkStatus();
+  KVD_RETURN_IF_ERROR(SetDevice(shard));
+  KVD_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(w.stream)),
+                 "waiting for the stream before growing the cold K/V scratch"));
+  if (bytes > w.cold_ws_bytes) {
+    const int64_t n = std::max(bytes, 2 * w.cold_ws_bytes);
+    w.cold_ws_mem.Free();
+    w.cold_ws = nullptr;
+    w.cold_ws_bytes = 0;
+    KVD_ASSIGN_OR_RETURN(
+        w.cold_ws,
+        w.cold_ws_mem.Alloc(n, "attention over recomputed cold K/V"));
+    w.cold_ws_bytes = n;
+  }
+  if (residual_values > w.cold_res_values) {
+    const int64_t n = std::max(residual_values, 2 * w.cold_res_values);
+    w.cold_res_mem.Free();
+    w.cold_res = nullptr;
+    w.cold_res_values = 0;
+    KVD_RETURN_IF_ERROR(
+        w.cold_res_mem.Alloc(&w.cold_res, n, "the cold positions' residuals"));
+    w.cold_res_values = n;
+  }
+  return absl::OkStatus();
+}
+
+void* TpForward::cold_workspace(int shard) const {
+  return shards_[shard]->cold_ws;
+}
+
+int64_t TpForward::cold_workspace_bytes(int shard) const {
+  return shards_[shard]->cold_ws_bytes;
+}
+
+uint16_t* TpForward::cold_residuals(int shard) const {
+  return shards_[shard]->cold_res;
+}
+
+absl::Status TpForward::UploadBf16(int shard, uint16_t* device,
+                                   const uint16_t* host, int64_t n) {
+  KVD_RETURN_IF_ERROR(SetDevice(shard));
+  return CudaStatus(
+      cudaMemcpyAsync(device, host, n * sizeof(uint16_t),
+                      cudaMemcpyHostToDevice,
+                      static_cast<cudaStream_t>(shards_[shard]->stream)),
+      "uploading cold residuals");
+}
+
 absl::Status TpForward::UploadPlan(const StepPlan& plan) {
   for (int s = 0; s < degree(); ++s) {
     Shard& w = *shards_[s];
@@ -382,8 +451,14 @@ absl::Status TpForward::ReduceOutputs(int64_t count) {
 
 absl::Status TpForward::RunLayers(
     const StepPlan& plan, absl::Span<const CudaPool> pools, int64_t first,
-    int64_t end, const std::function<absl::Status(int64_t)>& before_layer) {
+    int64_t end, const std::function<absl::Status(int64_t)>& before_layer,
+    absl::Span<const absl::Span<const CudaColdRows* const>> cold) {
   KVD_RETURN_IF_ERROR(CheckPools(pools));
+  if (!cold.empty() && static_cast<int>(cold.size()) != degree()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor-parallel step: cold rows for ", cold.size(),
+                     " shards, not ", degree()));
+  }
   const ModelConfig& c = config_;
   const int64_t d = c.d_model, m = plan.rows;
   for (int64_t l = first; l < end; ++l) {
@@ -392,9 +467,10 @@ absl::Status TpForward::RunLayers(
     for (int s = 0; s < degree(); ++s) {
       const Shard& w = *shards_[s];
       KVD_RETURN_IF_ERROR(SetDevice(s));
-      KVD_RETURN_IF_ERROR(AttentionPartial(c, l, w.layer(l), w.dims,
-                                           w.step_rows(plan, pools[s], l),
-                                           w.buffers(), w.stream));
+      const CudaColdRows* cold_l = cold.empty() ? nullptr : cold[s][l];
+      KVD_RETURN_IF_ERROR(AttentionPartial(
+          c, l, w.layer(l), w.dims, w.step_rows(plan, pools[s], l, cold_l),
+          w.buffers(), w.stream));
     }
     KVD_RETURN_IF_ERROR(ReduceOutputs(m * d));
     // MLP: each shard's columns, then W_down's partial over them.

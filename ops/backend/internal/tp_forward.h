@@ -42,6 +42,7 @@
 #include "absl/types/span.h"
 #include "ops/backend/all_reduce.h"
 #include "ops/backend/internal/cuda_forward.h"
+#include "ops/backend/internal/cuda_layer.h"
 #include "ops/backend/internal/cuda_step_plan.h"
 #include "ops/backend/internal/device_memory.h"
 #include "ops/backend/tensor_parallel_plan.h"
@@ -91,6 +92,22 @@ class TpForward {
   absl::Status EnsureWorkspace(int64_t rows, int64_t gather_rows, int64_t ints);
   // Page-locked host memory of at least `floats` floats, grown on demand.
   absl::StatusOr<float*> PinnedFloats(int64_t floats);
+  // Shard s's attention heads (query, K/V): what its fused cold recompute
+  // runs over.
+  int64_t n_heads(int shard) const;
+  int64_t n_kv_heads(int shard) const;
+
+  // As CudaForward's, per shard: device scratch for attention over
+  // recomputed cold chunks (PagedAttentionRecompute workspace bytes and bf16
+  // cold residual values), grown on demand, never shrunk; and the upload of
+  // `n` bf16 values from pageable host memory into it.
+  absl::Status EnsureColdBuffers(int shard, int64_t bytes,
+                                 int64_t residual_values);
+  void* cold_workspace(int shard) const;
+  int64_t cold_workspace_bytes(int shard) const;
+  uint16_t* cold_residuals(int shard) const;
+  absl::Status UploadBf16(int shard, uint16_t* device, const uint16_t* host,
+                          int64_t n);
 
   absl::Status UploadPlan(const StepPlan& plan);
   absl::Status Embed(const StepPlan& plan);
@@ -101,10 +118,14 @@ class TpForward {
   // Layers [first, end) over the plan's rows; pools[s] is shard s's pool.
   // `before_layer(l)`, if set, is called before layer l's launches are
   // enqueued, when shard 0's residual stream holds the residual entering l.
+  // `cold`, if not empty, has an entry per shard, each an entry per model
+  // layer: where non-null, that shard's attention at that layer recomputes
+  // the cold positions it describes for its own heads (CudaColdRows).
   absl::Status RunLayers(
       const StepPlan& plan, absl::Span<const CudaPool> pools, int64_t first,
       int64_t end,
-      const std::function<absl::Status(int64_t)>& before_layer = nullptr);
+      const std::function<absl::Status(int64_t)>& before_layer = nullptr,
+      absl::Span<const absl::Span<const CudaColdRows* const>> cold = {});
   // Layer `layer`'s K and V rows for the plan's rows from the residuals in
   // h: each shard computes its own heads with RunLayers' launches (RMSNorm,
   // its rows of the K/V projections and biases, RoPE, the bf16 write into
