@@ -1,18 +1,18 @@
-// The all-reduce a tensor-parallel forward pass (tp_cuda_model.h) uses to
-// complete the partial sums of W_o and W_down: after SumInPlace, every
-// shard's buffer holds the elementwise fp32 sum of all shards' buffers.
+// The all-reduce a tensor-parallel forward pass (internal/tp_forward.h)
+// uses to complete the partial sums of W_o and W_down: after SumInPlace,
+// every shard's buffer holds the elementwise fp32 sum of all shards'
+// buffers, computed as ((b0 + b1) + b2) + ... in shard order with one IEEE
+// add per element. Every implementation keeps that order (it is the
+// numerics contract: TP = S gives the same bits on one GPU or on S, for any
+// batch or chunking; CudaTpNumericsVersion(S) names it).
 //
 // Implementations:
 //   - NewSimulatedAllReduce (here): every shard on one device and one
-//     stream; sums in a fixed shard order, ((b0 + b1) + b2) + ..., one IEEE
-//     add per element per shard, and copies the sum to the other buffers.
-//     Deterministic, so TP = S simulated on one GPU is bit-reproducible; at
-//     degree 1 it does nothing (TP = 1 is bit-identical to the unsharded
-//     model).
-//   - NewNcclAllReduce (nccl_all_reduce.h): one NCCL communicator per GPU,
-//     ncclAllReduce(ncclSum); its summation order is NCCL's (ring or tree),
-//     so results differ in rounding from the simulation: TP > 1 is
-//     token-identical, not bit-identical, to TP = 1 (kernels/cuda/README.md).
+//     stream; the adds in place on shard 0's buffer, the sum copied to the
+//     others. At degree 1 it does nothing (TP = 1 is bit-identical to the
+//     unsharded model).
+//   - NewNcclAllReduce (nccl_all_reduce.h): shards on several GPUs; each
+//     gathers every partial with NCCL and runs the same adds itself.
 //
 //   auto ar = NewSimulatedAllReduce(2);
 //   float* bufs[2] = {partial0, partial1};

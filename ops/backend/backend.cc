@@ -56,10 +56,9 @@ absl::StatusOr<BackendChoice> SelectBackend(BackendRequest request,
   return choice;
 }
 
-uint32_t CudaTpNumericsVersion(int degree, bool simulated_all_reduce) {
+uint32_t CudaTpNumericsVersion(int degree) {
   if (degree <= 1) return kCudaNumericsVersion;
-  return kCudaNumericsVersion + 1000 * static_cast<uint32_t>(degree) +
-         (simulated_all_reduce ? 0 : 100);
+  return kCudaNumericsVersion + 1000 * static_cast<uint32_t>(degree);
 }
 
 }  // namespace kvd::ops

@@ -73,11 +73,11 @@ inline constexpr uint32_t kCudaNumericsVersion = 1'000'001;
 
 // The numerics version of a tensor-parallel CUDA backend
 // (tp_cuda_backend_model.h). Degree 1 runs the single-GPU kernels in their
-// order: kCudaNumericsVersion. Above 1 the W_o and W_down sums are the
-// all-reduce's, so each degree has its own version, and the simulated
-// all-reduce (fixed shard order) one apart from NCCL's (its ring or tree
-// order). Distinct for every degree and kind; degree < 1 is treated as 1.
-uint32_t CudaTpNumericsVersion(int degree, bool simulated_all_reduce);
+// order: kCudaNumericsVersion. Above 1 the W_o and W_down sums are split
+// over the shards and added in shard order (all_reduce.h, on one GPU or
+// several alike), so each degree has its own version. Distinct for every
+// degree; degree < 1 is treated as 1.
+uint32_t CudaTpNumericsVersion(int degree);
 
 // How many tensor-parallel shards to split the model over
 // (--tensor-parallel-size; opened by open_backend.h).

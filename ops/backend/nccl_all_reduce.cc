@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -11,9 +12,14 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "kernels/cuda/internal/cuda_check.h"
+#include "kernels/cuda/model_ops.h"
+#include "ops/backend/internal/device_memory.h"
 
 namespace kvd::ops {
 namespace {
+
+namespace kc = ::kvd::kernels::cuda;
 
 // NCCL's entry points, loaded from libnccl.so.2 at run time: kvd links no
 // NCCL, so it starts on machines without it (every CPU node, a single GPU),
@@ -22,7 +28,7 @@ struct NcclApi {
   decltype(&ncclGetErrorString) get_error_string = nullptr;
   decltype(&ncclCommInitAll) comm_init_all = nullptr;
   decltype(&ncclCommDestroy) comm_destroy = nullptr;
-  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclAllGather) all_gather = nullptr;
   decltype(&ncclGroupStart) group_start = nullptr;
   decltype(&ncclGroupEnd) group_end = nullptr;
   std::string error;  // why it is not loaded; empty when it is
@@ -45,9 +51,9 @@ const NcclApi& Nccl() {
     if (lib == nullptr) {
       a->error = absl::StrCat(
           "NCCL could not be loaded (", tried,
-          "); tensor parallelism across GPUs needs it: install NCCL 2 (the "
-          "CUDA toolkit's libnccl.so.2, or the nvidia-nccl wheel) and put "
-          "its directory on LD_LIBRARY_PATH");
+          "); tensor parallelism across GPUs needs it: install NCCL 2 "
+          "(NVIDIA's libnccl2 package or the nvidia-nccl wheel) and put "
+          "the directory holding libnccl.so.2 on LD_LIBRARY_PATH");
       return a;
     }
     auto load = [&](auto* fn, const char* symbol) {
@@ -61,7 +67,7 @@ const NcclApi& Nccl() {
     load(&a->get_error_string, "ncclGetErrorString");
     load(&a->comm_init_all, "ncclCommInitAll");
     load(&a->comm_destroy, "ncclCommDestroy");
-    load(&a->all_reduce, "ncclAllReduce");
+    load(&a->all_gather, "ncclAllGather");
     load(&a->group_start, "ncclGroupStart");
     load(&a->group_end, "ncclGroupEnd");
     return a;
@@ -87,12 +93,25 @@ absl::Status NcclStatus(ncclResult_t r, absl::string_view what) {
   }
 }
 
+// Every shard gathers all shards' partials (ncclAllGather) and sums them
+// itself in shard order with one fp32 add per element, exactly as
+// NewSimulatedAllReduce does: the sums do not depend on NCCL's ring or tree
+// order, the message size, the batch or the chunking, so TP across GPUs
+// gives the simulation's bits. The price: each shard receives (S - 1) x
+// count floats instead of a ring all-reduce's 2 (S - 1) / S x count (the
+// same at S = 2) and holds S x count floats of scratch.
 class NcclAllReduce final : public AllReduce {
  public:
   NcclAllReduce(std::vector<int> devices, std::vector<ncclComm_t> comms)
-      : devices_(std::move(devices)), comms_(std::move(comms)) {}
+      : devices_(std::move(devices)),
+        comms_(std::move(comms)),
+        gathered_(comms_.size(), nullptr) {}
   ~NcclAllReduce() override {
-    for (ncclComm_t c : comms_) Nccl().comm_destroy(c);
+    for (size_t s = 0; s < comms_.size(); ++s) {
+      if (gathered_[s] != nullptr)
+        internal::FreeOnDevice(devices_[s], gathered_[s]);
+      Nccl().comm_destroy(comms_[s]);
+    }
   }
   int degree() const override { return static_cast<int>(comms_.size()); }
 
@@ -107,25 +126,79 @@ class NcclAllReduce final : public AllReduce {
                        buffers.size(), ", ", streams.size(), ", ", count));
     }
     if (count == 0) return absl::OkStatus();
+    const int64_t n_shards = degree();
+    KVD_RETURN_IF_ERROR(EnsureGathered(n_shards * count, streams));
     const NcclApi& nccl = Nccl();
     KVD_RETURN_IF_ERROR(NcclStatus(nccl.group_start(), "ncclGroupStart"));
     absl::Status st;
-    for (size_t s = 0; s < comms_.size() && st.ok(); ++s) {
+    for (int64_t s = 0; s < n_shards && st.ok(); ++s) {
+      // Rank s's partial lands at gathered[s * count] on every shard.
       st = NcclStatus(
-          nccl.all_reduce(buffers[s], buffers[s], static_cast<size_t>(count),
-                          ncclFloat, ncclSum, comms_[s],
+          nccl.all_gather(buffers[s], gathered_[s], static_cast<size_t>(count),
+                          ncclFloat, comms_[s],
                           static_cast<cudaStream_t>(streams[s])),
-          absl::StrCat("ncclAllReduce on shard ", s, " (device ", devices_[s],
+          absl::StrCat("ncclAllGather on shard ", s, " (device ", devices_[s],
                        ")"));
     }
     // The group must be closed even after a failed enqueue.
     const absl::Status end = NcclStatus(nccl.group_end(), "ncclGroupEnd");
-    return st.ok() ? end : st;
+    KVD_RETURN_IF_ERROR(st);
+    KVD_RETURN_IF_ERROR(end);
+    for (int64_t s = 0; s < n_shards; ++s) {
+      KVD_RETURN_IF_ERROR(kc::internal::CudaStatus(
+          cudaSetDevice(devices_[s]),
+          absl::StrCat("cudaSetDevice(", devices_[s], ")")));
+      KVD_RETURN_IF_ERROR(kc::internal::CudaStatus(
+          cudaMemcpyAsync(buffers[s], gathered_[s], count * sizeof(float),
+                          cudaMemcpyDeviceToDevice,
+                          static_cast<cudaStream_t>(streams[s])),
+          "NCCL all-reduce: shard 0's partial"));
+      // ((b0 + b1) + b2) + ...: NewSimulatedAllReduce's adds.
+      for (int64_t k = 1; k < n_shards; ++k) {
+        KVD_RETURN_IF_ERROR(
+            kc::AddRows(buffers[s], count, gathered_[s] + k * count, count, 1,
+                        count, /*round_bf16=*/false, streams[s]));
+      }
+    }
+    return absl::OkStatus();
   }
 
  private:
+  // Scratch of at least `floats` per shard, grown (doubling) once the
+  // shards' streams are done with the old one.
+  absl::Status EnsureGathered(int64_t floats, absl::Span<void* const> streams) {
+    if (floats <= capacity_) return absl::OkStatus();
+    const int64_t n = std::max(floats, 2 * capacity_);
+    for (size_t s = 0; s < comms_.size(); ++s) {
+      KVD_RETURN_IF_ERROR(kc::internal::CudaStatus(
+          cudaSetDevice(devices_[s]),
+          absl::StrCat("cudaSetDevice(", devices_[s], ")")));
+      KVD_RETURN_IF_ERROR(kc::internal::CudaStatus(
+          cudaStreamSynchronize(static_cast<cudaStream_t>(streams[s])),
+          "NCCL all-reduce: waiting before growing the gather buffer"));
+      if (gathered_[s] != nullptr) cudaFree(gathered_[s]);
+      gathered_[s] = nullptr;
+    }
+    capacity_ = 0;
+    for (size_t s = 0; s < comms_.size(); ++s) {
+      KVD_RETURN_IF_ERROR(kc::internal::CudaStatus(
+          cudaSetDevice(devices_[s]),
+          absl::StrCat("cudaSetDevice(", devices_[s], ")")));
+      void* p = nullptr;
+      KVD_RETURN_IF_ERROR(kc::internal::CudaStatus(
+          cudaMalloc(&p, n * sizeof(float)),
+          absl::StrCat("NCCL all-reduce: the gather buffer of shard ", s, " (",
+                       n * sizeof(float), " bytes)")));
+      gathered_[s] = static_cast<float*>(p);
+    }
+    capacity_ = n;
+    return absl::OkStatus();
+  }
+
   std::vector<int> devices_;
   std::vector<ncclComm_t> comms_;
+  std::vector<float*> gathered_;  // per shard, on its device
+  int64_t capacity_ = 0;          // floats in each gathered_[s]
 };
 
 }  // namespace

@@ -1,10 +1,16 @@
-// The NCCL all-reduce for tensor parallelism across GPUs (the AllReduce
-// interface of all_reduce.h): one communicator per device, created together
-// by ncclCommInitAll in this process, and ncclAllReduce(ncclFloat, ncclSum)
-// in place on every shard's buffer within one ncclGroupStart/End. NCCL's
-// summation order (ring or tree) is its own, so the sums differ in rounding
-// from the single-device simulation: TP > 1 is token-identical, not
+// The all-reduce for tensor parallelism across GPUs (the AllReduce
+// interface of all_reduce.h): one NCCL communicator per device, created
+// together by ncclCommInitAll in this process. Each shard gathers every
+// shard's partial (ncclAllGather, in one ncclGroupStart/End) and sums them
+// itself in shard order, ((b0 + b1) + b2) + ..., one fp32 add per element:
+// NewSimulatedAllReduce's sums, bit for bit, whatever NCCL's algorithm,
+// the message size, the batch or the chunking. So TP = S across S GPUs
+// gives the single-GPU simulation's bits (one numerics version per degree,
+// CudaTpNumericsVersion), and TP > 1 stays token-identical, not
 // bit-identical, to TP = 1 (kernels/cuda/README.md, "Tensor parallelism").
+// Cost: each shard receives (S - 1) x count floats (a ring all-reduce:
+// 2 (S - 1) / S x count; the same at S = 2) and keeps S x count floats of
+// gather scratch, grown on demand.
 //
 // NCCL itself is loaded at run time (dlopen of libnccl.so.2) by the first
 // NewNcclAllReduce: nothing links it, so kvd starts where there is no NCCL

@@ -30,15 +30,25 @@ absl::StatusOr<BackendRequest> EffectiveRequest(
   return BackendRequest::kCuda;
 }
 
-// FAILED_PRECONDITION, saying what to do, where no CUDA device is usable.
+// FAILED_PRECONDITION, saying what to do, where no CUDA device is usable or
+// (unless simulating) there are fewer devices than shards.
 absl::Status TensorParallelDeviceCheck(const TensorParallelRequest& tp) {
   const DeviceProbe probe = ProbeCudaDevices();
-  if (probe.device_count > 0) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "--tensor-parallel-size ", tp.degree,
-      " runs on GPUs, and no CUDA device can be used here (", probe.detail,
-      "); run on a GPU machine, or drop --tensor-parallel-size to run on "
-      "the CPU"));
+  if (probe.device_count == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--tensor-parallel-size ", tp.degree,
+        " runs on GPUs, and no CUDA device can be used here (", probe.detail,
+        "); run on a GPU machine, or drop --tensor-parallel-size to run on "
+        "the CPU"));
+  }
+  if (!tp.simulate && probe.device_count < tp.degree) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--tensor-parallel-size ", tp.degree, " needs ", tp.degree,
+        " CUDA devices; this machine has ", probe.device_count,
+        " (pass --tensor-parallel-simulate to run every shard on GPU 0, for "
+        "testing)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<OpenedBackend> OpenTensorParallel(

@@ -61,10 +61,10 @@ absl::Status PrecheckBackend(BackendRequest request,
 // was built without the CUDA toolkit. In open_backend_{cuda,none}.cc.
 absl::StatusOr<std::unique_ptr<ModelBackend>> MakeCudaBackend(
     const Model& model);
-// TpCudaBackendModel::Create over GPUs 0..degree-1 with NCCL, or every shard
-// on GPU 0 when tp.simulate; FAILED_PRECONDITION with fewer devices than
-// shards (naming --tensor-parallel-simulate), without NCCL, or when kvd was
-// built without the CUDA toolkit. In open_backend_{cuda,none}.cc.
+// TpCudaBackendModel::Create over GPUs 0..degree-1 with NCCL (the caller
+// has checked there are that many), or every shard on GPU 0 when
+// tp.simulate; FAILED_PRECONDITION without NCCL, or when kvd was built
+// without the CUDA toolkit. In open_backend_{cuda,none}.cc.
 absl::StatusOr<std::unique_ptr<ModelBackend>> MakeTpCudaBackend(
     const Model& model, const TensorParallelRequest& tp);
 

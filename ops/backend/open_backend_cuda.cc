@@ -1,6 +1,4 @@
-#include "absl/strings/str_cat.h"
 #include "ops/backend/cuda_backend_model.h"
-#include "ops/backend/cuda_probe.h"
 #include "ops/backend/nccl_all_reduce.h"
 #include "ops/backend/open_backend.h"
 #include "ops/backend/tp_cuda_backend_model.h"
@@ -20,14 +18,7 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> MakeTpCudaBackend(
   TpCudaBackendOptions o;
   o.degree = tp.degree;
   if (!tp.simulate) {
-    const DeviceProbe probe = ProbeCudaDevices();
-    if (probe.device_count < tp.degree) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          tp.degree, " shards need ", tp.degree,
-          " CUDA devices; this machine has ", probe.device_count,
-          " (pass --tensor-parallel-simulate to run every shard on GPU 0, "
-          "for testing)"));
-    }
+    // OpenBackend has checked there are enough devices.
     for (int s = 0; s < tp.degree; ++s) o.devices.push_back(s);
     absl::StatusOr<std::unique_ptr<AllReduce>> nccl =
         NewNcclAllReduce(o.devices);

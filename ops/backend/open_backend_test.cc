@@ -139,7 +139,7 @@ TEST(OpenBackend, TensorParallelRunsOnGpusOrSaysWhatIsMissing) {
   ASSERT_TRUE(sim.ok()) << sim.status();
   EXPECT_EQ(sim->kind, Backend::kCuda);
   EXPECT_STREQ(sim->backend->backend_name(), "cuda-tp");
-  EXPECT_EQ(sim->backend->numerics_version(), CudaTpNumericsVersion(2, true));
+  EXPECT_EQ(sim->backend->numerics_version(), CudaTpNumericsVersion(2));
   EXPECT_THAT(sim->notice, HasSubstr("simulated"));
 }
 

@@ -65,10 +65,9 @@ absl::StatusOr<std::unique_ptr<TpCudaBackendModel>> TpCudaBackendModel::Create(
                                     cpu_model, fo, "TpCudaBackendOptions"));
   m->config_ = cpu_model.config();
   m->options_ = options;
-  // Without an all-reduce of the caller's, the shards share one device and
-  // the simulation sums them.
-  m->numerics_version_ = CudaTpNumericsVersion(
-      options.degree, /*simulated_all_reduce=*/options.all_reduce == nullptr);
+  // Every all-reduce adds the partials in shard order (all_reduce.h): one
+  // version per degree, on one GPU or several.
+  m->numerics_version_ = CudaTpNumericsVersion(options.degree);
   return m;
 }
 
@@ -77,6 +76,27 @@ TpCudaBackendModel::~TpCudaBackendModel() = default;
 int TpCudaBackendModel::degree() const { return options_.degree; }
 
 absl::Status TpCudaBackendModel::BoundedHotWindowSupport() const {
+  return absl::OkStatus();
+}
+
+absl::Status TpCudaBackendModel::AllocateSlabs(int64_t blocks,
+                                               int64_t block_rows,
+                                               internal::TpSlabs* slabs) const {
+  for (int s = 0; s < fwd_->degree(); ++s) {
+    KVD_RETURN_IF_ERROR(fwd_->SetDevice(s));
+    // The shard's K/V heads of every block: 2 * block_rows rows of its
+    // kv_width bf16 values.
+    const size_t bytes = static_cast<size_t>(blocks) * 2 * block_rows *
+                         fwd_->kv_width(s) * sizeof(uint16_t);
+    void* slab = nullptr;
+    KVD_RETURN_IF_ERROR(CudaStatus(
+        cudaMalloc(&slab, bytes),
+        absl::StrCat("cudaMalloc of shard ", s, "'s share of a K/V pool (",
+                     blocks, " blocks, ", bytes, " bytes on device ",
+                     fwd_->device(s), ")")));
+    slabs->devices.push_back(fwd_->device(s));
+    slabs->slabs.push_back(slab);
+  }
   return absl::OkStatus();
 }
 
@@ -94,22 +114,11 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> TpCudaBackendModel::NewBlockPool(
   KVD_ASSIGN_OR_RETURN(KvBlockPool::Region region,
                        internal::ReserveBlockIdRegion(blocks, block_bytes));
   slabs->block_ids = std::move(region.owner);
-  absl::MutexLock lock(&mu_);
-  for (int s = 0; s < fwd_->degree(); ++s) {
-    KVD_RETURN_IF_ERROR(fwd_->SetDevice(s));
-    // The shard's K/V heads of every block: 2 * block_rows rows of its
-    // kv_width bf16 values.
-    const size_t bytes = static_cast<size_t>(blocks) * 2 * options.block_rows *
-                         fwd_->kv_width(s) * sizeof(uint16_t);
-    void* slab = nullptr;
-    KVD_RETURN_IF_ERROR(CudaStatus(
-        cudaMalloc(&slab, bytes),
-        absl::StrCat("cudaMalloc of shard ", s, "'s share of a K/V pool (",
-                     blocks, " blocks, ", bytes, " bytes on device ",
-                     fwd_->device(s), ")")));
-    slabs->devices.push_back(fwd_->device(s));
-    slabs->slabs.push_back(slab);
+  {
+    absl::MutexLock lock(&mu_);
+    KVD_RETURN_IF_ERROR(AllocateSlabs(blocks, options.block_rows, slabs.get()));
   }
+  absl::MutexLock lock(&slabs_mu_);
   // Forget pools that are gone before remembering this one.
   for (auto it = slabs_.begin(); it != slabs_.end();) {
     if (it->second.expired()) {
@@ -132,7 +141,7 @@ absl::StatusOr<KvCache> TpCudaBackendModel::NewCache(KvBlockPool* pool) const {
         "tensor-parallel CUDA backend: null K/V block pool");
   }
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&slabs_mu_);
     auto it = slabs_.find(pool->region_base());
     if (pool->region_base() == nullptr || it == slabs_.end() ||
         it->second.expired()) {
@@ -148,6 +157,7 @@ absl::StatusOr<KvCache> TpCudaBackendModel::NewCache(KvBlockPool* pool) const {
 absl::StatusOr<std::vector<internal::CudaPool>> TpCudaBackendModel::ShardPools(
     const KvCache& cache) const {
   KVD_ASSIGN_OR_RETURN(uint8_t * base, internal::RegionBase(cache));
+  absl::MutexLock lock(&slabs_mu_);
   auto it = slabs_.find(base);
   std::shared_ptr<internal::TpSlabs> slabs =
       it == slabs_.end() ? nullptr : it->second.lock();

@@ -17,12 +17,13 @@
 // bf16 write), with a step's own launches, so the rows are the bits a step
 // wrote. ForwardLayers (the stride policy) runs the sharded layers.
 //
-// Numerics: bf16. Bit-identical among runs of the same degree and
-// all-reduce across batch composition, chunking, policies and restores;
-// token-identical, not bit-identical, to the single-GPU backend (the W_o
-// and W_down sums are the all-reduce's). numerics_version() is
-// CudaTpNumericsVersion(degree, simulated): a session saved at another
-// degree is re-prefilled from its tokens when it is restored here.
+// Numerics: bf16. Bit-identical among runs of the same degree, on one GPU
+// or several (every all-reduce adds the partials in shard order), across
+// batch composition, chunking, policies and restores; token-identical, not
+// bit-identical, to the single-GPU backend (the W_o and W_down sums are
+// split). numerics_version() is CudaTpNumericsVersion(degree): a session
+// saved at another degree is re-prefilled from its tokens when it is
+// restored here.
 //
 // KV-Direct's bounded hot windows (a KvSource with cold positions) run as
 // on the single-GPU backend, shard-locally: every shard gets the cold
@@ -135,10 +136,15 @@ class TpCudaBackendModel final : public ModelBackend {
 
  private:
   TpCudaBackendModel() = default;
+  // Each shard's share of `blocks` blocks of block_rows positions, a
+  // cudaMalloc'd slab on its device, into `slabs`.
+  absl::Status AllocateSlabs(int64_t blocks, int64_t block_rows,
+                             internal::TpSlabs* slabs) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Each shard's pool for `cache`'s blocks: INVALID_ARGUMENT unless its
   // pool came from this model's NewBlockPool and is still alive.
   absl::StatusOr<std::vector<internal::CudaPool>> ShardPools(
-      const KvCache& cache) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      const KvCache& cache) const ABSL_LOCKS_EXCLUDED(slabs_mu_);
 
   ModelConfig config_;
   TpCudaBackendOptions options_;
@@ -146,9 +152,11 @@ class TpCudaBackendModel final : public ModelBackend {
   mutable absl::Mutex mu_;
   // Shards, weights, streams, step buffers; the pointee changes under mu_.
   std::unique_ptr<internal::TpForward> fwd_;
-  // The pools this model made, by their block-id region's base.
+  // The pools this model made, by their block-id region's base; its own
+  // lock, so NewCache does not wait for a running step.
+  mutable absl::Mutex slabs_mu_;
   mutable absl::flat_hash_map<const uint8_t*, std::weak_ptr<internal::TpSlabs>>
-      slabs_ ABSL_GUARDED_BY(mu_);
+      slabs_ ABSL_GUARDED_BY(slabs_mu_);
 };
 
 }  // namespace kvd::ops

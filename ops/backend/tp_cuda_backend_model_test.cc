@@ -139,7 +139,7 @@ TEST_P(TpCudaBackendModelTest, SaysWhatItIsAndRefusesWhatItCannotRun) {
   ASSERT_NE(tp, nullptr);
   EXPECT_STREQ(tp->backend_name(), "cuda-tp");
   EXPECT_EQ(tp->degree(), 2);
-  EXPECT_EQ(tp->numerics_version(), CudaTpNumericsVersion(2, true));
+  EXPECT_EQ(tp->numerics_version(), CudaTpNumericsVersion(2));
   EXPECT_NE(tp->numerics_version(), kCudaNumericsVersion);
   EXPECT_TRUE(tp->BoundedHotWindowSupport().ok());
 

@@ -66,6 +66,7 @@ class CudaEngineTest : public testing::TinyModelTest {
   void TearDown() override {
     engine_.reset();  // drives the backends and holds the store
     store_.reset();
+    tp_.reset();
   }
 
   // A new engine over `backend` and the store at `dir` (created if missing).
@@ -132,6 +133,7 @@ class CudaEngineTest : public testing::TinyModelTest {
   const char* family() const { return GetParam().family.c_str(); }
 
   std::unique_ptr<ops::CudaBackendModel> gpu_;
+  std::unique_ptr<ops::TpCudaBackendModel> tp_;
   std::unique_ptr<storage::TieredStore> store_;
   std::unique_ptr<SessionEngine> engine_;
 };
@@ -229,11 +231,13 @@ TEST_P(CudaEngineTest, AgreesWithTheCpuEngineAndMovesToIt) {
   // store: its residuals are the GPU's numerics, so it is re-prefilled.
   const std::string dir = testing::FreshTestDir("cuda-to-cpu");
   Open(*gpu_, dir, "kv-direct", ops::ResidualKvSource::kAll);
+  ASSERT_NE(engine_, nullptr);
   ASSERT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
   Transcript moved;
   Turn(0, &moved);
   Turn(1, &moved);
   Open(*model_, dir, "kv-direct", ops::ResidualKvSource::kAll);
+  ASSERT_NE(engine_, nullptr);
   Turn(2, &moved);
   ASSERT_TRUE(moved.status.ok()) << moved.status;
   ASSERT_EQ(moved.paths.size(), 3u);
@@ -255,7 +259,10 @@ TEST_P(CudaEngineTest, TensorParallelSessionsRestoreBitIdenticallyOnShards) {
   absl::StatusOr<std::unique_ptr<ops::TpCudaBackendModel>> made =
       ops::TpCudaBackendModel::Create(*model_, o);
   ASSERT_TRUE(made.ok()) << made.status();
-  const ops::TpCudaBackendModel& tp = **made;
+  // A fixture member: the engine over it is reset first in TearDown, even
+  // when an assertion below ends the test early.
+  tp_ = std::move(*made);
+  const ops::TpCudaBackendModel& tp = *tp_;
   const Transcript hot =
       Converse(tp, "kv-direct", ops::ResidualKvSource::kAll, false);
   ASSERT_TRUE(hot.status.ok()) << hot.status;
@@ -295,10 +302,12 @@ TEST_P(CudaEngineTest, TensorParallelSessionsRestoreBitIdenticallyOnShards) {
   // W_o and W_down sums differ), so it is re-prefilled from its tokens.
   const std::string dir = testing::FreshTestDir("tp-to-single");
   Open(tp, dir, "kv-direct", ops::ResidualKvSource::kAll);
+  ASSERT_NE(engine_, nullptr);
   ASSERT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
   Transcript moved;
   Turn(0, &moved);
   Open(*gpu_, dir, "kv-direct", ops::ResidualKvSource::kAll);
+  ASSERT_NE(engine_, nullptr);
   Turn(1, &moved);
   ASSERT_TRUE(moved.status.ok()) << moved.status;
   ASSERT_EQ(moved.paths.size(), 2u);

@@ -33,6 +33,11 @@ absl::StatusOr<ops::TensorParallelRequest> TensorParallelFromFlags(
   ops::TensorParallelRequest tp;
   tp.degree = static_cast<int>(*size);
   tp.simulate = args.Has("tensor-parallel-simulate");
+  if (tp.simulate && tp.degree == 1) {
+    return absl::InvalidArgumentError(
+        "--tensor-parallel-simulate runs the shards of --tensor-parallel-size "
+        "on one GPU; give a size above 1 with it");
+  }
   return tp;
 }
 

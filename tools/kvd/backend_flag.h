@@ -22,7 +22,7 @@ void DeclareBackendFlag(Args& args);
 absl::StatusOr<ops::BackendRequest> BackendRequestFromFlag(const Args& args);
 
 // INVALID_ARGUMENT naming the flag for a size that is not a whole number
-// in [1, 64].
+// in [1, 64], or --tensor-parallel-simulate without a size above 1.
 absl::StatusOr<ops::TensorParallelRequest> TensorParallelFromFlags(
     const Args& args);
 

@@ -48,6 +48,9 @@ TEST(BackendFlag, BadSizesNameTheFlag) {
               std::string::npos)
         << tp.status();
   }
+  const Args lone = Parsed({"--tensor-parallel-simulate"});
+  EXPECT_EQ(TensorParallelFromFlags(lone).status().code(),
+            absl::StatusCode::kInvalidArgument);
   const Args a = Parsed({"--backend", "gpu"});
   EXPECT_EQ(BackendRequestFromFlag(a).status().code(),
             absl::StatusCode::kInvalidArgument);

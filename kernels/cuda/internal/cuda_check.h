@@ -16,6 +16,11 @@ namespace kvd::kernels::cuda::internal {
 // out-of-memory, which a caller can handle by shrinking the batch.
 inline absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
+  // A failed runtime call (an allocation that did not fit, ...) stays the
+  // thread's last error until read: clear it, or the next launch's check
+  // (LastLaunchStatus) would report it again and fail a step that is fine.
+  // Sticky errors (a faulted context) come back from every later call.
+  (void)cudaGetLastError();
   const std::string msg =
       absl::StrCat(what, ": CUDA error ", static_cast<int>(err), " (",
                    cudaGetErrorName(err), ": ", cudaGetErrorString(err), ")");
