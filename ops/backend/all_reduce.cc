@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/cuda/internal/cuda_check.h"
@@ -42,12 +44,9 @@ class SimulatedAllReduce final : public AllReduce {
       }
     }
     if (degree_ == 1 || count == 0) return absl::OkStatus();
-    // One row of `count` values: AddRows is one fp32 add per element, so the
-    // sum is ((b0 + b1) + b2) + ... in shard order.
-    for (int s = 1; s < degree_; ++s) {
-      KVD_RETURN_IF_ERROR(kc::AddRows(buffers[0], count, buffers[s], count, 1,
-                                      count, /*round_bf16=*/false, streams[0]));
-    }
+    const std::vector<const float*> partials(buffers.begin(), buffers.end());
+    KVD_RETURN_IF_ERROR(
+        AddPartialsInShardOrder(buffers[0], partials, count, streams[0]));
     for (int s = 1; s < degree_; ++s) {
       KVD_RETURN_IF_ERROR(kc::internal::CudaStatus(
           cudaMemcpyAsync(buffers[s], buffers[0], count * sizeof(float),
@@ -63,6 +62,25 @@ class SimulatedAllReduce final : public AllReduce {
 };
 
 }  // namespace
+
+absl::Status AddPartialsInShardOrder(float* dst,
+                                     absl::Span<const float* const> partials,
+                                     int64_t count, void* stream) {
+  if (partials.empty() || count <= 0) return absl::OkStatus();
+  if (dst != partials[0]) {
+    KVD_RETURN_IF_ERROR(kc::internal::CudaStatus(
+        cudaMemcpyAsync(dst, partials[0], count * sizeof(float),
+                        cudaMemcpyDeviceToDevice,
+                        static_cast<cudaStream_t>(stream)),
+        "all-reduce: shard 0's partial"));
+  }
+  // One row of `count` values: AddRows is one fp32 add per element.
+  for (size_t s = 1; s < partials.size(); ++s) {
+    KVD_RETURN_IF_ERROR(kc::AddRows(dst, count, partials[s], count, 1, count,
+                                    /*round_bf16=*/false, stream));
+  }
+  return absl::OkStatus();
+}
 
 std::unique_ptr<AllReduce> NewSimulatedAllReduce(int degree) {
   return std::make_unique<SimulatedAllReduce>(degree < 1 ? 1 : degree);

@@ -46,6 +46,14 @@ class AllReduce {
                                   absl::Span<void* const> streams) = 0;
 };
 
+// The contract's sum, enqueued on `stream`: dst = ((p0 + p1) + p2) + ...
+// over partials[0..S) (`count` floats each, device memory on the stream's
+// device), one fp32 add per element (AddRows). dst may be partials[0].
+// Both all-reduces end in this, so their bits cannot drift apart.
+absl::Status AddPartialsInShardOrder(float* dst,
+                                     absl::Span<const float* const> partials,
+                                     int64_t count, void* stream);
+
 // All shards on one device; every streams[s] must be the same stream
 // (INVALID_ARGUMENT otherwise): the order of the adds is then the queue
 // order.

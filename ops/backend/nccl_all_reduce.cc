@@ -13,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/cuda/internal/cuda_check.h"
-#include "kernels/cuda/model_ops.h"
 #include "ops/backend/internal/device_memory.h"
 
 namespace kvd::ops {
@@ -148,17 +147,12 @@ class NcclAllReduce final : public AllReduce {
       KVD_RETURN_IF_ERROR(kc::internal::CudaStatus(
           cudaSetDevice(devices_[s]),
           absl::StrCat("cudaSetDevice(", devices_[s], ")")));
-      KVD_RETURN_IF_ERROR(kc::internal::CudaStatus(
-          cudaMemcpyAsync(buffers[s], gathered_[s], count * sizeof(float),
-                          cudaMemcpyDeviceToDevice,
-                          static_cast<cudaStream_t>(streams[s])),
-          "NCCL all-reduce: shard 0's partial"));
-      // ((b0 + b1) + b2) + ...: NewSimulatedAllReduce's adds.
-      for (int64_t k = 1; k < n_shards; ++k) {
-        KVD_RETURN_IF_ERROR(
-            kc::AddRows(buffers[s], count, gathered_[s] + k * count, count, 1,
-                        count, /*round_bf16=*/false, streams[s]));
-      }
+      std::vector<const float*> partials(n_shards);
+      for (int64_t k = 0; k < n_shards; ++k)
+        partials[k] = gathered_[s] + k * count;
+      // NewSimulatedAllReduce's adds.
+      KVD_RETURN_IF_ERROR(
+          AddPartialsInShardOrder(buffers[s], partials, count, streams[s]));
     }
     return absl::OkStatus();
   }
