@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -44,6 +45,15 @@ class AllReduce {
   virtual absl::Status SumInPlace(absl::Span<float* const> buffers,
                                   int64_t count,
                                   absl::Span<void* const> streams) = 0;
+  // Makes sure a later SumInPlace of up to `count` floats allocates nothing,
+  // so a step can reserve before it changes any cache (RESOURCE_EXHAUSTED
+  // if the scratch does not fit). `streams` as for SumInPlace.
+  virtual absl::Status Reserve(int64_t count, absl::Span<void* const> streams) {
+    return absl::OkStatus();
+  }
+  // The CUDA ordinal each rank runs on (rank s must be shard s's device),
+  // or empty when the implementation does not care (the simulation).
+  virtual std::vector<int> devices() const { return {}; }
 };
 
 // The contract's sum, enqueued on `stream`: dst = ((p0 + p1) + p2) + ...

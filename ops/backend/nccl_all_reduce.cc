@@ -113,6 +113,16 @@ class NcclAllReduce final : public AllReduce {
     }
   }
   int degree() const override { return static_cast<int>(comms_.size()); }
+  std::vector<int> devices() const override { return devices_; }
+  absl::Status Reserve(int64_t count,
+                       absl::Span<void* const> streams) override {
+    if (streams.size() != comms_.size() || count < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "NCCL all-reduce: need ", comms_.size(),
+          " streams and count >= 0; got ", streams.size(), ", ", count));
+    }
+    return EnsureGathered(degree() * count, streams);
+  }
 
   absl::Status SumInPlace(absl::Span<float* const> buffers, int64_t count,
                           absl::Span<void* const> streams) override {
@@ -163,6 +173,9 @@ class NcclAllReduce final : public AllReduce {
   absl::Status EnsureGathered(int64_t floats, absl::Span<void* const> streams) {
     if (floats <= capacity_) return absl::OkStatus();
     const int64_t n = std::max(floats, 2 * capacity_);
+    // Stale until every shard has its new buffer: a failure below leaves
+    // the next call to start over.
+    capacity_ = 0;
     for (size_t s = 0; s < comms_.size(); ++s) {
       KVD_RETURN_IF_ERROR(kc::internal::CudaStatus(
           cudaSetDevice(devices_[s]),
@@ -173,7 +186,6 @@ class NcclAllReduce final : public AllReduce {
       if (gathered_[s] != nullptr) cudaFree(gathered_[s]);
       gathered_[s] = nullptr;
     }
-    capacity_ = 0;
     for (size_t s = 0; s < comms_.size(); ++s) {
       KVD_RETURN_IF_ERROR(kc::internal::CudaStatus(
           cudaSetDevice(devices_[s]),

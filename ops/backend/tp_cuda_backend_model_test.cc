@@ -111,7 +111,7 @@ TEST_P(TpCudaBackendModelTest, LogitsEqualTheTensorParallelModelAtEveryStep) {
       ++prompt_index;
     }
     std::printf(
-        "[ %s ] TP %d backend == TpCudaModel: %d prompts x %lld steps\n",
+        "[ %s tp-backend ] TP %d == TpCudaModel: %d prompts x %lld steps\n",
         GetParam().c_str(), degree, prompt_index,
         static_cast<long long>(kSteps));
   }

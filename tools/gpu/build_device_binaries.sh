@@ -135,6 +135,7 @@ BAZEL_TESTS=(//ops/backend:cuda_model_test //ops/backend:tp_cuda_model_test
              //ops/backend:cuda_backend_model_test
              //ops/backend:cuda_backend_conformance_test
              //ops/backend:tp_cuda_backend_model_test
+             //ops/backend:all_reduce_test
              //services/engine:cuda_engine_test)
 # The engine's session store (cuda_engine_test) brings RocksDB, protobuf and
 # RocksDB's compression libraries; Debian ships them as static archives too.

@@ -45,7 +45,7 @@ TESTS=(argument_checks_test bf16_convert_test elementwise_test attention_test
        gemm_test gemm_mma_test dequant_test kv_recompute_test paged_attention_test
        paged_recompute_test cuda_model_test tp_cuda_model_test
        cuda_backend_model_test cuda_backend_conformance_test
-       tp_cuda_backend_model_test cuda_engine_test)
+       tp_cuda_backend_model_test all_reduce_test cuda_engine_test)
 
 if [[ ! -x "$BIN/gemm_test" ]]; then
   echo "no binaries in $BIN: run tools/gpu/build_device_binaries.sh here and carry tools/gpu/bin" >&2
@@ -133,8 +133,11 @@ echo "   kernels_benchmark rc=$? ($(( $(date +%s) - START ))s so far)"
   echo
   # The engine's tensor-parallel backend vs TpCudaModel
   # (tp_cuda_backend_model_test).
+  echo "All-reduce (shard-order sums; NCCL where it loads):"
+  grep -E '^\[ all-reduce \]' "$OUT/tests.log" || echo "  (no all_reduce_test NCCL output)"
+  echo
   echo "Tensor-parallel backend (ModelBackend) vs TpCudaModel:"
-  grep -E '^\[ (llama|qwen2) \] TP ' "$OUT/tests.log" || echo "  (no tp_cuda_backend_model_test output)"
+  grep -E '^\[ (llama|qwen2) tp-backend \]' "$OUT/tests.log" || echo "  (no tp_cuda_backend_model_test output)"
   echo
   echo "| measurement | value | unit | note |"
   echo "|---|---|---|---|"

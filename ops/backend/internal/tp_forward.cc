@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
@@ -126,6 +127,14 @@ absl::StatusOr<std::unique_ptr<TpForward>> TpForward::Create(
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": the all-reduce has degree ", all_reduce->degree(),
                      ", the model ", options.degree));
+  }
+  // Rank s sums shard s's buffer on its stream: it must run on its device.
+  const std::vector<int> ranks = all_reduce->devices();
+  if (!ranks.empty() && ranks != devices) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": the all-reduce's ranks run on devices [",
+        absl::StrJoin(ranks, ", "), "], the shards on [",
+        absl::StrJoin(devices, ", "), "]; make it over the shards' devices"));
   }
 
   std::unique_ptr<TpForward> f(new TpForward());
@@ -308,7 +317,12 @@ absl::Status TpForward::EnsureWorkspace(int64_t rows, int64_t gather_rows,
     w.gather = g;
     w.ints = n_ints;
   }
-  return absl::OkStatus();
+  // The all-reduce's scratch for `rows` rows of d_model partials, so no
+  // step allocates once it has changed a cache.
+  std::vector<void*> streams;
+  for (auto& sp : shards_) streams.push_back(sp->stream);
+  KVD_RETURN_IF_ERROR(SetDevice(0));
+  return all_reduce_->Reserve(rows * c.d_model, streams);
 }
 
 absl::StatusOr<float*> TpForward::PinnedFloats(int64_t floats) {
