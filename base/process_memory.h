@@ -32,6 +32,16 @@ struct ProcessMemory {
 
 ProcessMemory ReadProcessMemory();
 
+// Whether malloc is glibc's. Under AddressSanitizer (bazel test
+// --config=asan) it is the sanitizer's: mallinfo2 reads zeros and freed
+// memory waits in its quarantine, so there is nothing for malloc_trim to
+// return. Tests of the heap figures check this first.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kGlibcMalloc = false;
+#else
+inline constexpr bool kGlibcMalloc = true;
+#endif
+
 // Returns free arena pages to the kernel (malloc_trim(0)); true if any
 // memory was released. Costs a walk over the arenas: call it every few
 // seconds at most, not per request.

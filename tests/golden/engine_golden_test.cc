@@ -51,7 +51,8 @@ std::vector<float> ReadFloats(const std::string& path) {
   std::vector<char> bytes((std::istreambuf_iterator<char>(f)),
                           std::istreambuf_iterator<char>());
   std::vector<float> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  // An empty vector's data() may be null, which memcpy must not get.
+  if (!v.empty()) std::memcpy(v.data(), bytes.data(), v.size() * 4);
   return v;
 }
 
