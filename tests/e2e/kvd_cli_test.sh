@@ -38,6 +38,21 @@ out="$("$KVD" generate --temperature -1 hi 2>&1)"; rc=$?
 [[ $rc == 1 ]] || fail "negative temperature: exit $rc, want 1"
 expect_contains "negative temperature" "$out" "temperature"
 
+# Tensor parallelism: contradicting or bad flags, and too few GPUs, fail before the model loads,
+# naming the flag.
+out="$("$KVD" generate --backend cpu --tensor-parallel-size 2 hi 2>&1)"; rc=$?
+[[ $rc == 1 ]] || fail "TP with --backend cpu: exit $rc, want 1"
+expect_contains "TP with --backend cpu" "$out" "--backend cpu"
+out="$("$KVD" generate --tensor-parallel-size 0 hi 2>&1)"; rc=$?
+[[ $rc == 1 ]] || fail "TP size 0: exit $rc, want 1"
+expect_contains "TP size 0" "$out" "--tensor-parallel-size"
+gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)
+if (( gpus < 2 )); then
+  out="$("$KVD" generate --tensor-parallel-size 2 hi 2>&1)"; rc=$?
+  [[ $rc == 1 ]] || fail "TP 2 with $gpus GPUs: exit $rc, want 1"
+  expect_contains "TP 2 with $gpus GPUs" "$out" "--tensor-parallel-size 2"
+fi
+
 # Reproducible sampling: the same seed gives the same text; greedy ignores the seed.
 gen() { "$KVD" generate --quiet --max-tokens 24 --threads 2 "$@" "Name three colors." 2>&1; }
 a="$(gen --seed 5)" || fail "generate exited $?"
