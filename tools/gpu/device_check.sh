@@ -8,7 +8,9 @@
 #
 # Steps, in order of importance, each under its own timeout AND a global
 # deadline (BUDGET_S, default 540 s) so the whole stays under the 570 s call
-# limit even if every step hangs: environment, every test binary (correctness
+# limit even if every step hangs; the tests stop starting at TEST_BUDGET_S
+# (default BUDGET_S - 250) so the benchmarks keep their time: environment,
+# every test binary (correctness
 # vs float64 or the CPU reference, poisoned outputs, bit-identity), the
 # 8B-shaped model benchmark (decode tok/s vs HBM floor, K/V recompute, 32k
 # rebuild per policy), the PyTorch ceilings, the kernel microbenchmark. Full
@@ -65,9 +67,20 @@ trap 'rm -f "$TMP_LOG"; [[ -n "${UNPACKED:-}" ]] && rm -rf "$UNPACKED"' EXIT
 declare -A verdict
 fails=0
 : >"$OUT/tests.log"
+# The tests may use the budget up to TEST_BUDGET_S (default: all but 250 s),
+# so the benchmarks (the issue's targets) always get their time; a test not
+# started by then reads "not run (time budget)".
+TEST_BUDGET_S="${TEST_BUDGET_S:-$(( BUDGET_S - 250 ))}"
 for t in "${TESTS[@]}"; do
   echo "== $t" | tee -a "$OUT/tests.log"
   start=$(date +%s)
+  test_left=$(( TEST_BUDGET_S - (start - START) ))
+  if (( test_left < 10 )); then
+    verdict[$t]="not run (time budget)"
+    fails=$((fails + 1))
+    echo "   ${verdict[$t]}"
+    continue
+  fi
   limit=60
   # Four model cases, each run at TP 1, 2 (and 4) against TP 1.
   [[ $t == tp_cuda_model_test ]] && limit=120
@@ -75,6 +88,7 @@ for t in "${TESTS[@]}"; do
   [[ $t == cuda_backend_model_test ]] && limit=120
   # Two families, each a dozen short conversations on the GPU and the CPU.
   [[ $t == cuda_engine_test ]] && limit=120
+  (( limit > test_left )) && limit=$test_left
   timeout "$(cap "$limit")" "$BIN/$t" --gtest_color=no >"$TMP_LOG" 2>&1
   rc=$?
   cat "$TMP_LOG" >>"$OUT/tests.log"
