@@ -129,10 +129,15 @@ TEST(OpenBackend, TensorParallelRunsOnGpusOrSaysWhatIsMissing) {
     EXPECT_EQ(pre.code(), absl::StatusCode::kFailedPrecondition);
     return;
   }
-  EXPECT_TRUE(pre.ok()) << pre;
   if (devices < 2) {
+    // One GPU: not enough for two shards, before and after the model loads.
+    EXPECT_EQ(pre.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(pre.message(), HasSubstr("--tensor-parallel-simulate"));
     ASSERT_FALSE(b.ok());
     EXPECT_THAT(b.status().message(), HasSubstr("--tensor-parallel-simulate"));
+    EXPECT_TRUE(PrecheckBackend(BackendRequest::kAuto, {2, true}).ok());
+  } else {
+    EXPECT_TRUE(pre.ok()) << pre;
   }
   absl::StatusOr<OpenedBackend> sim =
       OpenBackend(BackendRequest::kCuda, *model, {2, /*simulate=*/true});
