@@ -2,17 +2,12 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <functional>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cuda/attention.h"
 #include "kernels/cuda/internal/cuda_check.h"
-#include "kernels/cuda/paged_attention.h"
 #include "ops/backend/backend.h"
 #include "ops/backend/internal/backend_steps.h"
 #include "ops/backend/internal/cuda_batch.h"
@@ -32,6 +27,63 @@ using kc::internal::CudaStatus;
 struct SlabDeleter {
   int device;
   void operator()(void* p) const { internal::FreeOnDevice(device, p); }
+};
+
+// CudaForward as the one shard of internal::RunStep's shard-indexed calls.
+class OneShard {
+ public:
+  explicit OneShard(internal::CudaForward& f) : f_(f) {}
+  int shards() const { return 1; }
+  int64_t n_heads(int) const { return f_.config().n_heads; }
+  int64_t n_kv_heads(int) const { return f_.config().n_kv_heads; }
+  absl::Status EnsureColdBuffers(int, int64_t bytes, int64_t values) {
+    return f_.EnsureColdBuffers(bytes, values);
+  }
+  uint16_t* cold_residuals(int) const { return f_.cold_residuals(); }
+  void* cold_workspace(int) const { return f_.cold_workspace(); }
+  int64_t cold_workspace_bytes(int) const { return f_.cold_workspace_bytes(); }
+  absl::Status UploadBf16(int, uint16_t* device, const uint16_t* host,
+                          int64_t n) {
+    return f_.UploadBf16(device, host, n);
+  }
+  absl::Status RunLayers(
+      const internal::StepPlan& plan, const internal::CudaPool& pool,
+      int64_t first, int64_t end,
+      const std::function<absl::Status(int64_t)>& before_layer,
+      absl::Span<const absl::Span<const internal::CudaColdRows* const>> cold) {
+    return f_.RunLayers(plan, pool, first, end, before_layer,
+                        cold.empty()
+                            ? absl::Span<const internal::CudaColdRows* const>()
+                            : cold.front());
+  }
+  // The rest as CudaForward's.
+  absl::Status EnsureWorkspace(int64_t rows, int64_t gather, int64_t ints) {
+    return f_.EnsureWorkspace(rows, gather, ints);
+  }
+  absl::StatusOr<float*> PinnedFloats(int64_t floats) {
+    return f_.PinnedFloats(floats);
+  }
+  absl::Status UploadPlan(const internal::StepPlan& plan) {
+    return f_.UploadPlan(plan);
+  }
+  absl::Status Embed(const internal::StepPlan& plan) { return f_.Embed(plan); }
+  absl::Status UploadResiduals(const float* h, int64_t m) {
+    return f_.UploadResiduals(h, m);
+  }
+  absl::Status DownloadResiduals(float* h, int64_t m) {
+    return f_.DownloadResiduals(h, m);
+  }
+  absl::Status ProjectKv(const internal::StepPlan& plan,
+                         const internal::CudaPool& pool, int64_t layer) {
+    return f_.ProjectKv(plan, pool, layer);
+  }
+  absl::Status Logits(const internal::StepPlan& plan, float* logits) {
+    return f_.Logits(plan, logits);
+  }
+  absl::Status Sync(absl::string_view what) { return f_.Sync(what); }
+
+ private:
+  internal::CudaForward& f_;
 };
 
 }  // namespace
@@ -128,101 +180,20 @@ absl::Status CudaBackendModel::RunForward(absl::Span<const SequenceStep> batch,
                                           ForwardOutput* out,
                                           ResidualObserver* observer,
                                           ResidualPatcher* patcher) const {
-  const ModelConfig& c = config_;
-  const int64_t d = c.d_model, n_layers = c.n_layers;
   KVD_ASSIGN_OR_RETURN(
       const internal::CudaBatchCheck check,
-      internal::CheckCudaBackendBatch(batch, patcher, n_layers,
-                                      /*cold_supported=*/true));
-  ForwardOutput result;
-  const std::vector<int64_t> logit_rows =
-      SelectLogitRows(batch, c.vocab_size, &result);
-  // KvSources' cold positions per sequence and layer, from the lengths
-  // PrepareStepCaches will see.
-  const std::vector<std::vector<internal::ColdSpan>> spans =
-      internal::PlanColdSpans(batch, c, kc::kAttentionChunk);
-  const internal::ColdSizes cold_sizes =
-      internal::SizeColdBuffers(c, spans, check.rows, c.n_heads, c.n_kv_heads);
-
+      internal::CheckCudaBackendBatch(batch, patcher, config_.n_layers));
   absl::MutexLock lock(&mu_);
-  internal::CudaForward& f = *fwd_;
-  KVD_RETURN_IF_ERROR(f.SetDevice());
-  // Every allocation that can fail comes before the caches change: the step
-  // buffers (sized from the caches as Prepare will leave them), the cold
-  // recompute's scratch and the observer's staging memory.
-  const int64_t m = check.rows;
-  const int64_t n_shown = n_layers + 1;
-  if (m > 0) {
-    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(
-        std::max(m, kc::kAttentionChunk), logit_rows.size(),
-        // PatchColdChunks' plans: up to a chunk of rows of one sequence.
-        internal::PlannedInts(batch, n_layers, logit_rows.size()) +
-            3 * kc::kAttentionChunk));
-    KVD_RETURN_IF_ERROR(f.EnsureColdBuffers(cold_sizes.workspace_bytes,
-                                            cold_sizes.residual_values));
-  }
-  float* pinned = nullptr;
-  if (observer != nullptr && m > 0) {
-    KVD_ASSIGN_OR_RETURN(pinned, f.PinnedFloats(n_shown * m * d));
-  }
-
+  KVD_RETURN_IF_ERROR(fwd_->SetDevice());
   // Every cache draws from check.pool: its memory is checked before any
   // cache changes.
   internal::CudaPool pool;
-  if (m > 0) {
+  if (check.rows > 0) {
     KVD_ASSIGN_OR_RETURN(pool, DevicePool(*batch.front().cache));
   }
-
-  KVD_RETURN_IF_ERROR(PrepareStepCaches(c, Precision::kBf16, batch).status());
-  const internal::PreparedStep prepared = internal::DescribePreparedStep(batch);
-  const absl::Status st = [&]() -> absl::Status {
-    if (m == 0) return absl::OkStatus();
-    // Before the step's rows take the buffers: the rows below each hot
-    // boundary but in its chunk, which attention reads from the pool.
-    KVD_RETURN_IF_ERROR(internal::PatchColdChunks(f, pool, c, batch, spans));
-    KVD_ASSIGN_OR_RETURN(
-        const internal::StepPlan plan,
-        internal::PlanCacheRows(prepared.seqs, n_layers, logit_rows));
-    // Prepare never lengthens a table beyond PlannedInts' count; grow anyway
-    // rather than trust it.
-    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, plan.n_gather, plan.ints.size()));
-    KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
-    KVD_RETURN_IF_ERROR(f.Embed(plan));
-
-    // Per layer, the cold recompute's arguments (host arrays each launch
-    // reads) and where each sequence's cold residuals go.
-    const internal::ColdLayout cold(spans, n_layers, d, f.cold_residuals(),
-                                    f.cold_workspace(),
-                                    f.cold_workspace_bytes());
-    std::vector<std::vector<uint16_t>> cold_rows;
-    std::function<absl::Status(int64_t)> before_layer;
-    if (pinned != nullptr || cold_sizes.any) {
-      before_layer = [&](int64_t l) -> absl::Status {
-        if (pinned != nullptr)
-          KVD_RETURN_IF_ERROR(f.DownloadResiduals(pinned + l * m * d, m));
-        if (cold.layers()[l] == nullptr) return absl::OkStatus();
-        // The previous layer's attention has read the shared residual
-        // buffer by the time this upload runs (stream order).
-        internal::ReadColdResiduals(c, batch, spans, l, &cold_rows);
-        for (size_t s = 0; s < batch.size(); ++s) {
-          if (cold_rows[s].empty()) continue;
-          // From pageable memory: staged before the call returns.
-          KVD_RETURN_IF_ERROR(f.UploadBf16(
-              cold.targets(l)[s], cold_rows[s].data(), cold_rows[s].size()));
-        }
-        return absl::OkStatus();
-      };
-    }
-    KVD_RETURN_IF_ERROR(
-        f.RunLayers(plan, pool, 0, n_layers, before_layer, cold.layers()));
-    if (pinned != nullptr)
-      KVD_RETURN_IF_ERROR(f.DownloadResiduals(pinned + n_layers * m * d, m));
-    result.logits.resize(plan.n_gather * c.vocab_size);
-    KVD_RETURN_IF_ERROR(f.Logits(plan, result.logits.data()));
-    return f.Sync("CUDA backend: running the forward step");
-  }();
-  return internal::FinishStep(st, batch, prepared, observer, pinned, n_shown, d,
-                              std::move(result), out);
+  OneShard f(*fwd_);
+  return internal::RunStep(f, pool, config_, batch, check.rows, observer, out,
+                           "CUDA backend: running the forward step");
 }
 
 absl::Status CudaBackendModel::RunForwardLayers(KvCache* cache,
@@ -232,11 +203,9 @@ absl::Status CudaBackendModel::RunForwardLayers(KvCache* cache,
                                                 ResidualObserver* observer,
                                                 int64_t sequence_id) const {
   const ModelConfig& c = config_;
-  if (cache != nullptr)
-    KVD_RETURN_IF_ERROR(internal::CheckDeviceCache(cache, "ForwardLayers"));
   KVD_ASSIGN_OR_RETURN(const bool work,
-                       PrepareLayerRange(c, Precision::kBf16, cache, position,
-                                         n, first_layer, end_layer, h));
+                       internal::PrepareDeviceLayerRange(
+                           c, cache, position, n, first_layer, end_layer, h));
   if (!work) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   internal::CudaForward& f = *fwd_;
@@ -251,16 +220,10 @@ absl::Status CudaBackendModel::RecomputeKvIntoCache(int64_t layer,
                                                     const float* residuals,
                                                     int64_t position, int64_t n,
                                                     KvCache* cache) const {
-  if (cache != nullptr) {
-    KVD_RETURN_IF_ERROR(
-        internal::CheckDeviceCache(cache, "RecomputeKvIntoCache"));
-  }
-  KVD_RETURN_IF_ERROR(CheckRecomputeTarget(config_, Precision::kBf16, layer,
-                                           position, n, cache));
-  if (n == 0) return absl::OkStatus();
-  if (residuals == nullptr) {
-    return absl::InvalidArgumentError("RecomputeKvIntoCache: null residuals");
-  }
+  KVD_ASSIGN_OR_RETURN(const bool work,
+                       internal::CheckDeviceRecompute(config_, layer, residuals,
+                                                      position, n, cache));
+  if (!work) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   internal::CudaForward& f = *fwd_;
   KVD_RETURN_IF_ERROR(f.SetDevice());

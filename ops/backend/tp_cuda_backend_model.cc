@@ -2,15 +2,12 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <functional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "kernels/cuda/attention.h"
 #include "kernels/cuda/internal/cuda_check.h"
-#include "kernels/cuda/paged_attention.h"
 #include "ops/backend/backend.h"
 #include "ops/backend/internal/backend_steps.h"
 #include "ops/backend/internal/block_id_region.h"
@@ -176,111 +173,19 @@ absl::StatusOr<std::vector<internal::CudaPool>> TpCudaBackendModel::ShardPools(
 absl::Status TpCudaBackendModel::RunForward(
     absl::Span<const SequenceStep> batch, ForwardOutput* out,
     ResidualObserver* observer, ResidualPatcher* patcher) const {
-  const ModelConfig& c = config_;
-  const int64_t d = c.d_model, n_layers = c.n_layers;
-  KVD_ASSIGN_OR_RETURN(const internal::CudaBatchCheck check,
-                       internal::CheckCudaBackendBatch(
-                           batch, patcher, n_layers, /*cold_supported=*/true));
-  ForwardOutput result;
-  const std::vector<int64_t> logit_rows =
-      SelectLogitRows(batch, c.vocab_size, &result);
-  // KvSources' cold positions per sequence and layer, from the lengths
-  // PrepareStepCaches will see; every shard recomputes them for its heads.
-  const std::vector<std::vector<internal::ColdSpan>> spans =
-      internal::PlanColdSpans(batch, c, kc::kAttentionChunk);
-
+  KVD_ASSIGN_OR_RETURN(
+      const internal::CudaBatchCheck check,
+      internal::CheckCudaBackendBatch(batch, patcher, config_.n_layers));
   absl::MutexLock lock(&mu_);
-  internal::TpForward& f = *fwd_;
-  const int degree = f.degree();
-  // Every allocation that can fail comes before the caches change: the step
-  // buffers, each shard's cold recompute scratch, the observer's staging.
-  const int64_t m = check.rows;
-  const int64_t n_shown = n_layers + 1;
-  bool any_cold = false;
-  if (m > 0) {
-    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(
-        std::max(m, kc::kAttentionChunk), logit_rows.size(),
-        // PatchColdChunks' plans: up to a chunk of rows of one sequence.
-        internal::PlannedInts(batch, n_layers, logit_rows.size()) +
-            3 * kc::kAttentionChunk));
-    for (int s = 0; s < degree; ++s) {
-      const internal::ColdSizes sizes =
-          internal::SizeColdBuffers(c, spans, m, f.n_heads(s), f.n_kv_heads(s));
-      any_cold = any_cold || sizes.any;
-      KVD_RETURN_IF_ERROR(
-          f.EnsureColdBuffers(s, sizes.workspace_bytes, sizes.residual_values));
-    }
-  }
-  float* pinned = nullptr;
-  if (observer != nullptr && m > 0) {
-    KVD_ASSIGN_OR_RETURN(pinned, f.PinnedFloats(n_shown * m * d));
-  }
+  // Every cache draws from check.pool: its shards' slabs are found before
+  // any cache changes.
   std::vector<internal::CudaPool> pools;
-  if (m > 0) {
+  if (check.rows > 0) {
     KVD_ASSIGN_OR_RETURN(pools, ShardPools(*batch.front().cache));
   }
-
-  KVD_RETURN_IF_ERROR(PrepareStepCaches(c, Precision::kBf16, batch).status());
-  const internal::PreparedStep prepared = internal::DescribePreparedStep(batch);
-  const absl::Status st = [&]() -> absl::Status {
-    if (m == 0) return absl::OkStatus();
-    // Before the step's rows take the buffers: the rows below each hot
-    // boundary but in its chunk, which attention reads from the pools.
-    KVD_RETURN_IF_ERROR(internal::PatchColdChunks(f, pools, c, batch, spans));
-    KVD_ASSIGN_OR_RETURN(
-        const internal::StepPlan plan,
-        internal::PlanCacheRows(prepared.seqs, n_layers, logit_rows));
-    // Prepare never lengthens a table beyond PlannedInts' count; grow anyway
-    // rather than trust it.
-    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, plan.n_gather, plan.ints.size()));
-    KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
-    KVD_RETURN_IF_ERROR(f.Embed(plan));
-
-    // Per shard, the cold recompute's arguments over its own scratch.
-    std::vector<std::unique_ptr<internal::ColdLayout>> cold;
-    std::vector<absl::Span<const internal::CudaColdRows* const>> cold_of;
-    if (any_cold) {
-      for (int s = 0; s < degree; ++s) {
-        cold.push_back(std::make_unique<internal::ColdLayout>(
-            spans, n_layers, d, f.cold_residuals(s), f.cold_workspace(s),
-            f.cold_workspace_bytes(s)));
-        cold_of.push_back(cold.back()->layers());
-      }
-    }
-    std::vector<std::vector<uint16_t>> cold_rows;
-    std::function<absl::Status(int64_t)> before_layer;
-    if (pinned != nullptr || any_cold) {
-      before_layer = [&](int64_t l) -> absl::Status {
-        if (pinned != nullptr)
-          KVD_RETURN_IF_ERROR(f.DownloadResiduals(pinned + l * m * d, m));
-        if (!any_cold || cold.front()->layers()[l] == nullptr)
-          return absl::OkStatus();
-        // Read once, uploaded to every shard (each recomputes its heads
-        // from the replicated residual). The previous layer's attention has
-        // read each shard's buffer by the time its upload runs (stream
-        // order).
-        internal::ReadColdResiduals(c, batch, spans, l, &cold_rows);
-        for (int s = 0; s < degree; ++s) {
-          for (size_t q = 0; q < batch.size(); ++q) {
-            if (cold_rows[q].empty()) continue;
-            KVD_RETURN_IF_ERROR(f.UploadBf16(s, cold[s]->targets(l)[q],
-                                             cold_rows[q].data(),
-                                             cold_rows[q].size()));
-          }
-        }
-        return absl::OkStatus();
-      };
-    }
-    KVD_RETURN_IF_ERROR(
-        f.RunLayers(plan, pools, 0, n_layers, before_layer, cold_of));
-    if (pinned != nullptr)
-      KVD_RETURN_IF_ERROR(f.DownloadResiduals(pinned + n_layers * m * d, m));
-    result.logits.resize(plan.n_gather * c.vocab_size);
-    KVD_RETURN_IF_ERROR(f.Logits(plan, result.logits.data()));
-    return f.Sync("tensor-parallel CUDA backend: running the forward step");
-  }();
-  return internal::FinishStep(st, batch, prepared, observer, pinned, n_shown, d,
-                              std::move(result), out);
+  return internal::RunStep(
+      *fwd_, pools, config_, batch, check.rows, observer, out,
+      "tensor-parallel CUDA backend: running the forward step");
 }
 
 absl::Status TpCudaBackendModel::RunForwardLayers(KvCache* cache,
@@ -290,11 +195,9 @@ absl::Status TpCudaBackendModel::RunForwardLayers(KvCache* cache,
                                                   ResidualObserver* observer,
                                                   int64_t sequence_id) const {
   const ModelConfig& c = config_;
-  if (cache != nullptr)
-    KVD_RETURN_IF_ERROR(internal::CheckDeviceCache(cache, "ForwardLayers"));
   KVD_ASSIGN_OR_RETURN(const bool work,
-                       PrepareLayerRange(c, Precision::kBf16, cache, position,
-                                         n, first_layer, end_layer, h));
+                       internal::PrepareDeviceLayerRange(
+                           c, cache, position, n, first_layer, end_layer, h));
   if (!work) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   KVD_ASSIGN_OR_RETURN(const std::vector<internal::CudaPool> pools,
@@ -309,16 +212,10 @@ absl::Status TpCudaBackendModel::RecomputeKvIntoCache(int64_t layer,
                                                       int64_t position,
                                                       int64_t n,
                                                       KvCache* cache) const {
-  if (cache != nullptr) {
-    KVD_RETURN_IF_ERROR(
-        internal::CheckDeviceCache(cache, "RecomputeKvIntoCache"));
-  }
-  KVD_RETURN_IF_ERROR(CheckRecomputeTarget(config_, Precision::kBf16, layer,
-                                           position, n, cache));
-  if (n == 0) return absl::OkStatus();
-  if (residuals == nullptr) {
-    return absl::InvalidArgumentError("RecomputeKvIntoCache: null residuals");
-  }
+  KVD_ASSIGN_OR_RETURN(const bool work,
+                       internal::CheckDeviceRecompute(config_, layer, residuals,
+                                                      position, n, cache));
+  if (!work) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   KVD_ASSIGN_OR_RETURN(const std::vector<internal::CudaPool> pools,
                        ShardPools(*cache));

@@ -5,7 +5,8 @@
 // TpCudaBackendModel (shards: TpForward, one CudaPool per shard). Both
 // forward passes offer the same calls (EnsureWorkspace, PinnedFloats,
 // UploadPlan, Upload/DownloadResiduals, RunLayers, ProjectKv, Sync) taking
-// their own kind of pools, hence templates.
+// their own kind of pools, hence templates; RunStep also needs the
+// shard-indexed cold calls (see there).
 //
 //   absl::MutexLock lock(&mu_);
 //   KVD_ASSIGN_OR_RETURN(auto pools, ShardPools(*cache));
@@ -19,12 +20,16 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
+#include "kernels/cuda/attention.h"
 #include "ops/backend/internal/cuda_cache_plan.h"
 #include "ops/backend/internal/cuda_layer.h"
 #include "ops/model/kv_cache.h"
@@ -168,6 +173,145 @@ absl::Status PatchColdChunks(Forward& f, const Pools& pools,
     }
   }
   return absl::OkStatus();
+}
+
+// One Forward step over `batch` (already checked by CheckCudaBackendBatch:
+// `rows` new tokens over the batch, every cache in `pools`), on a forward
+// pass seen as shards: Forward offers shards(), n_heads(s), n_kv_heads(s),
+// EnsureColdBuffers(s, ...), cold_residuals(s), cold_workspace(s),
+// cold_workspace_bytes(s), UploadBf16(s, ...) and RunLayers(..., cold) with
+// per-shard cold rows, besides the calls above (TpForward as it is; the
+// single-GPU backend wraps CudaForward as one shard). Every allocation that
+// can fail comes before PrepareStepCaches: the step buffers, each shard's
+// cold recompute scratch, the observer's staging. KvSources' cold positions
+// are recomputed inside attention by every shard for its own heads, from
+// residuals read once per layer and uploaded to each shard; the rows below
+// a hot boundary in its chunk are recomputed into the cache first.
+// FinishStep ends it; `what` names the step in a CUDA error.
+template <typename Forward, typename Pools>
+absl::Status RunStep(Forward& f, const Pools& pools, const ModelConfig& c,
+                     absl::Span<const SequenceStep> batch, int64_t rows,
+                     ResidualObserver* observer, ForwardOutput* out,
+                     absl::string_view what) {
+  const int64_t d = c.d_model, n_layers = c.n_layers, m = rows;
+  const int64_t n_shown = n_layers + 1;
+  const int64_t chunk = kernels::cuda::kAttentionChunk;
+  ForwardOutput result;
+  const std::vector<int64_t> logit_rows =
+      SelectLogitRows(batch, c.vocab_size, &result);
+  // Cold positions per sequence and layer, from the lengths
+  // PrepareStepCaches will see.
+  const std::vector<std::vector<ColdSpan>> spans =
+      PlanColdSpans(batch, c, chunk);
+  bool any_cold = false;
+  if (m > 0) {
+    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(
+        std::max(m, chunk), logit_rows.size(),
+        // PatchColdChunks' plans: up to a chunk of rows of one sequence.
+        PlannedInts(batch, n_layers, logit_rows.size()) + 3 * chunk));
+    for (int s = 0; s < f.shards(); ++s) {
+      const ColdSizes sizes =
+          SizeColdBuffers(c, spans, m, f.n_heads(s), f.n_kv_heads(s));
+      any_cold = any_cold || sizes.any;
+      KVD_RETURN_IF_ERROR(
+          f.EnsureColdBuffers(s, sizes.workspace_bytes, sizes.residual_values));
+    }
+  }
+  float* pinned = nullptr;
+  if (observer != nullptr && m > 0) {
+    KVD_ASSIGN_OR_RETURN(pinned, f.PinnedFloats(n_shown * m * d));
+  }
+
+  KVD_RETURN_IF_ERROR(PrepareStepCaches(c, Precision::kBf16, batch).status());
+  const PreparedStep prepared = DescribePreparedStep(batch);
+  const absl::Status st = [&]() -> absl::Status {
+    if (m == 0) return absl::OkStatus();
+    // Before the step's rows take the buffers: the rows below each hot
+    // boundary but in its chunk, which attention reads from the pools.
+    KVD_RETURN_IF_ERROR(PatchColdChunks(f, pools, c, batch, spans));
+    KVD_ASSIGN_OR_RETURN(const StepPlan plan,
+                         PlanCacheRows(prepared.seqs, n_layers, logit_rows));
+    // Prepare never lengthens a table beyond PlannedInts' count; grow anyway
+    // rather than trust it.
+    KVD_RETURN_IF_ERROR(f.EnsureWorkspace(m, plan.n_gather, plan.ints.size()));
+    KVD_RETURN_IF_ERROR(f.UploadPlan(plan));
+    KVD_RETURN_IF_ERROR(f.Embed(plan));
+
+    // Per shard, the cold recompute's arguments over its own scratch.
+    std::vector<std::unique_ptr<ColdLayout>> cold;
+    std::vector<absl::Span<const CudaColdRows* const>> cold_of;
+    if (any_cold) {
+      for (int s = 0; s < f.shards(); ++s) {
+        cold.push_back(std::make_unique<ColdLayout>(
+            spans, n_layers, d, f.cold_residuals(s), f.cold_workspace(s),
+            f.cold_workspace_bytes(s)));
+        cold_of.push_back(cold.back()->layers());
+      }
+    }
+    std::vector<std::vector<uint16_t>> cold_rows;
+    std::function<absl::Status(int64_t)> before_layer;
+    if (pinned != nullptr || any_cold) {
+      before_layer = [&](int64_t l) -> absl::Status {
+        if (pinned != nullptr)
+          KVD_RETURN_IF_ERROR(f.DownloadResiduals(pinned + l * m * d, m));
+        if (!any_cold || cold.front()->layers()[l] == nullptr)
+          return absl::OkStatus();
+        // Read once, uploaded to every shard (each recomputes its heads
+        // from the replicated residual). The previous layer's attention has
+        // read each shard's buffer by the time its upload runs (stream
+        // order); from pageable memory, staged before each call returns.
+        ReadColdResiduals(c, batch, spans, l, &cold_rows);
+        for (int s = 0; s < f.shards(); ++s) {
+          for (size_t q = 0; q < batch.size(); ++q) {
+            if (cold_rows[q].empty()) continue;
+            KVD_RETURN_IF_ERROR(f.UploadBf16(s, cold[s]->targets(l)[q],
+                                             cold_rows[q].data(),
+                                             cold_rows[q].size()));
+          }
+        }
+        return absl::OkStatus();
+      };
+    }
+    KVD_RETURN_IF_ERROR(
+        f.RunLayers(plan, pools, 0, n_layers, before_layer, cold_of));
+    if (pinned != nullptr)
+      KVD_RETURN_IF_ERROR(f.DownloadResiduals(pinned + n_layers * m * d, m));
+    result.logits.resize(plan.n_gather * c.vocab_size);
+    KVD_RETURN_IF_ERROR(f.Logits(plan, result.logits.data()));
+    return f.Sync(what);
+  }();
+  return FinishStep(st, batch, prepared, observer, pinned, n_shown, d,
+                    std::move(result), out);
+}
+
+// What a device backend checks before ForwardLayers takes its lock: a
+// device cache (CheckDeviceCache) and PrepareLayerRange's checks and cache
+// preparation. False: nothing to run.
+inline absl::StatusOr<bool> PrepareDeviceLayerRange(
+    const ModelConfig& c, KvCache* cache, int64_t position, int64_t n,
+    int64_t first_layer, int64_t end_layer, float* h) {
+  if (cache != nullptr)
+    KVD_RETURN_IF_ERROR(CheckDeviceCache(cache, "ForwardLayers"));
+  return PrepareLayerRange(c, Precision::kBf16, cache, position, n, first_layer,
+                           end_layer, h);
+}
+
+// What a device backend checks before RecomputeKvIntoCache takes its lock:
+// a device cache, CheckRecomputeTarget, residuals. False: nothing to do.
+inline absl::StatusOr<bool> CheckDeviceRecompute(const ModelConfig& c,
+                                                 int64_t layer,
+                                                 const float* residuals,
+                                                 int64_t position, int64_t n,
+                                                 KvCache* cache) {
+  if (cache != nullptr)
+    KVD_RETURN_IF_ERROR(CheckDeviceCache(cache, "RecomputeKvIntoCache"));
+  KVD_RETURN_IF_ERROR(
+      CheckRecomputeTarget(c, Precision::kBf16, layer, position, n, cache));
+  if (n == 0) return false;
+  if (residuals == nullptr) {
+    return absl::InvalidArgumentError("RecomputeKvIntoCache: null residuals");
+  }
+  return true;
 }
 
 // Layers [first_layer, end_layer) over positions [position, position + n)

@@ -8,25 +8,13 @@
 
 #include "gtest/gtest.h"
 #include "ops/backend/internal/cuda_cache_plan.h"
+#include "ops/backend/testing/tiny_config.h"
 #include "ops/model/kv_cache.h"
 
 namespace kvd::ops::internal {
 namespace {
 
-ModelConfig TinyConfig() {
-  ModelConfig c;
-  c.n_layers = 2;
-  c.d_model = 32;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.d_ff = 64;
-  c.vocab_size = 100;
-  c.context_length = 4096;
-  c.rope_dim = 8;
-  c.layers.resize(c.n_layers);
-  return c;
-}
+ModelConfig TinyConfig() { return testing::TinyHostConfig(2); }
 
 std::unique_ptr<KvBlockPool> PoolOver(const KvBlockPool::Region& region,
                                       size_t row_bytes, int64_t block_rows) {

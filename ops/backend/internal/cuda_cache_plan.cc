@@ -24,7 +24,7 @@ absl::Status CheckDeviceCache(const KvCache* cache, absl::string_view who) {
 
 absl::StatusOr<CudaBatchCheck> CheckCudaBackendBatch(
     absl::Span<const SequenceStep> batch, const ResidualPatcher* patcher,
-    int64_t n_layers, bool cold_supported) {
+    int64_t n_layers) {
   if (patcher != nullptr) {
     return absl::UnimplementedError(
         "CUDA backend: a ResidualPatcher is not supported (residual patching "
@@ -49,19 +49,6 @@ absl::StatusOr<CudaBatchCheck> CheckCudaBackendBatch(
         step.cache->n_layers() != n_layers) {
       return absl::FailedPreconditionError(
           "K/V cache was made for another model or precision");
-    }
-    if (step.kv_source != nullptr && !cold_supported) {
-      for (int64_t l = 0; l < n_layers; ++l) {
-        const int64_t hot = step.kv_source->HotBegin(l, step.cache->length());
-        if (hot > 0) {
-          return absl::UnimplementedError(absl::StrCat(
-              "CUDA backend: sequence ", step.sequence_id,
-              "'s KvSource keeps layer ", l, " hot only from position ", hot,
-              "; this backend cannot recompute cold K/V inside attention "
-              "(its BoundedHotWindowSupport says why); use a full hot "
-              "window, or the CPU backend"));
-        }
-      }
     }
     KVD_RETURN_IF_ERROR(CheckDeviceCache(
         step.cache, absl::StrCat("CUDA backend: sequence ", step.sequence_id)));

@@ -47,17 +47,15 @@ struct CudaBatchCheck {
 };
 
 // What the CUDA backend refuses before PrepareStepCaches, nothing changed:
-// UNIMPLEMENTED for a ResidualPatcher, a KeySelection, or, unless
-// `cold_supported` (the backend can recompute cold K/V inside attention), a
-// KvSource whose hot window starts above position 0 at some layer (each
-// message names the feature);
+// UNIMPLEMENTED for a ResidualPatcher or a KeySelection (each message names
+// the feature; a KvSource's cold positions every CUDA backend recomputes);
 // FAILED_PRECONDITION for a cache of another model or precision (not bf16);
 // INVALID_ARGUMENT for a null cache, a cache twice in the batch, caches of
 // host or of different pools (one launch reads one pool), or more than
 // kMaxCudaStepRows tokens.
 absl::StatusOr<CudaBatchCheck> CheckCudaBackendBatch(
     absl::Span<const SequenceStep> batch, const ResidualPatcher* patcher,
-    int64_t n_layers, bool cold_supported);
+    int64_t n_layers);
 
 // The kernels' block table of `layer` of `cache`: entry i is the pool block
 // number of positions [i * block_rows, (i + 1) * block_rows) (BlockIndex);

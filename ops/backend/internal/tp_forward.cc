@@ -189,8 +189,6 @@ int64_t TpForward::kv_width(int shard) const {
   return shards_[shard]->dims.kvd;
 }
 
-bool TpForward::single_device() const { return replicated_.size() == 1; }
-
 absl::Status TpForward::SetDevice(int shard) const {
   const Shard& w = *shards_[shard];
   return CudaStatus(

@@ -80,12 +80,11 @@ class TpForward {
   const ModelConfig& config() const { return config_; }
   const TensorParallelPlan& plan() const { return plan_; }
   int degree() const { return plan_.degree(); }
+  int shards() const { return degree(); }
   // Shard s's device, and the width of its pool's rows (its K/V heads x
   // head_dim, bf16 values).
   int device(int shard) const;
   int64_t kv_width(int shard) const;
-  // Every shard on one device (the all-reduce is the simulation).
-  bool single_device() const;
   absl::Status SetDevice(int shard) const;
 
   // As CudaForward's, for every shard.
