@@ -22,6 +22,7 @@
 #include "rocksdb/write_batch.h"
 #include "rocksdb/write_buffer_manager.h"
 #include "storage/checkpoint/codec.h"
+#include "storage/rocksdb/info_log.h"
 #include "storage/rocksdb/keys.h"
 
 namespace kvd::storage {
@@ -47,6 +48,19 @@ bool Supported(rocksdb::CompressionType type) {
     if (t == type) return true;
   }
   return false;
+}
+
+// Files that hold committed data (tables, blob files, write-ahead logs). A
+// directory with any of them but no CURRENT is a damaged database, not an
+// empty one: RocksDB's create_if_missing would start a new database there
+// and later delete these files as obsolete.
+bool IsRocksDataFile(const std::string& name) {
+  auto ends_with = [&](absl::string_view suffix) {
+    return name.size() > suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(),
+                        suffix.data(), suffix.size()) == 0;
+  };
+  return ends_with(".sst") || ends_with(".blob") || ends_with(".log");
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -95,10 +109,9 @@ struct SessionDb::Impl {
     const std::string msg =
         absl::StrCat(what, " in ", options.path, ": ", s.ToString());
     if (s.IsNoSpace() || s.subcode() == rocksdb::Status::kSpaceLimit) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          msg, "; the disk holding ", options.path,
-          " is full: free space or delete sessions, then retry (nothing of "
-          "this write was committed)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(msg, "; ", DiskFullAdvice(),
+                       " (nothing of this write was committed)"));
     }
     if (s.IsNotFound()) return absl::NotFoundError(msg);
     if (s.IsCorruption()) return absl::DataLossError(msg);
@@ -107,6 +120,24 @@ struct SessionDb::Impl {
     }
     return absl::UnavailableError(
         absl::StrCat(msg, "; check the disk and retry"));
+  }
+
+  // RocksDB stops writing after ENOSPC and resumes on its own only when one
+  // memtable's worth (write_buffer_size, half of MemtableBytes) is free
+  // (SstFileManager's reserved buffer), so
+  // "free some space" alone is not advice that works; deleting sessions
+  // needs a write too.
+  std::string DiskFullAdvice() const {
+    return absl::StrCat(
+        "the disk holding ", options.path, " is full: free at least ",
+        CeilDiv(static_cast<int64_t>(MemtableBytes() / 2), 1 << 20),
+        " MiB on it (writes resume by themselves once that "
+        "much is free), then retry");
+  }
+
+  size_t MemtableBytes() const {
+    return static_cast<size_t>(
+        std::max<int64_t>(options.memtable_bytes, 1 << 20));
   }
 
   rocksdb::WriteOptions WriteOpts() const {
@@ -291,6 +322,21 @@ absl::Status SessionDb::Impl::Open() {
         " exists and is not a directory; point the path at a directory (or a "
         "path that does not exist yet)"));
   }
+  if (fs::is_directory(st) && !fs::exists(fs::path(options.path) / "CURRENT")) {
+    for (const auto& entry : fs::directory_iterator(options.path, ec)) {
+      if (!IsRocksDataFile(entry.path().filename().string())) continue;
+      return absl::DataLossError(absl::StrCat(
+          "the session database at ", options.path, " has data files (",
+          entry.path().filename().string(),
+          ") but no CURRENT file, so it is damaged; kvd will not open it, "
+          "because a new database there would delete those files. Restore "
+          "the directory from a backup, or write the name of its newest "
+          "MANIFEST-* file into ",
+          (fs::path(options.path) / "CURRENT").string(),
+          " (one line), or move the directory aside to start with no "
+          "sessions"));
+    }
+  }
   std::shared_ptr<rocksdb::FileSystem> file_system =
       options.file_system ? options.file_system
                           : rocksdb::FileSystem::Default();
@@ -298,10 +344,14 @@ absl::Status SessionDb::Impl::Open() {
 
   rocksdb::DBOptions db_opts;
   db_opts.env = env.get();
+  // kvd writes RocksDB's LOG itself (info_log.h: the stock logger aborts the
+  // process on a full disk). The directory must exist for it; an error
+  // creating it is left to DB::Open, which explains it.
+  fs::create_directories(options.path, ec);
+  db_opts.info_log = InfoLogFile::RotateAndOpen(options.path);
   db_opts.create_if_missing = true;
   db_opts.create_missing_column_families = true;
   db_opts.max_background_jobs = 2;
-  db_opts.keep_log_file_num = 3;
   if (options.background_bytes_per_sec > 0) {
     db_opts.rate_limiter.reset(
         rocksdb::NewGenericRateLimiter(options.background_bytes_per_sec));
@@ -310,8 +360,7 @@ absl::Status SessionDb::Impl::Open() {
       static_cast<size_t>(std::max<int64_t>(options.block_cache_bytes, 0)));
   // Memtables hold whole residual chunks until a flush moves them to blob
   // files; without a cap the four families could keep up to 4 x 2 x 64 MiB.
-  const size_t memtables =
-      static_cast<size_t>(std::max<int64_t>(options.memtable_bytes, 1 << 20));
+  const size_t memtables = MemtableBytes();
   db_opts.write_buffer_manager =
       std::make_shared<rocksdb::WriteBufferManager>(memtables);
 
@@ -350,8 +399,18 @@ absl::Status SessionDb::Impl::Open() {
     cfs.clear();
     std::string hint =
         "; check that the directory is writable and on a local disk";
-    if (s.ToString().find("lock") != std::string::npos) {
+    // RocksDB's words for a LOCK held by another process, and by this one.
+    const std::string text = s.ToString();
+    if (s.IsIOError() && (text.find("While lock file") != std::string::npos ||
+                          text.find("lock hold by") != std::string::npos)) {
       hint = "; another kvd process has it open: stop it or use another path";
+    } else if (s.IsNoSpace()) {
+      hint = absl::StrCat("; ", DiskFullAdvice());
+    } else if (s.IsCorruption()) {
+      hint =
+          "; the database is damaged (a file is corrupt or missing): restore "
+          "the directory from a backup, or move it aside to start with no "
+          "sessions";
     }
     if (s.IsInvalidArgument()) {
       hint =

@@ -128,7 +128,7 @@ TEST(SessionDbDiskFull, FailsCleanlyAndRecoversWhenSpaceReturns) {
   absl::Status st = db.CommitTurn(failed);
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
   EXPECT_THAT(st.message(), HasSubstr(o.path));
-  EXPECT_THAT(st.message(), HasSubstr("free space"));
+  EXPECT_THAT(st.message(), HasSubstr("is full: free at least 32 MiB"));
   EXPECT_GT(fs->no_space_errors(), 0);
   EXPECT_EQ(db.TenantBytes("acme"), a.manifest().stored_bytes());
   ExpectLoadsAs(db, a);  // reads still work while the disk is full

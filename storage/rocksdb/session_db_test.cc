@@ -6,7 +6,9 @@
 // SessionDb is closed.
 #include "storage/rocksdb/session_db.h"
 
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -463,6 +465,54 @@ TEST_F(SessionDbTest, PutSessionReplacesAWholeSession) {
   db_.reset();
   RawDb raw(options_.path);
   EXPECT_EQ(raw.Keys("residuals").size(), 2u);  // old chunks 1, 2 are gone
+}
+
+// RocksDB's create_if_missing would start an empty database in a directory
+// whose CURRENT file is gone, and its next open would delete the old tables
+// and blob files as obsolete: every committed session lost. Open must refuse,
+// leave every file as it was (even when asked twice), and the advice it
+// gives must bring the sessions back.
+TEST_F(SessionDbTest, LostCurrentFileIsRefusedAndRepairable) {
+  namespace fs = std::filesystem;
+  SyntheticSessionOptions o;
+  o.row_bytes = 2048;  // residual chunks in blob files
+  SyntheticSession s(o);
+  for (int64_t n : {5, 9}) ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(n)).ok());
+  db_.reset();  // the close flushes the memtables into tables and blobs
+
+  const fs::path dir(options_.path);
+  std::string current;
+  std::getline(std::ifstream(dir / "CURRENT"), current);
+  ASSERT_THAT(current, HasSubstr("MANIFEST-"));
+  ASSERT_TRUE(fs::remove(dir / "CURRENT"));
+  auto listing = [&] {
+    std::map<std::string, uintmax_t> files;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      files[e.path().filename().string()] = e.file_size();
+    }
+    return files;
+  };
+  const auto before = listing();
+  bool has_data = false;
+  for (const auto& [name, size] : before) {
+    has_data |= name.find(".sst") != std::string::npos ||
+                name.find(".blob") != std::string::npos ||
+                name.find(".log") != std::string::npos;
+  }
+  ASSERT_TRUE(has_data) << "the test needs data files on disk";
+
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto db = SessionDb::Open(options_);
+    ASSERT_FALSE(db.ok());
+    EXPECT_EQ(db.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(db.status().message(), HasSubstr("no CURRENT file"));
+    EXPECT_THAT(db.status().message(), HasSubstr("MANIFEST-"));
+    EXPECT_EQ(listing(), before) << "attempt " << attempt;
+  }
+
+  std::ofstream(dir / "CURRENT") << current << "\n";
+  Reopen();
+  ExpectLoadsAsCommitted(s);
 }
 
 TEST(SessionDbOpen, ExplainsBadPaths) {
