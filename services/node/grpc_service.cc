@@ -429,6 +429,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
   int port = 0;
   builder.AddListeningPort(options.address, creds, &port);
   builder.SetMaxReceiveMessageSize(options.max_receive_bytes);
+  // gRPC listens with SO_REUSEPORT by default: a second node on the same
+  // port would start and silently take half of the calls.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              options.max_concurrent_streams);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,

@@ -169,6 +169,18 @@ TEST_F(GrpcServiceTest, HealthServing) {
   EXPECT_EQ(resp.backend(), "cpu");
 }
 
+// gRPC allows SO_REUSEPORT by default; a second node on the same port then
+// started and took part of the calls.
+TEST_F(GrpcServiceTest, SecondServerOnTheSamePortIsRefused) {
+  Start(KeyStore());
+  GrpcServerOptions options;
+  options.address = absl::StrCat("127.0.0.1:", server_->port());
+  absl::StatusOr<std::unique_ptr<GrpcServer>> second =
+      StartGrpcServer(runtime_.get(), KeyStore(), options);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+}
+
 TEST_F(GrpcServiceTest, CreateGetListPagedDelete) {
   Start(KeyStore());
   v1::Session generated;

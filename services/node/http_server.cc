@@ -206,9 +206,14 @@ absl::Status HttpServerImpl::Start() {
   // read error before reaching a handler (seen with 32 users in the load
   // test). Remember the listening socket as it is created and listen again
   // with room for SOMAXCONN pending connections.
+  // httplib's default options also set SO_REUSEPORT, with which a second
+  // kvd on the same port started without an error and the kernel split the
+  // connections between the two (and their session stores). SO_REUSEADDR
+  // alone still allows a quick restart past TIME_WAIT.
   int listen_fd = -1;
   server_->set_socket_options([&listen_fd](int sock) {
-    httplib::default_socket_options(sock);
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     if (listen_fd < 0) listen_fd = sock;
   });
   port_ =

@@ -378,6 +378,21 @@ TEST_F(HttpServerTest, ApiKeysScopeSessionsToTheirTenant) {
             200);
 }
 
+// Two nodes on one port must not share it: with SO_REUSEPORT the second
+// started and the kernel split the clients (and their sessions) between them.
+TEST_F(HttpServerTest, SecondServerOnTheSamePortIsRefused) {
+  auto first = Start(tiny_);
+  ASSERT_NE(first, nullptr);
+  HttpServerOptions options;
+  options.log_requests = false;
+  options.port = first->port();
+  absl::StatusOr<std::unique_ptr<HttpServer>> second =
+      StartHttpServer(tiny_, std::move(options));
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(second.status().message(), HasSubstr("in use"));
+}
+
 TEST_F(HttpServerTest, MalformedRequestsGetOpenAiErrors) {
   HttpServerOptions options;
   options.limits.max_body_bytes = 4096;
