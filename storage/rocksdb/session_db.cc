@@ -182,23 +182,31 @@ struct SessionDb::Impl {
   // Adds checked puts of `chunks` (ChunkId -> encoded chunk pairs) and of
   // the manifest to `batch`: what a turn and an import both write.
   template <typename Chunks>
+  // Adds the chunks and the manifest to `batch`; `payload_bytes`, if given,
+  // receives the chunks' payload bytes (what stored_bytes counts).
   absl::Status AddChunksAndManifest(const v1::SessionManifest& m,
                                     const Chunks& chunks,
-                                    rocksdb::WriteBatch* batch) {
+                                    rocksdb::WriteBatch* batch,
+                                    int64_t* payload_bytes = nullptr) {
+    int64_t payload = 0;
     for (const auto& [id, value] : chunks) {
-      KVD_RETURN_IF_ERROR(CheckChunkForWrite(m, id, value));
+      KVD_ASSIGN_OR_RETURN(const int64_t bytes,
+                           CheckChunkForWrite(m, id, value));
+      payload += bytes;
       const Cf cf = id.layer == kTokenLayer ? kTokens : kResiduals;
       batch->Put(cfs[cf], ChunkKey(m.tenant(), m.session_id(), id), value);
     }
     batch->Put(cfs[kManifests], SessionKey(m.tenant(), m.session_id()),
                m.SerializeAsString());
+    if (payload_bytes != nullptr) *payload_bytes = payload;
     return absl::OkStatus();
   }
 
   // Checks an encoded chunk a caller wants to store: it decodes, matches its
-  // id, and has the manifest's row layout.
-  absl::Status CheckChunkForWrite(const v1::SessionManifest& m,
-                                  const ChunkId& id, absl::string_view value) {
+  // id, and has the manifest's row layout. Returns its payload bytes.
+  absl::StatusOr<int64_t> CheckChunkForWrite(const v1::SessionManifest& m,
+                                             const ChunkId& id,
+                                             absl::string_view value) {
     const std::string where =
         absl::StrCat("chunk to store for ", Name(m.tenant(), m.session_id()));
     auto c = DecodeChunk(value, where);
@@ -213,7 +221,7 @@ struct SessionDb::Impl {
                        " is for a layer the manifest does not "
                        "checkpoint"));
     }
-    return absl::OkStatus();
+    return static_cast<int64_t>(c->payload.size());
   }
 
   // DATA_LOSS unless a decoded header agrees with its key and the manifest.
@@ -497,8 +505,17 @@ absl::Status SessionDb::PutSession(const SessionCheckpoint& checkpoint) {
   // Batch entries apply in order, so the puts below win over these ranges.
   batch.DeleteRange(impl_->cfs[kTokens], prefix, end);
   batch.DeleteRange(impl_->cfs[kResiduals], prefix, end);
-  KVD_RETURN_IF_ERROR(
-      impl_->AddChunksAndManifest(m, checkpoint.chunks(), &batch));
+  int64_t payload_bytes = 0;
+  KVD_RETURN_IF_ERROR(impl_->AddChunksAndManifest(m, checkpoint.chunks(),
+                                                  &batch, &payload_bytes));
+  // Quotas and the per-tenant totals trust stored_bytes; an imported file
+  // must not be able to claim less (or more) than it stores.
+  if (m.stored_bytes() != payload_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session ", Name(m.tenant(), m.session_id()), ": the manifest says ",
+        m.stored_bytes(), " stored bytes but its chunks hold ", payload_bytes,
+        "; the session file is damaged or was edited: export it again"));
+  }
   absl::ReaderMutexLock commit(&impl_->commit_mu);
   auto old = impl_->ReadManifest(m.tenant(), m.session_id());
   // A damaged old manifest must not block replacing it.

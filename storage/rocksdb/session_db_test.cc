@@ -467,6 +467,30 @@ TEST_F(SessionDbTest, PutSessionReplacesAWholeSession) {
   EXPECT_EQ(raw.Keys("residuals").size(), 2u);  // old chunks 1, 2 are gone
 }
 
+// An imported file's manifest must not under- or over-state what its chunks
+// store: quotas and per-tenant totals trust stored_bytes.
+TEST_F(SessionDbTest, PutSessionRefusesAManifestThatMisstatesItsBytes) {
+  SyntheticSession s;
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(12)).ok());
+  SyntheticSessionOptions o;
+  o.seed = 5;
+  SyntheticSession other(o);
+  SessionCheckpoint good;
+  ASSERT_TRUE(good.Apply(other.AppendTurn(3)).ok());
+  for (int64_t delta : {-1, +1}) {
+    v1::SessionManifest m = good.manifest();
+    m.set_stored_bytes(m.stored_bytes() + delta);
+    SessionCheckpoint edited;
+    edited.Reset(m, good.chunks());
+    absl::Status st = db_->PutSession(edited);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_THAT(st.message(), HasSubstr("stored bytes"));
+  }
+  ExpectLoadsAsCommitted(s);  // the session stored before is untouched
+  EXPECT_EQ(db_->TenantBytes("acme"), s.manifest().stored_bytes());
+  ASSERT_TRUE(db_->PutSession(good).ok());
+}
+
 // RocksDB's create_if_missing would start an empty database in a directory
 // whose CURRENT file is gone, and its next open would delete the old tables
 // and blob files as obsolete: every committed session lost. Open must refuse,
