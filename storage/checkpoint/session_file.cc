@@ -390,6 +390,7 @@ absl::Status ValidateCheckpointContents(const SessionCheckpoint& cp,
     return absl::DataLossError(
         absl::StrCat(where, ": ", ChunkName(id), " ", what, kReExport));
   };
+  int64_t payload_bytes = 0;
   for (const auto& [id, value] : cp.chunks()) {
     auto it = expected.find(id);
     if (it == expected.end()) {
@@ -419,12 +420,19 @@ absl::Status ValidateCheckpointContents(const SessionCheckpoint& cp,
                               h.row_bytes(), " bytes but the manifest says ",
                               v1::DType_Name(m.dtype()), " x ", m.row_bytes()));
     }
+    payload_bytes += static_cast<int64_t>(decoded->payload.size());
     expected.erase(it);
   }
   if (!expected.empty()) {
     return bad(expected.begin()->first,
                absl::StrCat("is missing (", expected.size(),
                             " chunks the manifest needs are absent)"));
+  }
+  // Quotas trust stored_bytes, so an edited file must not misstate it.
+  if (m.stored_bytes() != payload_bytes) {
+    return absl::DataLossError(absl::StrCat(
+        where, ": the manifest says ", m.stored_bytes(),
+        " stored bytes but its chunks hold ", payload_bytes, kReExport));
   }
   return absl::OkStatus();
 }

@@ -64,6 +64,7 @@ v1::SessionManifest Manifest() {
   m.add_first_position(0);
   m.add_first_position(4);
   (*m.mutable_labels())["title"] = "hello";
+  m.set_stored_bytes(7 * 4 + (6 + 2) * kRowBytes);  // tokens + residual rows
   return m;
 }
 
@@ -146,6 +147,7 @@ TEST(SessionFileTest, TokensOnlySessionRoundTrips) {
   m.set_policy("tokens");
   m.clear_layers();
   m.clear_first_position();
+  m.set_stored_bytes(7 * 4);
   SessionCheckpoint cp;
   cp.Reset(m, {{{kTokenLayer, 0}, Chunk(kTokenLayer, 0, 4)},
                {{kTokenLayer, 1}, Chunk(kTokenLayer, 1, 3)}});
@@ -247,6 +249,18 @@ TEST(SessionFileTest, MissingExtraOrMisfiledChunksAreRefused) {
     l.chunks[ChunkId{0, 1}] = Chunk(0, 1, 1);  // one row short
     EXPECT_EQ(ParseSessionFile(Build(l), "f").status().code(),
               absl::StatusCode::kDataLoss);
+  }
+  {
+    // An edited manifest (the file checksum recomputed) claiming fewer bytes
+    // than it stores would get round a tenant's quota.
+    Layout l;
+    v1::SessionManifest m = Manifest();
+    m.set_stored_bytes(0);
+    l.manifest = m.SerializeAsString();
+    auto r = ParseSessionFile(Build(l), "f");
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(r.status().message(),
+                HasSubstr("says 0 stored bytes but its chunks hold 92"));
   }
   {
     Layout l;

@@ -59,7 +59,7 @@ def main():
         format_version=1, tenant="golden", session_id="s-1", policy="kv-direct",
         layers=[1, 3], chunk_tokens=C, dtype=pb.DTYPE_BF16, row_bytes=ROW_BYTES,
         token_count=TOKENS, length=LENGTH, turn_ends=[5, 8],
-        first_position=[0, 3], stored_bytes=123, created_unix_ms=1700000000000)
+        first_position=[0, 3], created_unix_ms=1700000000000)
     m.model.model_name = "golden-model"
     m.model.fingerprint = "c0ffee"
     m.model.precision = "bf16"
@@ -71,6 +71,9 @@ def main():
     for layer, first in ((1, 0), (3, 3)):
         for i in range(first // C, (LENGTH + C - 1) // C):
             chunks[(layer, i)] = chunk(layer, i, LENGTH)
+    # stored_bytes counts payload bytes: 4 per token, ROW_BYTES per residual
+    # row (readers refuse a file whose manifest misstates it).
+    m.stored_bytes = TOKENS * 4 + ((LENGTH - 0) + (LENGTH - 3)) * ROW_BYTES
     mb = m.SerializeToString()
     f = b"KVDSESS\0" + struct.pack("<IIQ", 1, 1, len(mb)) + mb
     for (layer, index) in sorted(chunks):
