@@ -165,6 +165,11 @@ TEST_F(HttpServerTest, CompletionsJsonAndStreamMatchTheEngine) {
       best = std::max(best, logprob.get<double>());
     }
     EXPECT_EQ(lp["token_logprobs"][i].get<double>(), best) << i;
+    // Keyed by the token's text, as OpenAI's client looks them up.
+    const std::string token = lp["tokens"][i].get<std::string>();
+    ASSERT_TRUE(lp["top_logprobs"][i].contains(token))
+        << i << ": " << lp["top_logprobs"][i].dump();
+    EXPECT_EQ(lp["top_logprobs"][i][token].get<double>(), best) << i;
   }
 
   r = Post(server->port(), "/v1/completions",

@@ -51,7 +51,7 @@ json CompletionLogprobs(const std::vector<TokenLogProbText>& lps,
     tokens.push_back(t.token);
     token_logprobs.push_back(t.logprob);
     json m = json::object();
-    for (const auto& [tok, lp] : t.top) m[Dump(json(tok))] = lp;
+    for (const auto& [tok, lp] : t.top) m[tok] = lp;
     top.push_back(m);
     offsets.push_back(offset);
     offset += static_cast<int64_t>(t.token.size());
