@@ -415,9 +415,6 @@ void HttpServerImpl::RecordOutcome(const GenerationOutcome& out,
                 static_cast<double>(generated));
   metrics_->Add("kvd_http_prompt_tokens_total", {},
                 static_cast<double>(out.prompt_tokens));
-  if (out.gen.finish_reason == engine::FinishReason::kCancelled) {
-    metrics_->Add("kvd_http_generations_cancelled_total", {});
-  }
   if (first_token_s >= 0) {
     metrics_->Observe("kvd_http_time_to_first_token_seconds", {},
                       first_token_s);
@@ -604,8 +601,7 @@ void HttpServerImpl::Stream(const GenerationJob& job,
     return;
   }
   RecordOutcome(*out, first_token_s);
-  if (out->gen.finish_reason == engine::FinishReason::kCancelled ||
-      disconnected) {
+  if (disconnected) {
     sink.done();
     return;
   }

@@ -455,6 +455,46 @@ TEST_F(HttpServerTest, MalformedRequestsGetOpenAiErrors) {
   EXPECT_EQ(Send(port, "GET", "/healthz").status, 200);
 }
 
+// Stopping the server ends running stateless generations with 503 (retry on
+// another node), JSON or streamed, never with a 200 and a cut-off answer.
+TEST_F(HttpServerTest, ShutdownAnswersRunningStatelessRequestsWith503) {
+  auto server = Start(smol_);
+  const int port = server->port();
+  const json body = {{"model", smol_->model_id()},
+                     {"prompt", "Once upon a time"},
+                     {"max_tokens", 4000},
+                     {"ignore_eos", true}};
+  Reply json_reply, stream_reply;
+  std::thread plain([&] { json_reply = Post(port, "/v1/completions", body); });
+  json streamed = body;
+  streamed["stream"] = true;
+  std::thread stream(
+      [&] { stream_reply = Post(port, "/v1/completions", streamed); });
+  for (int i = 0; i < 4000 && smol_->engine().stats().scheduler.running < 2;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(smol_->engine().stats().scheduler.running, 2);
+  server->Stop();  // waits for the handlers
+  plain.join();
+  stream.join();
+
+  EXPECT_EQ(json_reply.status, 503) << json_reply.body;
+  EXPECT_THAT(json_reply.Json()["error"]["message"].get<std::string>(),
+              HasSubstr("shutting down"));
+  ASSERT_EQ(stream_reply.status, 200);  // the stream had started
+  const std::vector<json> events = SseEvents(stream_reply.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_THAT(events.back()["error"]["message"].get<std::string>(),
+              HasSubstr("shutting down"))
+      << stream_reply.body.substr(stream_reply.body.size() > 500
+                                      ? stream_reply.body.size() - 500
+                                      : 0);
+  for (const json& e : events) EXPECT_NE(e, json("[DONE]"));
+  EXPECT_EQ(server->metrics().Value("kvd_http_generations_cancelled_total", {}),
+            2);
+}
+
 // Streams a long completion and hangs up after the first chunk.
 struct Streamer {
   std::atomic<bool> got_data{false};

@@ -73,7 +73,8 @@ absl::Status PrepareGeneration(NodeRuntime& runtime, int64_t default_max_tokens,
 // Generates. A session is created on first use. `on_delta` sees the output
 // as it is produced (with each token's logprobs when the request asked;
 // LogprobsText turns them into the API's form); `cancelled` (may be empty)
-// is polled between steps.
+// is polled between steps; when it stops the generation, the result is
+// CANCELLED (a session turn then stores nothing).
 absl::StatusOr<GenerationOutcome> RunGeneration(
     NodeRuntime& runtime, const GenerationJob& job,
     const engine::DeltaCallback& on_delta,
