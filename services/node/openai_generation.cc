@@ -38,7 +38,10 @@ absl::StatusOr<std::vector<int32_t>> ChatTokens(
     // conversation is in the session. Whether the previous reply ended with
     // end-of-turn decides whether the template must close it first.
     const OpenAiMessage& last = job.messages.back();
-    const bool reply_closed = estimate || tok.IsEog(session_tokens.back());
+    // An estimate must not undercount: the default max_tokens is sized from
+    // it, and the exact check under the session's lock refuses what the
+    // estimate let through (the 2 tokens that close a reply did that).
+    const bool reply_closed = !estimate && tok.IsEog(session_tokens.back());
     absl::StatusOr<std::string> r =
         tmpl.RenderFollowUp({last.role, last.content}, reply_closed);
     if (!r.ok()) return RequestError("messages", r.status().message());

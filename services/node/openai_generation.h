@@ -70,6 +70,16 @@ struct GenerationOutcome {
 absl::Status PrepareGeneration(NodeRuntime& runtime, int64_t default_max_tokens,
                                GenerationJob& job);
 
+// A chat request's new prompt tokens: every message for a stateless request
+// or a session's first turn (`session_tokens` empty), else the last message
+// as a follow-up, closing the previous reply unless `session_tokens` ends with
+// end-of-generation. With `estimate` the session's tokens are not known yet
+// (a placeholder stands for them) and the count is an upper bound: the reply
+// is assumed open. PrepareGeneration sizes the default max_tokens from it.
+absl::StatusOr<std::vector<int32_t>> ChatTokens(
+    const NodeRuntime& runtime, const GenerationJob& job,
+    absl::Span<const int32_t> session_tokens, bool estimate);
+
 // Generates. A session is created on first use. `on_delta` sees the output
 // as it is produced (with each token's logprobs when the request asked;
 // LogprobsText turns them into the API's form); `cancelled` (may be empty)
