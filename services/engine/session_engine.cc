@@ -232,28 +232,14 @@ absl::Status SessionEngine::ValidateOptions(
   return absl::OkStatus();
 }
 
-absl::Status SessionEngine::CreateSession(
+absl::StatusOr<v1::SessionManifest> SessionEngine::NewManifest(
     const std::string& tenant, const std::string& session,
-    const std::map<std::string, std::string>& labels) {
-  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
-  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+    const std::map<std::string, std::string>& labels) const {
   if (options_.policy.kind == ops::CheckpointPolicy::Kind::kKv) {
     return absl::InvalidArgumentError(
         "policy 'kv' keeps no checkpoint a session could resume from; use "
         "kv-direct, stride:k or tokens");
   }
-  // Ask the database first: loading into DRAM just to see that the session
-  // exists would make its next restore look like a DRAM hit. Only a kMemory
-  // session not yet spilled is in DRAM alone.
-  absl::Status exists = store_->db().GetManifest(tenant, session).status();
-  if (exists.code() == absl::StatusCode::kNotFound)
-    exists = store_->Load(tenant, session).status();
-  if (exists.ok() || exists.code() == absl::StatusCode::kDataLoss) {
-    return absl::AlreadyExistsError(
-        absl::StrCat(SessionName(tenant, session), " already exists"));
-  }
-  if (exists.code() != absl::StatusCode::kNotFound) return exists;
-
   const ops::ModelConfig& c = model_.config();
   v1::SessionManifest m;
   m.set_format_version(storage::kCheckpointFormatVersion);
@@ -271,13 +257,34 @@ absl::Status SessionEngine::CreateSession(
   m.set_created_unix_ms(NowMs());
   m.set_updated_unix_ms(m.created_unix_ms());
   for (const auto& [k, v] : labels) (*m.mutable_labels())[k] = v;
+  return m;
+}
+
+absl::Status SessionEngine::CreateSession(
+    const std::string& tenant, const std::string& session,
+    const std::map<std::string, std::string>& labels) {
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  KVD_ASSIGN_OR_RETURN(v1::SessionManifest m,
+                       NewManifest(tenant, session, labels));
+  // Ask the database first: loading into DRAM just to see that the session
+  // exists would make its next restore look like a DRAM hit. Only a kMemory
+  // session not yet spilled is in DRAM alone.
+  absl::Status exists = store_->db().GetManifest(tenant, session).status();
+  if (exists.code() == absl::StatusCode::kNotFound)
+    exists = store_->Load(tenant, session).status();
+  if (exists.ok() || exists.code() == absl::StatusCode::kDataLoss) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(SessionName(tenant, session), " already exists"));
+  }
+  if (exists.code() != absl::StatusCode::kNotFound) return exists;
   storage::TurnUpdate update;
   update.manifest = std::move(m);
   return store_->CommitTurn(update);
 }
 
 absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
-    const Key& key, TurnResult* result) {
+    const Key& key, bool create_if_missing, TurnResult* result) {
   {
     absl::MutexLock lock(&mu_);
     auto it = hot_.find(key);
@@ -292,7 +299,8 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::shared_ptr<Active>> active = Restore(key, result);
+  absl::StatusOr<std::shared_ptr<Active>> active =
+      Restore(key, create_if_missing, result);
   result->restore_seconds = SecondsSince(start);
   if (active.ok()) {
     // Not in hot_ yet, so no other thread sees it; the lock orders the
@@ -304,7 +312,7 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
 }
 
 absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
-    const Key& key, TurnResult* result) {
+    const Key& key, bool create_if_missing, TurnResult* result) {
   const auto& [tenant, session] = key;
   absl::StatusOr<storage::TieredStore::Loaded> loaded =
       store_->Load(tenant, session);
@@ -315,6 +323,14 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
   if (loaded.ok()) {
     checkpoint = loaded->checkpoint;
     tier = loaded->tier;
+  } else if (loaded.status().code() == absl::StatusCode::kNotFound &&
+             create_if_missing) {
+    // Started by this turn: held in memory only until the turn commits.
+    KVD_ASSIGN_OR_RETURN(v1::SessionManifest m,
+                         NewManifest(tenant, session, {}));
+    auto fresh = std::make_shared<storage::SessionCheckpoint>();
+    fresh->Reset(std::move(m), {});
+    checkpoint = std::move(fresh);
   } else {
     if (loaded.status().code() == absl::StatusCode::kNotFound) {
       return absl::NotFoundError(absl::StrCat(
@@ -378,6 +394,7 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
     fallback = std::string(restored.message());
   }
   // Token ids only: the policy keeps nothing else, or the rest is damaged.
+  if (m.token_count() == 0 && fallback.empty()) return active;  // new
   result->path = StatePath::kReprefill;
   result->path_detail =
       fallback.empty()
@@ -457,7 +474,8 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   absl::MutexLock session_lock(session_mu.get());
 
   TurnResult result;
-  KVD_ASSIGN_OR_RETURN(std::shared_ptr<Active> active, Acquire(key, &result));
+  KVD_ASSIGN_OR_RETURN(std::shared_ptr<Active> active,
+                       Acquire(key, request.create_if_missing, &result));
   Active& a = *active;  // in a turn (Acquire): never demoted meanwhile
   std::vector<int32_t> turn_tokens = request.tokens;
   if (request.make_tokens) {

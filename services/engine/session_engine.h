@@ -113,6 +113,11 @@ struct TurnRequest {
   std::function<absl::StatusOr<std::vector<int32_t>>(
       absl::Span<const int32_t> session_tokens)>
       make_tokens;
+  // An unknown session is started by this turn (as CreateSession would with
+  // no labels) instead of NOT_FOUND. Nothing is stored unless the turn
+  // commits, so a first turn that fails or is cancelled leaves no empty
+  // session behind.
+  bool create_if_missing = false;
   // Sampling, limits, stop strings, callbacks. Its prompt, kv_source,
   // observer and sequence_id are set by the engine.
   GenerateRequest generate;
@@ -187,10 +192,10 @@ class SessionEngine {
                              const std::map<std::string, std::string>& labels);
 
   // Restores the session if needed, runs the turn, commits it. NOT_FOUND for
-  // an unknown session (or another tenant's); FAILED_PRECONDITION if its
-  // checkpoint belongs to another model or precision;
-  // INVALID_ARGUMENT if the turn does not fit the context; the store's code
-  // if the commit fails (nothing of the turn is kept then).
+  // an unknown session (or another tenant's) unless create_if_missing;
+  // FAILED_PRECONDITION if its checkpoint belongs to another model or
+  // precision; INVALID_ARGUMENT if the turn does not fit the context; the
+  // store's code if the commit fails (nothing of the turn is kept then).
   absl::StatusOr<TurnResult> RunTurn(const TurnRequest& request,
                                      const ops::Tokenizer& tokenizer,
                                      const DeltaCallback& on_delta);
@@ -232,9 +237,15 @@ class SessionEngine {
   // in a turn (in_turn) under the same lock that found it, so DemoteOneIdle
   // never takes it for idle; MakeHot or SetInTurn(false) ends the turn.
   absl::StatusOr<std::shared_ptr<Active>> Acquire(const Key& key,
+                                                  bool create_if_missing,
                                                   TurnResult* result);
   absl::StatusOr<std::shared_ptr<Active>> Restore(const Key& key,
+                                                  bool create_if_missing,
                                                   TurnResult* result);
+  // The manifest of a new, empty session under this engine's policy.
+  absl::StatusOr<v1::SessionManifest> NewManifest(
+      const std::string& tenant, const std::string& session,
+      const std::map<std::string, std::string>& labels) const;
   // Runs the model over every committed token, refilling residuals, into an
   // empty cache and store; a full pool demotes idle sessions and retries.
   absl::Status Reprefill(Active& active);

@@ -81,6 +81,7 @@ class SessionEngineTest : public testing::EngineTest {
     TurnRequest r;
     r.tenant = "acme";
     r.session = "chat-1";
+    r.create_if_missing = create_if_missing_;
     r.tokens = TurnTokens(turn);
     r.generate.max_tokens = 11;
     r.generate.ignore_eos = true;
@@ -149,6 +150,7 @@ class SessionEngineTest : public testing::EngineTest {
 
   v1::ModelIdentity identity_;
   std::string dir_;
+  bool create_if_missing_ = false;  // Turn's TurnRequest.create_if_missing
 };
 
 const Variant kVariants[] = {
@@ -292,6 +294,47 @@ TEST_P(SessionEngineTest, CancelledTurnCommitsNothing) {
   for (int turn = 1; turn < kTurns; ++turn) ASSERT_TRUE(Turn(turn, &t).ok());
   ExpectSameBits(reference, t);
   EXPECT_EQ(t.paths[1], StatePath::kDram);  // the hot state was dropped
+}
+
+// A turn may start its session (HTTP and `kvd chat` do): nothing is stored
+// until that turn commits, so a first turn that is cancelled leaves no empty
+// session behind; a conversation started so is the one CreateSession starts,
+// bit for bit, and its first turn reports the path "new" under every policy.
+TEST_P(SessionEngineTest, TurnThatStartsASessionStoresItOnlyWhenItCommits) {
+  for (const Variant& v : kVariants) {
+    SCOPED_TRACE(v.policy + "/" + std::to_string(v.hot_budget));
+    create_if_missing_ = false;
+    const Transcript reference = Converse(v, nullptr);
+    ASSERT_EQ(reference.paths.size(), static_cast<size_t>(kTurns));
+    EXPECT_EQ(reference.paths[0], StatePath::kNew);
+
+    FreshDir();
+    OpenStore();
+    NewEngine(v, identity_);
+    create_if_missing_ = true;
+    Transcript scratch;
+    EXPECT_EQ(Turn(0, &scratch, /*cancel_after=*/3).status().code(),
+              absl::StatusCode::kCancelled);
+    EXPECT_EQ(engine_->GetSession("acme", "chat-1").status().code(),
+              absl::StatusCode::kNotFound);
+    EXPECT_EQ(store_->db().GetManifest("acme", "chat-1").status().code(),
+              absl::StatusCode::kNotFound);
+
+    Transcript t;
+    for (int turn = 0; turn < kTurns; ++turn) {
+      ASSERT_TRUE(Turn(turn, &t).ok()) << turn;
+    }
+    ExpectSameBits(reference, t);
+    EXPECT_EQ(t.paths[0], StatePath::kNew);
+    auto m = engine_->GetSession("acme", "chat-1");
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->turn_ends_size(), kTurns);
+    EXPECT_EQ(m->policy(), v.policy);
+    // Once stored, the session is found whatever the flag says.
+    EXPECT_EQ(engine_->CreateSession("acme", "chat-1", {}).code(),
+              absl::StatusCode::kAlreadyExists);
+  }
+  create_if_missing_ = false;
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, SessionEngineTest,

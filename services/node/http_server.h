@@ -12,7 +12,8 @@
 //                                 is full)
 //
 // Sessions: a chat request with `session_id` (body field or X-Session-Id
-// header) continues that stored conversation, creating it on first use.
+// header) continues that stored conversation, creating it on first use (it
+// is stored once that first turn commits).
 // The first turn renders every message of the request with the model's chat
 // template; later turns use only the last message (role user) and append it
 // to the session's committed tokens, so a client sends just the new message.

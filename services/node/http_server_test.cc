@@ -495,6 +495,44 @@ TEST_F(HttpServerTest, ShutdownAnswersRunningStatelessRequestsWith503) {
             2);
 }
 
+// A session's first turn whose client hangs up stores nothing: no empty
+// session is left to list, export or resume.
+TEST_F(HttpServerTest, FirstTurnCancelledLeavesNoSession) {
+  auto server = Start(smol_);
+  const int port = server->port();
+  {
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(1, 0);  // gives up and closes after a second
+    const json body = {
+        {"model", smol_->model_id()},
+        {"session_id", "ghost"},
+        {"messages", {{{"role", "user"}, {"content", "Tell me a story."}}}},
+        {"max_tokens", 2000},
+        {"ignore_eos", true}};
+    auto res =
+        cli.Post("/v1/chat/completions", body.dump(), "application/json");
+    EXPECT_FALSE(res) << "the request finished within a second";
+  }
+  Metrics& m = server->metrics();
+  for (int i = 0;
+       i < 1000 && m.Value("kvd_http_generations_cancelled_total", {}) == 0;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(m.Value("kvd_http_generations_cancelled_total", {}), 1);
+  EXPECT_EQ(Send(port, "GET", "/v1/sessions/ghost").status, 404);
+  // The next request with that id starts the session afresh.
+  Reply r = Post(port, "/v1/chat/completions",
+                 {{"model", smol_->model_id()},
+                  {"session_id", "ghost"},
+                  {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                  {"max_tokens", 2}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  Reply got = Send(port, "GET", "/v1/sessions/ghost");
+  ASSERT_EQ(got.status, 200) << got.body;
+  EXPECT_EQ(got.Json()["turns"], 1) << got.body;
+}
+
 // Streams a long completion and hangs up after the first chunk.
 struct Streamer {
   std::atomic<bool> got_data{false};

@@ -164,14 +164,11 @@ absl::StatusOr<GenerationOutcome> RunGeneration(
       return absl::CancelledError("generation cancelled");
     }
   } else {
-    absl::Status created = engine.CreateSession(job.tenant, job.session, {});
-    if (!created.ok() && created.code() != absl::StatusCode::kAlreadyExists) {
-      return created;
-    }
     const int64_t context = runtime.model().config().context_length;
     engine::TurnRequest turn;
     turn.tenant = job.tenant;
     turn.session = job.session;
+    turn.create_if_missing = true;  // stored only once its first turn commits
     turn.generate = std::move(g);
     turn.make_tokens = [&runtime, &job, context](absl::Span<const int32_t> have)
         -> absl::StatusOr<std::vector<int32_t>> {

@@ -80,7 +80,8 @@ absl::StatusOr<std::vector<int32_t>> ChatTokens(
     const NodeRuntime& runtime, const GenerationJob& job,
     absl::Span<const int32_t> session_tokens, bool estimate);
 
-// Generates. A session is created on first use. `on_delta` sees the output
+// Generates. A session is started by its first turn and stored when that turn
+// commits (TurnRequest::create_if_missing). `on_delta` sees the output
 // as it is produced (with each token's logprobs when the request asked;
 // LogprobsText turns them into the API's form); `cancelled` (may be empty)
 // is polled between steps; when it stops the generation, the result is

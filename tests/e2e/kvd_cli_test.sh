@@ -76,6 +76,20 @@ s="$("$KVD" generate --quiet --temperature 0 --max-tokens 24 --stop "," \
 [[ "$s" != *","* ]] || fail "stop string ',' was emitted: '$s'"
 [[ "$free" == "$s"* ]] || fail "stopped text '$s' is not a prefix of the free text '$free'"
 
+# A session's first turn that is refused stores nothing: no empty session is left behind, and the
+# same name then starts a real one.
+data="$TEST_TMPDIR/chat-data"
+long="$(printf 'hello %.0s' {1..9000})"  # more tokens than SmolLM2's 8192-token context
+out="$("$KVD" chat --data-dir "$data" --session ghost --max-tokens 2 "$long" 2>&1)"; rc=$?
+[[ $rc == 1 ]] || fail "over-long first turn: exit $rc, want 1; got: $out"
+expect_contains "over-long first turn" "$out" "context"
+out="$("$KVD" sessions --data-dir "$data" ls 2>&1)"
+[[ "$out" != *ghost* ]] || fail "a refused first turn left session ghost: $out"
+"$KVD" chat --data-dir "$data" --session ghost --max-tokens 2 "Hi" >/dev/null 2>&1 \
+  || fail "kvd chat after a refused first turn exited $?"
+out="$("$KVD" sessions --data-dir "$data" ls 2>&1)"
+expect_contains "session after a committed turn" "$out" "ghost"
+
 if ((failures)); then
   echo "$failures failure(s)"
   exit 1

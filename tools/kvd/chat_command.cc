@@ -112,6 +112,7 @@ absl::Status RunTurn(node::NodeRuntime& rt, const Args& args,
   engine::TurnRequest turn;
   turn.tenant = args.Get("tenant");
   turn.session = args.Get("session");
+  turn.create_if_missing = true;  // stored only once its first turn commits
   turn.generate = sampling;
   turn.make_tokens = [&](absl::Span<const int32_t> have) {
     return TurnTokens(rt, args, message, have);
@@ -264,10 +265,6 @@ absl::Status Run(const Args& args) {
     for (const std::string& s : rt->chat_template()->stop_strings())
       sampling.stop.push_back(s);
   }
-  const std::string tenant = args.Get("tenant"), session = args.Get("session");
-  absl::Status created = rt->engine().CreateSession(tenant, session, {});
-  if (!created.ok() && created.code() != absl::StatusCode::kAlreadyExists)
-    return created;
   std::unique_ptr<std::ofstream> logits;
   if (args.Has("dump-logits")) {
     logits = std::make_unique<std::ofstream>(args.Get("dump-logits"),
