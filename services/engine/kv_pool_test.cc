@@ -210,7 +210,7 @@ TEST_P(KvPoolTest, FullPoolStopsTheYoungestAndTheOthersFinishExactly) {
       << res[2].status();
   EXPECT_THAT(res[2].status().message(), HasSubstr("K/V pool of"));
   EXPECT_THAT(res[2].status().message(),
-              HasSubstr("raise --kv-pool-mb or lower --max-running"));
+              HasSubstr("raise --kv-pool-mb, or lower --max-inflight"));
   EXPECT_LT(got[2].logits.size(), static_cast<size_t>(kTokens));
   EXPECT_EQ(engine_->stats().kv_pool_blocks_used, 0);  // all given back
 }

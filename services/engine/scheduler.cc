@@ -207,7 +207,7 @@ absl::Status Scheduler::PoolFull(absl::string_view why) const {
   const ops::KvBlockPool& pool = *options_.kv_pool;
   return absl::ResourceExhaustedError(absl::StrFormat(
       "K/V pool of %.0f MiB is full (%d of %d blocks in use): %s; raise "
-      "--kv-pool-mb or lower --max-running",
+      "--kv-pool-mb, or lower --max-inflight (kvd serve)",
       pool.budget_bytes() / (1024.0 * 1024.0), pool.stats().blocks_in_use,
       pool.capacity_blocks(), std::string(why)));
 }

@@ -247,7 +247,7 @@ class Parser {
           absl::StrCat(where_, " is not a kvd session file (it starts with \"",
                        absl::CHexEscape(magic), "\", not \"",
                        absl::CHexEscape(kSessionFileMagic),
-                       "\"); pass a file written by `kvd session export`"));
+                       "\"); pass a file written by `kvd sessions export`"));
     }
     uint32_t file_version = 0, format_version = 0;
     if (!ReadInt(&file_version) || !ReadInt(&format_version)) {

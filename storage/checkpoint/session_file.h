@@ -1,5 +1,5 @@
 // Export/import of one session as a single self-describing file (DESIGN.md
-// section 5): what `kvd session export` writes and the gRPC ExportSession
+// section 5): what `kvd sessions export` writes and the gRPC ExportSession
 // streams, and what an import reads back on any node.
 //
 // Layout (integers little-endian, fixed width):

@@ -90,6 +90,15 @@ out="$("$KVD" sessions --data-dir "$data" ls 2>&1)"
 out="$("$KVD" sessions --data-dir "$data" ls 2>&1)"
 expect_contains "session after a committed turn" "$out" "ghost"
 
+# Reading a data directory that does not exist (a typo) creates nothing there.
+nowhere="$TEST_TMPDIR/no-such-data-dir"
+out="$("$KVD" sessions --data-dir "$nowhere" ls 2>&1)" || fail "sessions ls of a missing dir exited $?"
+expect_contains "sessions ls of a missing dir" "$out" "nothing was ever stored"
+out="$("$KVD" sessions --data-dir "$nowhere" show x 2>&1)"; rc=$?
+[[ $rc == 1 ]] || fail "sessions show in a missing dir: exit $rc, want 1"
+expect_contains "sessions show in a missing dir" "$out" "check --data-dir"
+[[ ! -e "$nowhere" ]] || fail "reading $nowhere created it"
+
 if ((failures)); then
   echo "$failures failure(s)"
   exit 1

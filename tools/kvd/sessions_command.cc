@@ -2,6 +2,7 @@
 // stored under a data directory. Works without loading a model; a session
 // imported here is checked against the model when it is next resumed.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -107,6 +108,21 @@ absl::Status Run(const Args& args) {
   };
   const std::string tenant = args.Get("tenant");
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  if (action != "import") {
+    // Reading a mistyped --data-dir must not create a database there.
+    KVD_ASSIGN_OR_RETURN(node::NodeOptions o, NodeOptionsFromFlags(args));
+    const std::string db = o.data_dir + "/sessions";
+    if (!std::filesystem::exists(db)) {
+      if (action == "ls") {
+        std::fprintf(stderr, "no sessions: nothing was ever stored under %s\n",
+                     o.data_dir.c_str());
+        return absl::OkStatus();
+      }
+      return absl::NotFoundError(
+          absl::StrCat("no session database at ", db,
+                       "; check --data-dir (or $KVD_DATA_DIR)"));
+    }
+  }
   KVD_ASSIGN_OR_RETURN(std::unique_ptr<storage::TieredStore> store,
                        OpenStore(args));
   if (action == "ls") return List(*store, tenant);
