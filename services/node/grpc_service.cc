@@ -346,8 +346,12 @@ grpc::Status SessionsService::ImportSession(
 grpc::Status HealthService::Check(grpc::ServerContext* ctx,
                                   const v1::HealthRequest* request,
                                   v1::HealthResponse* response) {
-  response->set_status(serving_.load() ? v1::HealthResponse::SERVING
-                                       : v1::HealthResponse::NOT_SERVING);
+  // A node whose database refuses writes (a damaged file) cannot commit
+  // turns: not serving, so callers go elsewhere.
+  const bool writable = runtime_->store().db().WriteHealth().ok();
+  response->set_status(serving_.load() && writable
+                           ? v1::HealthResponse::SERVING
+                           : v1::HealthResponse::NOT_SERVING);
   response->set_model(runtime_->model_id());
   response->set_numerics_version(
       runtime_->engine().identity().numerics_version());

@@ -347,6 +347,14 @@ void HttpServerImpl::Routes() {
       res.set_content(stopping_ ? "stopping\n" : "queue full\n", "text/plain");
       return;
     }
+    // Turns cannot commit while the database refuses writes (a damaged
+    // file): not ready, with the reason and what to do.
+    if (absl::Status w = runtime_->store().db().WriteHealth(); !w.ok()) {
+      res.status = 503;
+      res.set_content(absl::StrCat("storage: ", w.message(), "\n"),
+                      "text/plain");
+      return;
+    }
     res.set_content("ready\n", "text/plain");
   });
 }

@@ -94,6 +94,9 @@ struct SessionDb::Impl {
   // Set when a write failed for lack of space: RocksDB then refuses writes
   // until DB::Resume() succeeds.
   bool needs_resume ABSL_GUARDED_BY(mu) = false;
+  // Why writes stopped, while RocksDB refuses them after finding a damaged
+  // file (cleared by the next write that succeeds).
+  absl::Status write_failure ABSL_GUARDED_BY(mu);
 
   ~Impl() {
     for (rocksdb::ColumnFamilyHandle* cf : cfs) {
@@ -285,9 +288,28 @@ struct SessionDb::Impl {
         absl::MutexLock lock(&mu);
         needs_resume = true;
       }
+      if (s.IsCorruption()) {
+        // A flush or compaction read a damaged file: RocksDB now refuses
+        // every write until it is reopened, and the next compaction of that
+        // file stops it again. Only salvaging the sessions helps.
+        const absl::Status failure = absl::DataLossError(absl::StrCat(
+            what, " for session ", Name(m.tenant(), m.session_id()),
+            ": the session database at ", options.path,
+            " stopped taking writes because one of its files is damaged (",
+            s.ToString(),
+            "). Reads still work. To recover: stop kvd, run "
+            "'kvd sessions export --all DIR' for each tenant, move the "
+            "database directory aside, and import the files into a fresh "
+            "one ('kvd sessions import FILE')"));
+        absl::MutexLock lock(&mu);
+        write_failure = failure;
+        return failure;
+      }
       return FromRocks(s, absl::StrCat(what, " for session ",
                                        Name(m.tenant(), m.session_id())));
     }
+    absl::MutexLock lock(&mu);
+    write_failure = absl::OkStatus();
     return absl::OkStatus();
   }
 
@@ -762,6 +784,11 @@ int64_t SessionDb::TenantBytes(absl::string_view tenant) const {
 
 int64_t SessionDb::QuotaBytes(absl::string_view tenant) const {
   return impl_->QuotaOf(std::string(tenant));
+}
+
+absl::Status SessionDb::WriteHealth() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->write_failure;
 }
 
 int64_t SessionDb::DiskBytes() const {

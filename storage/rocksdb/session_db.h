@@ -145,6 +145,11 @@ class SessionDb {
   // process actually occupies on disk.
   int64_t DiskBytes() const;
 
+  // DATA_LOSS (with what to do) while RocksDB refuses writes because it
+  // found a damaged file, as the last commit reported; OK otherwise.
+  // Readiness checks use it: such a node can serve reads, not turns.
+  absl::Status WriteHealth() const;
+
   SessionDb(const SessionDb&) = delete;
   SessionDb& operator=(const SessionDb&) = delete;
 

@@ -491,6 +491,64 @@ TEST_F(SessionDbTest, PutSessionRefusesAManifestThatMisstatesItsBytes) {
   ASSERT_TRUE(db_->PutSession(good).ok());
 }
 
+// A flush or compaction that reads a damaged table makes RocksDB refuse every
+// write until reopened, and the same file stops it again later. The commit
+// must say so and what recovers the sessions, and WriteHealth (readiness)
+// must report it, not leave operators with a bare checksum error.
+TEST_F(SessionDbTest, DamagedTableStopsWritesWithSalvageAdvice) {
+  options_.memtable_bytes = 1 << 20;  // flushes every few hundred KiB
+  Reopen();
+  SyntheticSessionOptions o;
+  o.row_bytes = 16384;  // 64 KiB chunks
+  SyntheticSession s(o);
+  for (int turn = 0; turn < 2; ++turn) {
+    ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(64)).ok());
+  }
+  absl::StatusOr<SessionCheckpoint> whole = db_->Load("acme", "chat-1");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  db_.reset();
+
+  // Damage the first data block of every table of the residual family.
+  std::vector<std::string> tables;
+  {
+    RawDb raw(options_.path);
+    rocksdb::ColumnFamilyMetaData meta;
+    raw.db()->GetColumnFamilyMetaData(raw.cf("residuals"), &meta);
+    for (const auto& level : meta.levels) {
+      for (const auto& f : level.files) {
+        tables.push_back(options_.path + "/" + f.name);
+      }
+    }
+  }
+  ASSERT_FALSE(tables.empty());
+  for (const std::string& t : tables) {
+    std::fstream f(t, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(30);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x5a;
+    f.seekp(30);
+    f.write(&c, 1);
+  }
+
+  Reopen();
+  EXPECT_TRUE(db_->WriteHealth().ok());
+  // Rewriting the same keys makes the compactions read the damaged tables.
+  absl::Status st;
+  for (int i = 0; i < 60 && st.ok(); ++i) st = db_->PutSession(*whole);
+  ASSERT_FALSE(st.ok()) << "no compaction read a damaged table";
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_THAT(st.message(), HasSubstr("stopped taking writes"));
+  EXPECT_THAT(st.message(), HasSubstr("kvd sessions export --all"));
+  EXPECT_EQ(db_->WriteHealth().code(), absl::StatusCode::kDataLoss);
+  // Every later write is refused the same way, whatever session it is for.
+  SyntheticSessionOptions other;
+  other.session = "other";
+  SyntheticSession fresh(other);
+  EXPECT_EQ(db_->CommitTurn(fresh.AppendTurn(3)).code(),
+            absl::StatusCode::kDataLoss);
+}
+
 // RocksDB's create_if_missing would start an empty database in a directory
 // whose CURRENT file is gone, and its next open would delete the old tables
 // and blob files as obsolete: every committed session lost. Open must refuse,

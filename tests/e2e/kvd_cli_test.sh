@@ -90,6 +90,25 @@ out="$("$KVD" sessions --data-dir "$data" ls 2>&1)"
 out="$("$KVD" sessions --data-dir "$data" ls 2>&1)"
 expect_contains "session after a committed turn" "$out" "ghost"
 
+# Salvage: every session of the tenant exported at once, then imported into a fresh directory,
+# continues where it was.
+"$KVD" chat --data-dir "$data" --session second --max-tokens 2 "Hello" >/dev/null 2>&1 \
+  || fail "kvd chat --session second exited $?"
+out="$("$KVD" sessions --data-dir "$data" export --all "$TEST_TMPDIR/salvage" 2>&1)" \
+  || fail "sessions export --all exited $?: $out"
+expect_contains "export --all" "$out" "exported 2 session(s)"
+for name in ghost second; do
+  [[ -s "$TEST_TMPDIR/salvage/$name.kvds" ]] || fail "export --all wrote no $name.kvds"
+  "$KVD" sessions --data-dir "$TEST_TMPDIR/fresh" import "$TEST_TMPDIR/salvage/$name.kvds" \
+    >/dev/null 2>&1 || fail "import of $name.kvds exited $?"
+done
+a="$("$KVD" sessions --data-dir "$data" show second 2>&1)"
+b="$("$KVD" sessions --data-dir "$TEST_TMPDIR/fresh" show second 2>&1)"
+expect_contains "imported copy" "$b" "\"token_count\""
+[[ "$(grep -c token_count <<<"$a")" == 1 && \
+   "$(grep token_count <<<"$a")" == "$(grep token_count <<<"$b")" ]] \
+  || fail "the imported copy differs: $a vs $b"
+
 # Reading a data directory that does not exist (a typo) creates nothing there.
 nowhere="$TEST_TMPDIR/no-such-data-dir"
 out="$("$KVD" sessions --data-dir "$nowhere" ls 2>&1)" || fail "sessions ls of a missing dir exited $?"

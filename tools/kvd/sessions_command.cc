@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,6 +28,9 @@ constexpr char kSummary[] =
     "  kvd sessions show NAME              a session's manifest (JSON)\n"
     "  kvd sessions rm NAME                delete a session and all its data\n"
     "  kvd sessions export NAME FILE       write one self-describing file\n"
+    "  kvd sessions export --all DIR       every session of the tenant, as\n"
+    "                                      DIR/NAME.kvds (salvage: it goes\n"
+    "                                      on past sessions it cannot read)\n"
     "  kvd sessions import FILE [NAME]     store a file's session (as NAME)";
 
 std::string Time(int64_t unix_ms) {
@@ -67,6 +71,51 @@ absl::Status Show(storage::TieredStore& store, const std::string& tenant,
   if (!google::protobuf::util::MessageToJsonString(m, &json, opts).ok())
     return absl::InternalError("cannot print the manifest as JSON");
   std::cout << json;
+  return absl::OkStatus();
+}
+
+// Exports every session of `tenant` into `dir`, one file each, going on past
+// the ones that fail (a damaged database being salvaged), which are listed.
+absl::Status ExportAll(storage::TieredStore& store, const std::string& tenant,
+                       const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot create ", dir, ": ", ec.message(), "; choose a writable one"));
+  }
+  int64_t written = 0;
+  std::vector<std::string> failed;
+  std::string token;
+  do {
+    KVD_ASSIGN_OR_RETURN(storage::SessionListPage page,
+                         store.List(tenant, token, 100));
+    for (const v1::SessionManifest& m : page.sessions) {
+      const std::string file = absl::StrCat(dir, "/", m.session_id(), ".kvds");
+      absl::Status s = [&]() -> absl::Status {
+        KVD_ASSIGN_OR_RETURN(storage::TieredStore::Loaded got,
+                             store.Load(tenant, m.session_id()));
+        return storage::WriteSessionFile(*got.checkpoint, file);
+      }();
+      if (s.ok()) {
+        ++written;
+      } else {
+        std::fprintf(stderr, "cannot export session '%s': %s\n",
+                     m.session_id().c_str(), std::string(s.message()).c_str());
+        failed.push_back(m.session_id());
+      }
+    }
+    token = page.next_page_token;
+  } while (!token.empty());
+  std::fprintf(stderr, "exported %lld session(s) of tenant '%s' to %s\n",
+               static_cast<long long>(written), tenant.c_str(), dir.c_str());
+  if (!failed.empty()) {
+    return absl::DataLossError(
+        absl::StrCat(failed.size(),
+                     " session(s) could not be exported (listed above); "
+                     "the others are in ",
+                     dir));
+  }
   return absl::OkStatus();
 }
 
@@ -136,6 +185,10 @@ absl::Status Run(const Args& args) {
     std::fprintf(stderr, "deleted session '%s'\n", p[1].c_str());
     return absl::OkStatus();
   }
+  if (action == "export" && args.Has("all")) {
+    KVD_RETURN_IF_ERROR(need(1, "kvd sessions export --all DIR"));
+    return ExportAll(*store, tenant, p[1]);
+  }
   if (action == "export") {
     KVD_RETURN_IF_ERROR(need(2, "kvd sessions export NAME FILE"));
     KVD_ASSIGN_OR_RETURN(storage::TieredStore::Loaded got,
@@ -161,7 +214,9 @@ int SessionsCommand(const std::vector<std::string>& argv) {
   Args args("kvd sessions", kSummary);
   args.Positional("ACTION ARGS...",
                   "ls | show NAME | rm NAME | export NAME FILE "
-                  "| import FILE [NAME]");
+                  "| export --all DIR | import FILE [NAME]");
+  args.Switch("all",
+              "export: every session of the tenant into the directory given");
   DeclareStoreFlags(args);
   return args.Main(argv, Run);
 }
