@@ -383,6 +383,28 @@ TEST_F(HttpServerTest, ApiKeysScopeSessionsToTheirTenant) {
             200);
 }
 
+// vLLM's sampling extensions reach the sampler: top_k 1 (or min_p 1) at
+// temperature 1 keeps only the most likely token, which is greedy decoding.
+TEST_F(HttpServerTest, TopKAndMinPReachTheSampler) {
+  auto server = Start(smol_);
+  auto text = [&](json extra) {
+    json body = {{"model", smol_->model_id()},
+                 {"prompt", "The capital of France is"},
+                 {"max_tokens", 12},
+                 {"seed", 7}};
+    body.update(extra);
+    Reply r = Post(server->port(), "/v1/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.Json()["choices"][0]["text"].get<std::string>();
+  };
+  const std::string greedy = text({{"temperature", 0}});
+  const std::string sampled = text({{"temperature", 1.5}});
+  ASSERT_NE(sampled, greedy) << "seed 7 at temperature 1.5 happens to be "
+                                "greedy; pick another seed";
+  EXPECT_EQ(text({{"temperature", 1.5}, {"top_k", 1}}), greedy);
+  EXPECT_EQ(text({{"temperature", 1.5}, {"min_p", 1}}), greedy);
+}
+
 // Two nodes on one port must not share it: with SO_REUSEPORT the second
 // started and the kernel split the clients (and their sessions) between them.
 TEST_F(HttpServerTest, SecondServerOnTheSamePortIsRefused) {

@@ -218,6 +218,20 @@ absl::Status ParseCommon(const json& j, const RequestLimits& limits, bool chat,
   c->sampling.top_p = static_cast<float>(top_p->value_or(1.0));
   // A float that rounds to 0 would be out of the sampler's range.
   if (!(c->sampling.top_p > 0)) c->sampling.top_p = 1e-7f;
+  // vLLM's and llama.cpp's sampling extensions; -1 is vLLM's "off" for top_k.
+  auto top_k = GetInt(j, "top_k", -1, std::numeric_limits<int32_t>::max());
+  if (!top_k.ok()) return top_k.status();
+  c->sampling.top_k =
+      static_cast<int32_t>(std::max<int64_t>(0, top_k->value_or(0)));
+  auto min_p = GetNumber(j, "min_p", 0, 1, /*lo_open=*/false);
+  if (!min_p.ok()) return min_p.status();
+  c->sampling.min_p = static_cast<float>(min_p->value_or(0.0));
+  auto rp = GetNumber(j, "repetition_penalty", 0, 10, /*lo_open=*/true);
+  if (!rp.ok()) return rp.status();
+  c->sampling.repetition_penalty = static_cast<float>(rp->value_or(1.0));
+  if (!(c->sampling.repetition_penalty > 0)) {
+    c->sampling.repetition_penalty = 1e-7f;  // rounded to 0 as a float
+  }
   auto fp = GetNumber(j, "frequency_penalty", -2, 2, false);
   if (!fp.ok()) return fp.status();
   c->sampling.frequency_penalty = static_cast<float>(fp->value_or(0.0));

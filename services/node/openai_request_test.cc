@@ -54,6 +54,9 @@ TEST(ParseChatRequest, AcceptsAFullRequest) {
                              {"max_completion_tokens", 16},
                              {"temperature", 0},
                              {"top_p", 0.5},
+                             {"top_k", 40},
+                             {"min_p", 0.05},
+                             {"repetition_penalty", 1.1},
                              {"seed", -1},
                              {"stop", {"x", "y"}},
                              {"logprobs", true},
@@ -76,6 +79,9 @@ TEST(ParseChatRequest, AcceptsAFullRequest) {
   EXPECT_EQ(r->common.max_tokens, 16);
   EXPECT_EQ(r->common.sampling.temperature, 0.0f);
   EXPECT_EQ(r->common.sampling.top_p, 0.5f);
+  EXPECT_EQ(r->common.sampling.top_k, 40);
+  EXPECT_EQ(r->common.sampling.min_p, 0.05f);
+  EXPECT_EQ(r->common.sampling.repetition_penalty, 1.1f);
   EXPECT_TRUE(r->common.seed_given);
   EXPECT_EQ(r->common.sampling.seed, ~uint64_t{0});
   EXPECT_THAT(r->common.stop, ::testing::ElementsAre("x", "y"));
@@ -92,6 +98,9 @@ TEST(ParseChatRequest, DefaultsAreOpenAis) {
   EXPECT_FALSE(r->common.max_tokens.has_value());
   EXPECT_EQ(r->common.sampling.temperature, 1.0f);
   EXPECT_EQ(r->common.sampling.top_p, 1.0f);
+  EXPECT_EQ(r->common.sampling.top_k, 0);
+  EXPECT_EQ(r->common.sampling.min_p, 0.0f);
+  EXPECT_EQ(r->common.sampling.repetition_penalty, 1.0f);
   EXPECT_FALSE(r->common.seed_given);
   EXPECT_TRUE(r->common.stop.empty());
   EXPECT_TRUE(r->session_id.empty());
@@ -113,6 +122,12 @@ TEST(ParseChatRequest, RejectsEveryOutOfRangeOrMistypedField) {
       {{{"temperature", "1"}}, "temperature"},
       {{{"top_p", 0}}, "top_p"},
       {{{"top_p", 1.01}}, "top_p"},
+      {{{"top_k", -2}}, "top_k"},
+      {{{"top_k", 1.5}}, "top_k"},
+      {{{"min_p", 1.5}}, "min_p"},
+      {{{"min_p", -0.1}}, "min_p"},
+      {{{"repetition_penalty", 0}}, "repetition_penalty"},
+      {{{"repetition_penalty", 10.5}}, "repetition_penalty"},
       {{{"frequency_penalty", 2.5}}, "frequency_penalty"},
       {{{"presence_penalty", -2.5}}, "presence_penalty"},
       {{{"max_tokens", 0}}, "max_tokens"},
@@ -178,7 +193,9 @@ TEST(ParseChatRequest, BoundsAreInclusiveWhereDocumented) {
        {json{{"temperature", 2}}, json{{"temperature", 0}}, json{{"top_p", 1}},
         json{{"top_p", 1e-9}}, json{{"frequency_penalty", -2}},
         json{{"presence_penalty", 2}}, json{{"max_tokens", int64_t{1} << 20}},
-        json{{"max_tokens", 1}}, json{{"stop", {"a", "b", "c", "d"}}},
+        json{{"top_k", -1}}, json{{"min_p", 0}}, json{{"min_p", 1}},
+        json{{"repetition_penalty", 10}}, json{{"max_tokens", 1}},
+        json{{"stop", {"a", "b", "c", "d"}}},
         json{{"stop", std::string(256, 'x')}},
         json{{"seed", 18446744073709551615u}},
         json{{"session_id", std::string(128, 's')}}}) {
