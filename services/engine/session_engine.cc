@@ -471,7 +471,20 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
                      SessionName(request.tenant, request.session), " later"));
   }
   const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
-  absl::MutexLock session_lock(session_mu.get());
+  if (request.fail_if_busy) {
+    if (!session_mu->TryLock()) {
+      return absl::AbortedError(absl::StrCat(
+          SessionName(request.tenant, request.session),
+          " is busy: another turn of it is running; send the next turn when "
+          "that one has finished"));
+    }
+  } else {
+    session_mu->Lock();
+  }
+  struct Unlock {
+    absl::Mutex* mu;
+    ~Unlock() { mu->Unlock(); }
+  } session_lock{session_mu.get()};
 
   TurnResult result;
   KVD_ASSIGN_OR_RETURN(std::shared_ptr<Active> active,

@@ -118,6 +118,10 @@ struct TurnRequest {
   // commits, so a first turn that fails or is cancelled leaves no empty
   // session behind.
   bool create_if_missing = false;
+  // ABORTED at once when another turn of the session is running, instead of
+  // waiting for it: a server must not let one client's queued turns hold
+  // admission slots that other sessions' requests need.
+  bool fail_if_busy = false;
   // Sampling, limits, stop strings, callbacks. Its prompt, kv_source,
   // observer and sequence_id are set by the engine.
   GenerateRequest generate;

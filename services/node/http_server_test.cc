@@ -560,12 +560,13 @@ struct Streamer {
   std::atomic<bool> got_data{false};
   std::atomic<bool> hang_up{false};
   std::thread thread;
-  void Start(int port, const json& body) {
-    thread = std::thread([this, port, body] {
+  void Start(int port, const json& body,
+             const std::string& path = "/v1/completions") {
+    thread = std::thread([this, port, body, path] {
       httplib::Client cli("127.0.0.1", port);
       httplib::Request req;
       req.method = "POST";
-      req.path = "/v1/completions";
+      req.path = path;
       req.body = body.dump();
       req.headers.emplace("Content-Type", "application/json");
       req.content_receiver = [this](const char*, size_t, uint64_t, uint64_t) {
@@ -579,6 +580,43 @@ struct Streamer {
     });
   }
 };
+
+// A second turn sent while the session's first is still running is refused
+// at once (409), instead of holding an admission slot while it waits: one
+// client's queued turns must not block everyone else's requests.
+TEST_F(HttpServerTest, TurnOfABusySessionIsRefusedAtOnce) {
+  auto server = Start(smol_);
+  const int port = server->port();
+  auto turn = [&](const std::string& content, int max_tokens) {
+    return json{{"model", smol_->model_id()},
+                {"session_id", "busy"},
+                {"messages", {{{"role", "user"}, {"content", content}}}},
+                {"max_tokens", max_tokens},
+                {"ignore_eos", true},
+                {"stream", true}};
+  };
+  Streamer a;
+  a.Start(port, turn("Tell me a long story.", 2000), "/v1/chat/completions");
+  while (!a.got_data) absl::SleepFor(absl::Milliseconds(5));
+
+  json second = turn("And then?", 2);
+  second["stream"] = false;
+  Reply b = Post(port, "/v1/chat/completions", second);
+  EXPECT_EQ(b.status, 409) << b.body;
+  EXPECT_EQ(b.Json()["error"]["type"], "conflict_error");
+  EXPECT_THAT(b.Json()["error"]["message"].get<std::string>(),
+              HasSubstr("busy"));
+  a.hang_up = true;
+  a.thread.join();
+  // Once the first turn has ended (the server sees the hang-up at its next
+  // step) the session takes turns again.
+  Reply c = Post(port, "/v1/chat/completions", second);
+  for (int i = 0; i < 500 && c.status == 409; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    c = Post(port, "/v1/chat/completions", second);
+  }
+  EXPECT_EQ(c.status, 200) << c.body;
+}
 
 TEST_F(HttpServerTest, QueueLimitGives429AndDisconnectStopsGeneration) {
   HttpServerOptions options;

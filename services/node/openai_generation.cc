@@ -169,6 +169,8 @@ absl::StatusOr<GenerationOutcome> RunGeneration(
     turn.tenant = job.tenant;
     turn.session = job.session;
     turn.create_if_missing = true;  // stored only once its first turn commits
+    // A waiting turn would hold its admission slot while it waits.
+    turn.fail_if_busy = true;
     turn.generate = std::move(g);
     turn.make_tokens = [&runtime, &job, context](absl::Span<const int32_t> have)
         -> absl::StatusOr<std::vector<int32_t>> {
