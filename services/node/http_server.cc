@@ -180,9 +180,10 @@ absl::Status HttpServerImpl::Start() {
     server_ = std::move(tls);
   }
   DeclareMetrics();
-  const int threads = options_.threads > 0
-                          ? options_.threads
-                          : options_.max_inflight + options_.max_queue + 8;
+  const int threads =
+      options_.threads > 0
+          ? options_.threads
+          : std::max(128, options_.max_inflight + options_.max_queue + 8);
   server_->new_task_queue = [threads] {
     return new httplib::ThreadPool(static_cast<size_t>(threads));
   };

@@ -67,8 +67,11 @@ struct HttpServerOptions {
   int max_inflight = 2;
   int max_queue = 16;
   int retry_after_s = 1;  // the Retry-After header of a 429
-  // Connection threads; 0: max_inflight + max_queue + 8 (so that requests
-  // beyond the queue are answered with 429, not left unread).
+  // Connection threads; 0: max(128, max_inflight + max_queue + 8), so that
+  // requests beyond the queue are answered with 429, not left unread, and a
+  // few dozen idle connections (each holds a thread until read_timeout)
+  // do not starve the rest. httplib serves a thread per connection: on
+  // untrusted networks a reverse proxy must absorb slow clients.
   int threads = 0;
   RequestLimits limits;  // body size (413), messages, stop strings, ...
   absl::Duration read_timeout = absl::Seconds(30);

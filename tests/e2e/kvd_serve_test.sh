@@ -10,7 +10,8 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 DATA="$TEST_TMPDIR/data"
 CONFIG="$TEST_TMPDIR/kvd.json"
 cat > "$CONFIG" <<JSON
-{"model": "smollm2", "http-port": 0, "grpc-port": 0, "threads": 2, "data-dir": "$DATA"}
+{"model": "smollm2", "http-port": 0, "grpc-port": 0, "threads": 2, "data-dir": "$DATA",
+ "http-read-timeout": 2}
 JSON
 
 start() {  # start LOG: starts the server, sets PID and PORT
@@ -36,6 +37,15 @@ start "$TEST_TMPDIR/serve1.log"
 [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/healthz")" == 200 ]] ||
   fail "/healthz is not 200"
 curl -s "http://127.0.0.1:$PORT/v1/models" | grep -q '"id":"smollm2"' || fail "/v1/models lacks smollm2"
+# A connection that never sends a request is closed after --http-read-timeout (2 s here), so
+# idle clients cannot hold the connection threads for long.
+if exec 3<>"/dev/tcp/127.0.0.1/$PORT"; then
+  timeout 30 cat <&3 >/dev/null; rc=$?
+  [[ $rc == 0 ]] || fail "an idle connection was not closed by the server (cat exit $rc)"
+  exec 3<&-
+else
+  fail "cannot connect to 127.0.0.1:$PORT"
+fi
 r1="$(chat "What is the capital of France?")"
 [[ "$r1" == *Paris* ]] || fail "turn 1: $r1"
 r2="$(chat "And of Germany?")"
@@ -71,6 +81,9 @@ done
 [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/healthz")" != 200 ]] ||
   fail "plain HTTP was served on the TLS port"
 kill -TERM "$PID"; wait "$PID"
+
+out="$("$KVD" serve --http-read-timeout 0 --http-port 0 --grpc-port -1 2>&1)"; rc=$?
+[[ $rc == 1 && "$out" == *"--http-read-timeout"* ]] || fail "bad --http-read-timeout: exit $rc: $out"
 
 out="$("$KVD" serve --config /nonexistent.json 2>&1)"; rc=$?
 [[ $rc == 2 && "$out" == */nonexistent.json* ]] || fail "missing config: exit $rc: $out"

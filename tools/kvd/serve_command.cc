@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/node/auth.h"
@@ -37,6 +38,14 @@ void DeclareFlags(Args& a) {
   a.Flag("max-queue", "32",
          "generations waiting for a slot; beyond it requests get 429 with "
          "Retry-After (HTTP) or RESOURCE_EXHAUSTED (gRPC)");
+  a.Flag("http-threads", "0",
+         "HTTP connection threads; each open connection holds one until it "
+         "closes or --http-read-timeout passes, so idle or slow clients can "
+         "use them all: 0 = max(128, inflight + queue + 8). On untrusted "
+         "networks put a reverse proxy in front");
+  a.Flag("http-read-timeout", "10",
+         "seconds an HTTP connection may stay silent while kvd waits for its "
+         "request (or the rest of it) before it is closed");
   a.Flag("tls-cert", "", "PEM certificate: serve HTTPS and gRPC over TLS");
   a.Flag("tls-key", "", "PEM private key for --tls-cert");
   DeclareModelFlags(a);
@@ -93,6 +102,15 @@ absl::Status Run(const Args& args) {
       grpc_port > 65535) {
     return absl::InvalidArgumentError("ports must be in [0, 65535] or -1");
   }
+  KVD_ASSIGN_OR_RETURN(int64_t http_threads, args.GetInt("http-threads"));
+  KVD_ASSIGN_OR_RETURN(int64_t read_timeout_s,
+                       args.GetInt("http-read-timeout"));
+  if (http_threads < 0 || http_threads > 65536 || read_timeout_s < 1 ||
+      read_timeout_s > 3600) {
+    return absl::InvalidArgumentError(
+        "--http-threads must be in [0, 65536] and --http-read-timeout in "
+        "[1, 3600] seconds");
+  }
   if (inflight < 1 || inflight > 4096 || queue < 0 || queue > 1 << 20) {
     return absl::InvalidArgumentError(
         "--max-inflight must be in [1, 4096] and --max-queue in [0, "
@@ -119,6 +137,8 @@ absl::Status Run(const Args& args) {
     o.port = static_cast<int>(http_port);
     o.max_inflight = static_cast<int>(inflight);
     o.max_queue = static_cast<int>(queue);
+    o.threads = static_cast<int>(http_threads);
+    o.read_timeout = absl::Seconds(read_timeout_s);
     o.keys = keys;
     o.metrics = metrics;
     o.tls_cert_path = args.Get("tls-cert");
