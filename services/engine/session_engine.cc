@@ -260,13 +260,8 @@ absl::StatusOr<v1::SessionManifest> SessionEngine::NewManifest(
   return m;
 }
 
-absl::Status SessionEngine::CreateSession(
-    const std::string& tenant, const std::string& session,
-    const std::map<std::string, std::string>& labels) {
-  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
-  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
-  KVD_ASSIGN_OR_RETURN(v1::SessionManifest m,
-                       NewManifest(tenant, session, labels));
+absl::Status SessionEngine::CheckAbsent(const std::string& tenant,
+                                        const std::string& session) {
   // Ask the database first: loading into DRAM just to see that the session
   // exists would make its next restore look like a DRAM hit. Only a kMemory
   // session not yet spilled is in DRAM alone.
@@ -278,9 +273,44 @@ absl::Status SessionEngine::CreateSession(
         absl::StrCat(SessionName(tenant, session), " already exists"));
   }
   if (exists.code() != absl::StatusCode::kNotFound) return exists;
+  return absl::OkStatus();
+}
+
+absl::Status SessionEngine::CreateSession(
+    const std::string& tenant, const std::string& session,
+    const std::map<std::string, std::string>& labels) {
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  KVD_ASSIGN_OR_RETURN(v1::SessionManifest m,
+                       NewManifest(tenant, session, labels));
+  // Under the session's lock: a first turn that is starting the session
+  // (create_if_missing) holds it until it commits, so this waits and then
+  // finds the session instead of being overwritten by that commit.
+  const std::shared_ptr<absl::Mutex> session_mu =
+      SessionMutex(Key(tenant, session));
+  absl::MutexLock session_lock(session_mu.get());
+  KVD_RETURN_IF_ERROR(CheckAbsent(tenant, session));
   storage::TurnUpdate update;
   update.manifest = std::move(m);
   return store_->CommitTurn(update);
+}
+
+absl::Status SessionEngine::ImportSession(
+    const storage::SessionCheckpoint& checkpoint) {
+  const std::string& tenant = checkpoint.manifest().tenant();
+  const std::string& session = checkpoint.manifest().session_id();
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  const std::shared_ptr<absl::Mutex> session_mu =
+      SessionMutex(Key(tenant, session));
+  absl::MutexLock session_lock(session_mu.get());
+  absl::Status absent = CheckAbsent(tenant, session);
+  if (absent.code() == absl::StatusCode::kAlreadyExists) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        absent.message(), "; delete it first or import under another name"));
+  }
+  KVD_RETURN_IF_ERROR(absent);
+  return store_->PutSession(checkpoint);
 }
 
 absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
@@ -472,11 +502,17 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   }
   const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
   if (request.fail_if_busy) {
-    if (!session_mu->TryLock()) {
+    // TryLock may fail spuriously on a free mutex ("with high probability"
+    // it succeeds), so a few tries before calling the session busy.
+    bool locked = false;
+    for (int attempt = 0; attempt < 3 && !locked; ++attempt) {
+      locked = session_mu->TryLock();
+    }
+    if (!locked) {
       return absl::AbortedError(absl::StrCat(
           SessionName(request.tenant, request.session),
-          " is busy: another turn of it is running; send the next turn when "
-          "that one has finished"));
+          " is busy: another turn of it (or its deletion or import) is "
+          "running; send the next turn when that has finished"));
     }
   } else {
     session_mu->Lock();

@@ -194,6 +194,11 @@ class SessionEngine {
   absl::Status CreateSession(const std::string& tenant,
                              const std::string& session,
                              const std::map<std::string, std::string>& labels);
+  // Stores an imported checkpoint (already checked, e.g. by
+  // ParseSessionFile, and named for its tenant) as a new session.
+  // ALREADY_EXISTS if the tenant has one by that name, including one whose
+  // first turn is running right now.
+  absl::Status ImportSession(const storage::SessionCheckpoint& checkpoint);
 
   // Restores the session if needed, runs the turn, commits it. NOT_FOUND for
   // an unknown session (or another tenant's) unless create_if_missing;
@@ -246,6 +251,10 @@ class SessionEngine {
   absl::StatusOr<std::shared_ptr<Active>> Restore(const Key& key,
                                                   bool create_if_missing,
                                                   TurnResult* result);
+  // OK if the session is stored nowhere; ALREADY_EXISTS (also for a damaged
+  // one) if it is. Callers hold the session's lock.
+  absl::Status CheckAbsent(const std::string& tenant,
+                           const std::string& session);
   // The manifest of a new, empty session under this engine's policy.
   absl::StatusOr<v1::SessionManifest> NewManifest(
       const std::string& tenant, const std::string& session,

@@ -5,10 +5,14 @@
 // session go cold; every step's logits are compared bit for bit.
 #include "services/engine/session_engine.h"
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
@@ -335,6 +339,68 @@ TEST_P(SessionEngineTest, TurnThatStartsASessionStoresItOnlyWhenItCommits) {
               absl::StatusCode::kAlreadyExists);
   }
   create_if_missing_ = false;
+}
+
+// While a first turn is starting a session (create_if_missing, held only in
+// memory until it commits), CreateSession and ImportSession of the same name
+// wait for it and then find the session; they must not report success and
+// be overwritten by the turn's commit (or overwrite it).
+TEST_P(SessionEngineTest, CreateOrImportDuringAStartingTurnFindsTheSession) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
+  for (const bool import : {false, true}) {
+    SCOPED_TRACE(import ? "import" : "create");
+    FreshDir();
+    OpenStore();
+    NewEngine(v, identity_);
+    TurnRequest r;
+    r.tenant = "acme";
+    r.session = "chat-1";
+    r.create_if_missing = true;
+    r.tokens = TurnTokens(0);
+    r.generate.max_tokens = 3;
+    r.generate.ignore_eos = true;
+    r.generate.sampling.temperature = 0;
+    std::atomic<bool> started{false}, release{false};
+    r.generate.on_logits = [&](const float*, int64_t) {
+      started = true;
+      while (!release) absl::SleepFor(absl::Milliseconds(1));
+    };
+    absl::Status turn;
+    std::thread first(
+        [&] { turn = engine_->RunTurn(r, *tokenizer_, nullptr).status(); });
+    while (!started) absl::SleepFor(absl::Milliseconds(1));
+
+    std::atomic<bool> returned{false};
+    absl::Status other;
+    std::thread second([&] {
+      if (import) {
+        storage::SessionCheckpoint cp;
+        v1::SessionManifest manifest;
+        manifest.set_format_version(storage::kCheckpointFormatVersion);
+        manifest.set_tenant("acme");
+        manifest.set_session_id("chat-1");
+        *manifest.mutable_model() = identity_;
+        manifest.set_policy("tokens");
+        manifest.set_chunk_tokens(16);
+        cp.Reset(manifest, {});
+        other = engine_->ImportSession(cp);
+      } else {
+        other = engine_->CreateSession("acme", "chat-1", {});
+      }
+      returned = true;
+    });
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_FALSE(returned) << "did not wait for the turn starting the session";
+    release = true;
+    first.join();
+    second.join();
+    ASSERT_TRUE(turn.ok()) << turn;
+    EXPECT_EQ(other.code(), absl::StatusCode::kAlreadyExists) << other;
+    auto m = engine_->GetSession("acme", "chat-1");
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->turn_ends_size(), 1) << "the turn's commit was overwritten";
+    EXPECT_EQ(m->policy(), "kv-direct");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, SessionEngineTest,

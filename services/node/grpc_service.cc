@@ -328,16 +328,11 @@ grpc::Status SessionsService::ImportSession(
   absl::Status compatible = storage::CheckCompatible(
       m.model(), runtime_->engine().identity(), m.session_id());
   if (!compatible.ok()) return ToGrpcStatus(compatible);
-  if (runtime_->engine().GetSession(*tenant, m.session_id()).ok()) {
-    return grpc::Status(
-        grpc::StatusCode::ALREADY_EXISTS,
-        absl::StrCat("session '", m.session_id(),
-                     "' already exists; delete it first or import under "
-                     "another session_id"));
-  }
   std::map<storage::ChunkId, std::string> chunks = cp->chunks();
   cp->Reset(m, std::move(chunks));
-  absl::Status put = runtime_->store().PutSession(*cp);
+  // The engine checks that the name is free under the session's lock, so an
+  // import cannot race a first turn that is starting the same session.
+  absl::Status put = runtime_->engine().ImportSession(*cp);
   if (!put.ok()) return ToGrpcStatus(put);
   *response = SessionFromManifest(m);
   return grpc::Status::OK;

@@ -74,7 +74,7 @@ struct HttpServerOptions {
   // untrusted networks a reverse proxy must absorb slow clients.
   int threads = 0;
   RequestLimits limits;  // body size (413), messages, stop strings, ...
-  absl::Duration read_timeout = absl::Seconds(30);
+  absl::Duration read_timeout = absl::Seconds(10);
   absl::Duration write_timeout = absl::Seconds(30);
   absl::Duration keep_alive_timeout = absl::Seconds(5);
   // New tokens when a request gives no max_tokens (capped by the context).

@@ -597,7 +597,14 @@ TEST_F(HttpServerTest, TurnOfABusySessionIsRefusedAtOnce) {
   };
   Streamer a;
   a.Start(port, turn("Tell me a long story.", 2000), "/v1/chat/completions");
-  while (!a.got_data) absl::SleepFor(absl::Milliseconds(5));
+  for (int i = 0; i < 6000 && !a.got_data; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  if (!a.got_data) {
+    a.hang_up = true;
+    a.thread.join();
+    FAIL() << "the first turn streamed nothing in 30 s";
+  }
 
   json second = turn("And then?", 2);
   second["stream"] = false;

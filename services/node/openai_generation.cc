@@ -66,6 +66,10 @@ absl::Status PrepareGeneration(NodeRuntime& runtime, int64_t default_max_tokens,
   }
   const int64_t context = runtime.model().config().context_length;
   int64_t have = 0;  // tokens the generation will follow
+  // A continued session's count is an upper bound (see ChatTokens): it sizes
+  // the default max_tokens, but only the exact check under the session's
+  // lock may refuse a max_tokens the client chose.
+  bool estimated = false;
   if (job.chat) {
     if (!runtime.chat_template().has_value()) {
       return RequestError("messages",
@@ -90,11 +94,14 @@ absl::Status PrepareGeneration(NodeRuntime& runtime, int64_t default_max_tokens,
         std::vector<int32_t> tokens,
         ChatTokens(runtime, job, placeholder, /*estimate=*/true));
     have = session_tokens + static_cast<int64_t>(tokens.size());
+    estimated = session_tokens > 0;
     if (job.session.empty()) job.prompt = std::move(tokens);
   } else {
     have = static_cast<int64_t>(job.prompt.size());
   }
-  if (have >= context) {
+  const bool exact_check_decides =
+      estimated && job.common.max_tokens.has_value();
+  if (have >= context && !exact_check_decides) {
     absl::Status s = RequestError(
         job.chat ? "messages" : "prompt",
         absl::StrCat("the prompt is ", have, " tokens",
@@ -104,7 +111,7 @@ absl::Status PrepareGeneration(NodeRuntime& runtime, int64_t default_max_tokens,
   }
   job.max_tokens = job.common.max_tokens.value_or(
       std::min(default_max_tokens, context - have));
-  if (have + job.max_tokens > context) {
+  if (have + job.max_tokens > context && !exact_check_decides) {
     return RequestError(
         "max_tokens",
         absl::StrCat("prompt (", have, " tokens) + max_tokens (",

@@ -1,6 +1,7 @@
 #include "storage/rocksdb/info_log.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -8,32 +9,25 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
-#include <filesystem>
-#include <system_error>
+#include <utility>
 
 namespace kvd::storage {
 
-InfoLogFile::InfoLogFile(const std::string& file, int64_t max_bytes)
-    : max_bytes_(max_bytes) {
-  fd_ = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+InfoLogFile::InfoLogFile(std::string file, int64_t max_bytes)
+    : file_(std::move(file)), max_bytes_(max_bytes) {
+  absl::MutexLock lock(&mu_);
+  OpenLocked();
 }
 
 InfoLogFile::~InfoLogFile() { CloseImpl().PermitUncheckedError(); }
 
-std::shared_ptr<InfoLogFile> InfoLogFile::RotateAndOpen(
-    const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;  // a failed rename only costs the previous run's log
-  fs::rename(fs::path(dir) / "LOG", fs::path(dir) / "LOG.old", ec);
-  return std::make_shared<InfoLogFile>((fs::path(dir) / "LOG").string());
+void InfoLogFile::OpenLocked() {
+  fd_ = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  struct stat st;
+  bytes_ = fd_ >= 0 && ::fstat(fd_, &st) == 0 ? st.st_size : 0;
 }
 
 void InfoLogFile::Logv(const char* format, va_list ap) {
-  const int fd = fd_.load();
-  if (fd < 0 || bytes_.load() >= max_bytes_) {
-    dropped_.fetch_add(1);
-    return;
-  }
   // RocksDB's own line prefix (local time to the microsecond, thread id), so
   // tools that read RocksDB LOG files still parse these lines.
   char line[4096];
@@ -55,18 +49,36 @@ void InfoLogFile::Logv(const char* format, va_list ap) {
     n += std::min(body, static_cast<int>(sizeof(line)) - n - 2);
   }
   if (line[n - 1] != '\n') line[n++] = '\n';
-  const ssize_t w = ::write(fd, line, static_cast<size_t>(n));
-  if (w == n) {
-    bytes_.fetch_add(n);
-    written_.fetch_add(1);
+
+  absl::MutexLock lock(&mu_);
+  if (fd_ >= 0 && bytes_ >= max_bytes_) {
+    ::close(fd_);
+    // A failed rename leaves LOG growing past the cap: better than nothing.
+    ::rename(file_.c_str(), (file_ + ".old").c_str());
+    OpenLocked();
+  }
+  if (fd_ >= 0 && ::write(fd_, line, static_cast<size_t>(n)) == n) {
+    bytes_ += n;
+    ++written_;
   } else {
-    dropped_.fetch_add(1);
+    ++dropped_;
   }
 }
 
+int64_t InfoLogFile::lines_written() const {
+  absl::MutexLock lock(&mu_);
+  return written_;
+}
+
+int64_t InfoLogFile::lines_dropped() const {
+  absl::MutexLock lock(&mu_);
+  return dropped_;
+}
+
 rocksdb::Status InfoLogFile::CloseImpl() {
-  const int fd = fd_.exchange(-1);
-  if (fd >= 0) ::close(fd);
+  absl::MutexLock lock(&mu_);
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
   return rocksdb::Status::OK();
 }
 

@@ -8,46 +8,48 @@
 // returning RESOURCE_EXHAUSTED. This logger never fails: a line that cannot be
 // written is counted and dropped, and the database carries on.
 //
-// Thread-safety: thread-safe; each line is one append(2)-mode write.
+// It appends to LOG (a run that fails to take the database's lock adds a few
+// lines to the live log, never renames it) and, once LOG holds `max_bytes`,
+// renames it to LOG.old (replacing the previous one) and starts a new LOG.
+//
+// Thread-safety: thread-safe.
 #ifndef KVD_STORAGE_ROCKSDB_INFO_LOG_H_
 #define KVD_STORAGE_ROCKSDB_INFO_LOG_H_
 
-#include <atomic>
 #include <cstdarg>
 #include <cstdint>
-#include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "rocksdb/env.h"
 
 namespace kvd::storage {
 
 class InfoLogFile : public rocksdb::Logger {
  public:
-  // Appends to `file` (created if missing). Lines are dropped, never fatal,
-  // when it cannot be opened or written, and once `max_bytes` were written.
-  explicit InfoLogFile(const std::string& file, int64_t max_bytes = 64 << 20);
+  explicit InfoLogFile(std::string file, int64_t max_bytes = 64 << 20);
   ~InfoLogFile() override;
-
-  // Keeps the previous run's log: renames `dir`/LOG to `dir`/LOG.old
-  // (replacing an older one), then opens a fresh `dir`/LOG.
-  static std::shared_ptr<InfoLogFile> RotateAndOpen(const std::string& dir);
 
   using rocksdb::Logger::Logv;
   void Logv(const char* format, va_list ap) override;
 
-  int64_t lines_written() const { return written_.load(); }
-  int64_t lines_dropped() const { return dropped_.load(); }
+  int64_t lines_written() const;
+  int64_t lines_dropped() const;
 
  protected:
   rocksdb::Status CloseImpl() override;
 
  private:
-  std::atomic<int> fd_{-1};
+  void OpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string file_;
   const int64_t max_bytes_;
-  std::atomic<int64_t> bytes_{0};
-  std::atomic<int64_t> written_{0};
-  std::atomic<int64_t> dropped_{0};
+  mutable absl::Mutex mu_;
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;  // in the current LOG
+  int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvd::storage

@@ -1,6 +1,7 @@
 // The RocksDB LOG writer never aborts and never blocks the database: lines go
-// to the file with RocksDB's prefix, a full device (/dev/full) drops them and
-// counts them, the size cap holds, and a reopen keeps the previous log.
+// to the file with RocksDB's prefix, later runs append, a full device
+// (/dev/full) drops lines and counts them, and at the size cap LOG moves to
+// LOG.old and a new LOG starts.
 #include "storage/rocksdb/info_log.h"
 
 #include <cstdlib>
@@ -36,21 +37,22 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-TEST(InfoLogFile, WritesPrefixedLinesAndKeepsThePreviousLog) {
-  const std::string dir = TestDir("rotate");
+TEST(InfoLogFile, WritesPrefixedLinesAndLaterRunsAppend) {
+  const std::string file = TestDir("append") + "/LOG";
   {
-    auto log = InfoLogFile::RotateAndOpen(dir);
-    rocksdb::Info(log, "first run, table #%d", 7);
-    EXPECT_EQ(log->lines_written(), 1);
+    InfoLogFile log(file);
+    rocksdb::Info(&log, "first run, table #%d", 7);
+    EXPECT_EQ(log.lines_written(), 1);
   }
-  auto log = InfoLogFile::RotateAndOpen(dir);
-  rocksdb::Warn(log, "second run");
-  EXPECT_THAT(ReadFile(dir + "/LOG.old"),
+  EXPECT_THAT(ReadFile(file),
               MatchesRegex("[0-9/]+-[0-9:.]+ [0-9a-f]+ .*first run, table "
                            "#7\n"));
-  const std::string current = ReadFile(dir + "/LOG");
-  EXPECT_THAT(current, HasSubstr("second run\n"));
-  EXPECT_THAT(current, Not(HasSubstr("first run")));
+  InfoLogFile log(file);
+  rocksdb::Warn(&log, "second run");
+  const std::string text = ReadFile(file);
+  EXPECT_THAT(text, HasSubstr("first run"));
+  EXPECT_LT(text.find("first run"), text.find("second run"));
+  EXPECT_FALSE(std::filesystem::exists(file + ".old"));
 }
 
 // What aborted kvd on a full disk with RocksDB's EnvLogger: logging after a
@@ -71,16 +73,22 @@ TEST(InfoLogFile, UnopenableFileDropsLines) {
   EXPECT_EQ(log.lines_dropped(), 1);
 }
 
-TEST(InfoLogFile, StopsAtTheSizeCap) {
+TEST(InfoLogFile, MovesToLogOldAtTheSizeCap) {
   const std::string file = TestDir("cap") + "/LOG";
   InfoLogFile log(file, /*max_bytes=*/1000);
-  for (int i = 0; i < 100; ++i)
-    rocksdb::Info(&log, "%s", std::string(90, 'x').c_str());
-  EXPECT_GT(log.lines_written(), 0);
-  EXPECT_GT(log.lines_dropped(), 0);
-  EXPECT_EQ(log.lines_written() + log.lines_dropped(), 100);
-  const auto size = std::filesystem::file_size(file);
-  EXPECT_LT(size, 1000u + 200u);  // at most one line past the cap
+  for (int i = 0; i < 100; ++i) {
+    rocksdb::Info(&log, "line %03d %s", i, std::string(80, 'x').c_str());
+  }
+  EXPECT_EQ(log.lines_written(), 100);
+  EXPECT_EQ(log.lines_dropped(), 0);
+  const std::string current = ReadFile(file);
+  const std::string old = ReadFile(file + ".old");
+  EXPECT_THAT(current, HasSubstr("line 099"));
+  EXPECT_THAT(old, Not(HasSubstr("line 099")));
+  EXPECT_THAT(old, HasSubstr("line 0"));
+  // At most one line past the cap in each file.
+  EXPECT_LT(current.size(), 1000u + 200u);
+  EXPECT_LT(old.size(), 1000u + 200u);
 }
 
 TEST(InfoLogFile, LongLinesAreCutNotOverrun) {

@@ -22,6 +22,7 @@
 #include "rocksdb/write_batch.h"
 #include "rocksdb/write_buffer_manager.h"
 #include "storage/checkpoint/codec.h"
+#include "storage/rocksdb/current_check.h"
 #include "storage/rocksdb/info_log.h"
 #include "storage/rocksdb/keys.h"
 
@@ -48,19 +49,6 @@ bool Supported(rocksdb::CompressionType type) {
     if (t == type) return true;
   }
   return false;
-}
-
-// Files that hold committed data (tables, blob files, write-ahead logs). A
-// directory with any of them but no CURRENT is a damaged database, not an
-// empty one: RocksDB's create_if_missing would start a new database there
-// and later delete these files as obsolete.
-bool IsRocksDataFile(const std::string& name) {
-  auto ends_with = [&](absl::string_view suffix) {
-    return name.size() > suffix.size() &&
-           name.compare(name.size() - suffix.size(), suffix.size(),
-                        suffix.data(), suffix.size()) == 0;
-  };
-  return ends_with(".sst") || ends_with(".blob") || ends_with(".log");
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -130,7 +118,11 @@ struct SessionDb::Impl {
   // (SstFileManager's reserved buffer), so
   // "free some space" alone is not advice that works; deleting sessions
   // needs a write too.
-  std::string DiskFullAdvice() const {
+  std::string DiskFullAdvice(bool at_open = false) const {
+    if (at_open) {
+      return absl::StrCat("the disk holding ", options.path,
+                          " is full: free space on it, then start kvd again");
+    }
     return absl::StrCat(
         "the disk holding ", options.path, " is full: free at least ",
         CeilDiv(static_cast<int64_t>(MemtableBytes() / 2), 1 << 20),
@@ -184,9 +176,9 @@ struct SessionDb::Impl {
 
   // Adds checked puts of `chunks` (ChunkId -> encoded chunk pairs) and of
   // the manifest to `batch`: what a turn and an import both write.
+  // `payload_bytes`, if given, receives the chunks' payload bytes (what
+  // stored_bytes counts).
   template <typename Chunks>
-  // Adds the chunks and the manifest to `batch`; `payload_bytes`, if given,
-  // receives the chunks' payload bytes (what stored_bytes counts).
   absl::Status AddChunksAndManifest(const v1::SessionManifest& m,
                                     const Chunks& chunks,
                                     rocksdb::WriteBatch* batch,
@@ -292,18 +284,21 @@ struct SessionDb::Impl {
         // A flush or compaction read a damaged file: RocksDB now refuses
         // every write until it is reopened, and the next compaction of that
         // file stops it again. Only salvaging the sessions helps.
+        // Says nothing of the session: readiness probes show it
+        // unauthenticated.
         const absl::Status failure = absl::DataLossError(absl::StrCat(
-            what, " for session ", Name(m.tenant(), m.session_id()),
-            ": the session database at ", options.path,
+            "the session database at ", options.path,
             " stopped taking writes because one of its files is damaged (",
             s.ToString(),
-            "). Reads still work. To recover: stop kvd, run "
-            "'kvd sessions export --all DIR' for each tenant, move the "
-            "database directory aside, and import the files into a fresh "
-            "one ('kvd sessions import FILE')"));
+            "). Reads still work. To recover: stop kvd, run 'kvd sessions "
+            "export --all DIR --data-dir D' (every tenant's sessions, as "
+            "DIR/TENANT/NAME.kvds), move D/sessions aside, then run 'kvd "
+            "sessions import --all DIR --data-dir D'"));
         absl::MutexLock lock(&mu);
         write_failure = failure;
-        return failure;
+        return absl::DataLossError(absl::StrCat(
+            what, " for session ", Name(m.tenant(), m.session_id()), ": ",
+            failure.message()));
       }
       return FromRocks(s, absl::StrCat(what, " for session ",
                                        Name(m.tenant(), m.session_id())));
@@ -352,20 +347,8 @@ absl::Status SessionDb::Impl::Open() {
         " exists and is not a directory; point the path at a directory (or a "
         "path that does not exist yet)"));
   }
-  if (fs::is_directory(st) && !fs::exists(fs::path(options.path) / "CURRENT")) {
-    for (const auto& entry : fs::directory_iterator(options.path, ec)) {
-      if (!IsRocksDataFile(entry.path().filename().string())) continue;
-      return absl::DataLossError(absl::StrCat(
-          "the session database at ", options.path, " has data files (",
-          entry.path().filename().string(),
-          ") but no CURRENT file, so it is damaged; kvd will not open it, "
-          "because a new database there would delete those files. Restore "
-          "the directory from a backup, or write the name of its newest "
-          "MANIFEST-* file into ",
-          (fs::path(options.path) / "CURRENT").string(),
-          " (one line), or move the directory aside to start with no "
-          "sessions"));
-    }
+  if (fs::is_directory(st)) {
+    KVD_RETURN_IF_ERROR(RefuseDataWithoutCurrent(options.path));
   }
   std::shared_ptr<rocksdb::FileSystem> file_system =
       options.file_system ? options.file_system
@@ -378,7 +361,7 @@ absl::Status SessionDb::Impl::Open() {
   // process on a full disk). The directory must exist for it; an error
   // creating it is left to DB::Open, which explains it.
   fs::create_directories(options.path, ec);
-  db_opts.info_log = InfoLogFile::RotateAndOpen(options.path);
+  db_opts.info_log = std::make_shared<InfoLogFile>(options.path + "/LOG");
   db_opts.create_if_missing = true;
   db_opts.create_missing_column_families = true;
   db_opts.max_background_jobs = 2;
@@ -435,7 +418,7 @@ absl::Status SessionDb::Impl::Open() {
                           text.find("lock hold by") != std::string::npos)) {
       hint = "; another kvd process has it open: stop it or use another path";
     } else if (s.IsNoSpace()) {
-      hint = absl::StrCat("; ", DiskFullAdvice());
+      hint = absl::StrCat("; ", DiskFullAdvice(/*at_open=*/true));
     } else if (s.IsCorruption()) {
       hint =
           "; the database is damaged (a file is corrupt or missing): restore "
@@ -784,6 +767,16 @@ int64_t SessionDb::TenantBytes(absl::string_view tenant) const {
 
 int64_t SessionDb::QuotaBytes(absl::string_view tenant) const {
   return impl_->QuotaOf(std::string(tenant));
+}
+
+std::vector<std::string> SessionDb::Tenants() const {
+  std::vector<std::string> tenants;
+  absl::MutexLock lock(&impl_->mu);
+  for (const auto& [tenant, bytes] : impl_->tenant_bytes) {
+    tenants.push_back(tenant);
+  }
+  std::sort(tenants.begin(), tenants.end());
+  return tenants;
 }
 
 absl::Status SessionDb::WriteHealth() const {

@@ -136,6 +136,9 @@ class SessionDb {
   // plus any commit's reservation while it is being written): what
   // QuotaBytes limits. Rebuilt from the manifests at Open.
   int64_t TenantBytes(absl::string_view tenant) const;
+  // Every tenant with stored sessions (read from the manifests at Open),
+  // sorted: what a salvage walks.
+  std::vector<std::string> Tenants() const;
   // The tenant's quota on TenantBytes (SessionDbOptions), 0 = unlimited.
   // A tier above this one (TieredStore's kMemory commits) checks its own
   // not-yet-written bytes against it before acknowledging a turn.

@@ -90,24 +90,29 @@ out="$("$KVD" sessions --data-dir "$data" ls 2>&1)"
 out="$("$KVD" sessions --data-dir "$data" ls 2>&1)"
 expect_contains "session after a committed turn" "$out" "ghost"
 
-# Salvage: every session of the tenant exported at once, then imported into a fresh directory,
-# continues where it was.
+# Salvage: every session of every tenant exported at once (DIR/TENANT/NAME.kvds), then imported
+# into a fresh directory, each into its tenant, continues where it was.
 "$KVD" chat --data-dir "$data" --session second --max-tokens 2 "Hello" >/dev/null 2>&1 \
   || fail "kvd chat --session second exited $?"
+"$KVD" chat --data-dir "$data" --tenant acme --session third --max-tokens 2 "Hey" >/dev/null 2>&1 \
+  || fail "kvd chat --tenant acme exited $?"
 out="$("$KVD" sessions --data-dir "$data" export --all "$TEST_TMPDIR/salvage" 2>&1)" \
   || fail "sessions export --all exited $?: $out"
-expect_contains "export --all" "$out" "exported 2 session(s)"
-for name in ghost second; do
-  [[ -s "$TEST_TMPDIR/salvage/$name.kvds" ]] || fail "export --all wrote no $name.kvds"
-  "$KVD" sessions --data-dir "$TEST_TMPDIR/fresh" import "$TEST_TMPDIR/salvage/$name.kvds" \
-    >/dev/null 2>&1 || fail "import of $name.kvds exited $?"
+expect_contains "export --all" "$out" "exported 3 session(s)"
+for f in local/ghost local/second acme/third; do
+  [[ -s "$TEST_TMPDIR/salvage/$f.kvds" ]] || fail "export --all wrote no $f.kvds"
 done
-a="$("$KVD" sessions --data-dir "$data" show second 2>&1)"
-b="$("$KVD" sessions --data-dir "$TEST_TMPDIR/fresh" show second 2>&1)"
-expect_contains "imported copy" "$b" "\"token_count\""
-[[ "$(grep -c token_count <<<"$a")" == 1 && \
-   "$(grep token_count <<<"$a")" == "$(grep token_count <<<"$b")" ]] \
-  || fail "the imported copy differs: $a vs $b"
+out="$("$KVD" sessions --data-dir "$TEST_TMPDIR/fresh" import --all "$TEST_TMPDIR/salvage" 2>&1)" \
+  || fail "sessions import --all exited $?: $out"
+expect_contains "import --all" "$out" "imported 3 session(s)"
+for t_s in "local second" "acme third"; do
+  read -r t s <<<"$t_s"
+  a="$("$KVD" sessions --data-dir "$data" --tenant "$t" show "$s" 2>&1)"
+  b="$("$KVD" sessions --data-dir "$TEST_TMPDIR/fresh" --tenant "$t" show "$s" 2>&1)"
+  expect_contains "imported copy of $t/$s" "$b" "\"token_count\""
+  [[ "$(grep token_count <<<"$a")" == "$(grep token_count <<<"$b")" ]] \
+    || fail "the imported copy of $t/$s differs: $a vs $b"
+done
 
 # Reading a data directory that does not exist (a typo) creates nothing there.
 nowhere="$TEST_TMPDIR/no-such-data-dir"

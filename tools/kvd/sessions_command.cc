@@ -28,10 +28,13 @@ constexpr char kSummary[] =
     "  kvd sessions show NAME              a session's manifest (JSON)\n"
     "  kvd sessions rm NAME                delete a session and all its data\n"
     "  kvd sessions export NAME FILE       write one self-describing file\n"
-    "  kvd sessions export --all DIR       every session of the tenant, as\n"
-    "                                      DIR/NAME.kvds (salvage: it goes\n"
-    "                                      on past sessions it cannot read)\n"
-    "  kvd sessions import FILE [NAME]     store a file's session (as NAME)";
+    "  kvd sessions export --all DIR       every session of every tenant, as\n"
+    "                                      DIR/TENANT/NAME.kvds (salvage: it\n"
+    "                                      goes on past sessions it cannot\n"
+    "                                      read)\n"
+    "  kvd sessions import FILE [NAME]     store a file's session (as NAME)\n"
+    "  kvd sessions import --all DIR       what export --all wrote, each\n"
+    "                                      session into its tenant";
 
 std::string Time(int64_t unix_ms) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms),
@@ -74,41 +77,47 @@ absl::Status Show(storage::TieredStore& store, const std::string& tenant,
   return absl::OkStatus();
 }
 
-// Exports every session of `tenant` into `dir`, one file each, going on past
-// the ones that fail (a damaged database being salvaged), which are listed.
-absl::Status ExportAll(storage::TieredStore& store, const std::string& tenant,
-                       const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot create ", dir, ": ", ec.message(), "; choose a writable one"));
-  }
+// Exports every session of every tenant as DIR/TENANT/NAME.kvds, going on
+// past the ones that fail (a damaged database being salvaged), which are
+// listed.
+absl::Status ExportAll(storage::TieredStore& store, const std::string& dir) {
   int64_t written = 0;
   std::vector<std::string> failed;
-  std::string token;
-  do {
-    KVD_ASSIGN_OR_RETURN(storage::SessionListPage page,
-                         store.List(tenant, token, 100));
-    for (const v1::SessionManifest& m : page.sessions) {
-      const std::string file = absl::StrCat(dir, "/", m.session_id(), ".kvds");
-      absl::Status s = [&]() -> absl::Status {
-        KVD_ASSIGN_OR_RETURN(storage::TieredStore::Loaded got,
-                             store.Load(tenant, m.session_id()));
-        return storage::WriteSessionFile(*got.checkpoint, file);
-      }();
-      if (s.ok()) {
-        ++written;
-      } else {
-        std::fprintf(stderr, "cannot export session '%s': %s\n",
-                     m.session_id().c_str(), std::string(s.message()).c_str());
-        failed.push_back(m.session_id());
-      }
+  for (const std::string& tenant : store.db().Tenants()) {
+    const std::string tenant_dir = absl::StrCat(dir, "/", tenant);
+    std::error_code ec;
+    std::filesystem::create_directories(tenant_dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create ", tenant_dir, ": ", ec.message(),
+                       "; choose a writable directory"));
     }
-    token = page.next_page_token;
-  } while (!token.empty());
-  std::fprintf(stderr, "exported %lld session(s) of tenant '%s' to %s\n",
-               static_cast<long long>(written), tenant.c_str(), dir.c_str());
+    std::string token;
+    do {
+      KVD_ASSIGN_OR_RETURN(storage::SessionListPage page,
+                           store.List(tenant, token, 100));
+      for (const v1::SessionManifest& m : page.sessions) {
+        const std::string file =
+            absl::StrCat(tenant_dir, "/", m.session_id(), ".kvds");
+        absl::Status s = [&]() -> absl::Status {
+          KVD_ASSIGN_OR_RETURN(storage::TieredStore::Loaded got,
+                               store.Load(tenant, m.session_id()));
+          return storage::WriteSessionFile(*got.checkpoint, file);
+        }();
+        if (s.ok()) {
+          ++written;
+        } else {
+          std::fprintf(stderr, "cannot export %s/%s: %s\n", tenant.c_str(),
+                       m.session_id().c_str(),
+                       std::string(s.message()).c_str());
+          failed.push_back(absl::StrCat(tenant, "/", m.session_id()));
+        }
+      }
+      token = page.next_page_token;
+    } while (!token.empty());
+  }
+  std::fprintf(stderr, "exported %lld session(s) to %s\n",
+               static_cast<long long>(written), dir.c_str());
   if (!failed.empty()) {
     return absl::DataLossError(
         absl::StrCat(failed.size(),
@@ -138,6 +147,48 @@ absl::Status Import(storage::TieredStore& store, const std::string& tenant,
   std::fprintf(stderr, "imported %s as session '%s' (%lld tokens)\n",
                file.c_str(), cp.manifest().session_id().c_str(),
                static_cast<long long>(cp.manifest().token_count()));
+  return absl::OkStatus();
+}
+
+// Imports what ExportAll wrote: DIR/TENANT/NAME.kvds, each into its tenant,
+// going on past files that fail, which are listed.
+absl::Status ImportAll(storage::TieredStore& store, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat(
+        dir,
+        " is not a directory; pass what 'kvd sessions export --all' "
+        "wrote"));
+  }
+  int64_t imported = 0;
+  std::vector<std::string> failed;
+  for (fs::directory_iterator t(dir, ec), end; !ec && t != end;
+       t.increment(ec)) {
+    if (!t->is_directory()) continue;
+    const std::string tenant = t->path().filename().string();
+    std::error_code file_ec;
+    for (fs::directory_iterator f(t->path(), file_ec); !file_ec && f != end;
+         f.increment(file_ec)) {
+      if (f->path().extension() != ".kvds") continue;
+      absl::Status s = storage::ValidateName("tenant", tenant);
+      if (s.ok()) s = Import(store, tenant, f->path().string(), "");
+      if (s.ok()) {
+        ++imported;
+      } else {
+        std::fprintf(stderr, "cannot import %s: %s\n",
+                     f->path().string().c_str(),
+                     std::string(s.message()).c_str());
+        failed.push_back(f->path().string());
+      }
+    }
+  }
+  std::fprintf(stderr, "imported %lld session(s) from %s\n",
+               static_cast<long long>(imported), dir.c_str());
+  if (!failed.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        failed.size(), " file(s) could not be imported (listed above)"));
+  }
   return absl::OkStatus();
 }
 
@@ -187,7 +238,11 @@ absl::Status Run(const Args& args) {
   }
   if (action == "export" && args.Has("all")) {
     KVD_RETURN_IF_ERROR(need(1, "kvd sessions export --all DIR"));
-    return ExportAll(*store, tenant, p[1]);
+    return ExportAll(*store, p[1]);
+  }
+  if (action == "import" && args.Has("all")) {
+    KVD_RETURN_IF_ERROR(need(1, "kvd sessions import --all DIR"));
+    return ImportAll(*store, p[1]);
   }
   if (action == "export") {
     KVD_RETURN_IF_ERROR(need(2, "kvd sessions export NAME FILE"));
@@ -214,9 +269,11 @@ int SessionsCommand(const std::vector<std::string>& argv) {
   Args args("kvd sessions", kSummary);
   args.Positional("ACTION ARGS...",
                   "ls | show NAME | rm NAME | export NAME FILE "
-                  "| export --all DIR | import FILE [NAME]");
+                  "| export --all DIR | import FILE [NAME] "
+                  "| import --all DIR");
   args.Switch("all",
-              "export: every session of the tenant into the directory given");
+              "export/import: every session of every tenant, to or from "
+              "DIR/TENANT/NAME.kvds");
   DeclareStoreFlags(args);
   return args.Main(argv, Run);
 }
