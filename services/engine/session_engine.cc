@@ -744,7 +744,14 @@ absl::Status SessionEngine::DeleteSession(const std::string& tenant,
   Drop(key);
   const absl::Status s = store_->Delete(tenant, session);
   absl::MutexLock lock(&mu_);
-  session_mu_.erase(key);
+  // Only when no one else holds this mutex: a turn waiting on it would
+  // otherwise run beside a later turn that got a fresh mutex from the map.
+  // Copies are taken under mu_ (SessionMutex), so the count cannot rise
+  // here; the map's copy and ours make two.
+  auto it = session_mu_.find(key);
+  if (it != session_mu_.end() && it->second.use_count() == 2) {
+    session_mu_.erase(it);
+  }
   return s;
 }
 

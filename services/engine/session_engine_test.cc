@@ -403,6 +403,79 @@ TEST_P(SessionEngineTest, CreateOrImportDuringAStartingTurnFindsTheSession) {
   }
 }
 
+// A delete that ran while a turn was waiting for the same session must not
+// drop that session's lock from the map: a later turn would get a fresh lock
+// and run beside the waiting one. The holder's turn blocks; a delete and then
+// a turn queue behind it; the delete (queued first) usually runs first, then
+// the waiting turn starts the session again and blocks. A busy-checking turn
+// must then find the session busy, not take a fresh lock.
+TEST_P(SessionEngineTest, DeleteWhileATurnWaitsKeepsOneLockPerSession) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
+  OpenStore();
+  NewEngine(v, identity_);
+  struct Gate {
+    std::atomic<bool> entered{false};
+    std::atomic<bool> open{false};
+  };
+  auto turn = [&](Gate* gate) {
+    TurnRequest r;
+    r.tenant = "acme";
+    r.session = "chat-1";
+    r.create_if_missing = true;
+    r.tokens = TurnTokens(0);
+    r.generate.max_tokens = 2;
+    r.generate.ignore_eos = true;
+    r.generate.sampling.temperature = 0;
+    if (gate != nullptr) {
+      r.generate.on_logits = [gate](const float*, int64_t) {
+        gate->entered = true;
+        while (!gate->open) absl::SleepFor(absl::Milliseconds(1));
+      };
+    }
+    return r;
+  };
+  auto wait_for = [](const std::atomic<bool>& flag) {
+    for (int i = 0; i < 30000 && !flag; ++i) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return flag.load();
+  };
+  Gate holder_gate, waiter_gate;
+  std::atomic<bool> deleted{false};
+  std::thread holder([&] {
+    EXPECT_TRUE(
+        engine_->RunTurn(turn(&holder_gate), *tokenizer_, nullptr).ok());
+  });
+  ASSERT_TRUE(wait_for(holder_gate.entered));
+  std::thread deleter([&] {
+    EXPECT_TRUE(engine_->DeleteSession("acme", "chat-1").ok());
+    deleted = true;
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  std::thread waiter([&] {
+    EXPECT_TRUE(
+        engine_->RunTurn(turn(&waiter_gate), *tokenizer_, nullptr).ok());
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  holder_gate.open = true;
+  holder.join();
+  ASSERT_TRUE(wait_for(waiter_gate.entered));
+  if (deleted) {  // the order this test is about
+    TurnRequest probe = turn(nullptr);
+    probe.fail_if_busy = true;
+    // Not starting the session: with a lock of its own the probe would
+    // find nothing committed and fail NOT_FOUND at once, not wait for the
+    // model that the blocked turn holds.
+    probe.create_if_missing = false;
+    EXPECT_EQ(engine_->RunTurn(probe, *tokenizer_, nullptr).status().code(),
+              absl::StatusCode::kAborted)
+        << "a turn ran beside the one holding the session";
+  }
+  waiter_gate.open = true;
+  waiter.join();
+  deleter.join();
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, SessionEngineTest,
                          ::testing::ValuesIn(ops::testing::AllFamilyCases()),
                          ops::testing::FamilyCaseName);
