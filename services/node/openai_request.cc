@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "storage/rocksdb/disk_full.h"
 
 namespace kvd::node {
 namespace {
@@ -520,6 +521,13 @@ ApiError ApiErrorFromStatus(const absl::Status& status) {
       e.http_status = 500;
       e.type = "server_error";
       break;
+  }
+  if (storage::IsDiskFull(status)) {
+    // The node's disk, not the client's quota (same code): retrying soon
+    // does not help, so not 429.
+    e.http_status = 507;
+    e.type = "server_error";
+    e.code = "insufficient_storage";
   }
   if (auto http = status.GetPayload(kHttpPayload); http.has_value()) {
     int code = 0;

@@ -6,6 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "storage/rocksdb/disk_full.h"
 
 namespace kvd::node {
 namespace {
@@ -320,6 +321,19 @@ TEST(ApiError, MapsStatusCodesAndFormatsOpenAisObject) {
   const json k =
       json::parse(ApiErrorJson(ApiErrorFromStatus(absl::InternalError("x"))));
   EXPECT_TRUE(k["error"]["param"].is_null());
+}
+
+// A tenant's quota and a full disk share RESOURCE_EXHAUSTED; only the quota
+// is the client's to fix (429, as OpenAI's insufficient_quota).
+TEST(ApiErrorFromStatus, FullDiskIs507AndQuotaIs429) {
+  const absl::Status quota = absl::ResourceExhaustedError("over its quota");
+  EXPECT_EQ(ApiErrorFromStatus(quota).http_status, 429);
+  const ApiError full = ApiErrorFromStatus(
+      storage::MarkDiskFull(absl::ResourceExhaustedError("disk is full")));
+  EXPECT_EQ(full.http_status, 507);
+  EXPECT_EQ(full.type, "server_error");
+  EXPECT_EQ(full.code, "insufficient_storage");
+  EXPECT_EQ(full.message, "disk is full");
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "rocksdb/write_buffer_manager.h"
 #include "storage/checkpoint/codec.h"
 #include "storage/rocksdb/current_check.h"
+#include "storage/rocksdb/disk_full.h"
 #include "storage/rocksdb/info_log.h"
 #include "storage/rocksdb/keys.h"
 
@@ -100,9 +101,9 @@ struct SessionDb::Impl {
     const std::string msg =
         absl::StrCat(what, " in ", options.path, ": ", s.ToString());
     if (s.IsNoSpace() || s.subcode() == rocksdb::Status::kSpaceLimit) {
-      return absl::ResourceExhaustedError(
+      return MarkDiskFull(absl::ResourceExhaustedError(
           absl::StrCat(msg, "; ", DiskFullAdvice(),
-                       " (nothing of this write was committed)"));
+                       " (nothing of this write was committed)")));
     }
     if (s.IsNotFound()) return absl::NotFoundError(msg);
     if (s.IsCorruption()) return absl::DataLossError(msg);

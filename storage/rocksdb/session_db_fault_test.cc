@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/rocksdb/disk_full.h"
 #include "storage/rocksdb/fault_file_system_for_test.h"
 #include "storage/rocksdb/session_db.h"
 #include "storage/rocksdb/session_db_test_util.h"
@@ -129,6 +130,7 @@ TEST(SessionDbDiskFull, FailsCleanlyAndRecoversWhenSpaceReturns) {
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
   EXPECT_THAT(st.message(), HasSubstr(o.path));
   EXPECT_THAT(st.message(), HasSubstr("is full: free at least 32 MiB"));
+  EXPECT_TRUE(IsDiskFull(st)) << "servers tell a full disk from a quota by it";
   EXPECT_GT(fs->no_space_errors(), 0);
   EXPECT_EQ(db.TenantBytes("acme"), a.manifest().stored_bytes());
   ExpectLoadsAs(db, a);  // reads still work while the disk is full
