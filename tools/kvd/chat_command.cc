@@ -149,7 +149,7 @@ absl::Status RunTurn(node::NodeRuntime& rt, const Args& args,
     std::fprintf(
         stderr,
         "[%s turn %llu | state: %s%s%s (%.3f s) | prefill %lld tok | decode "
-        "%zu tok %.1f tok/s | %lld tokens committed]\n",
+        "%zu tok %.1f tok/s | %lld tokens %s]\n",
         turn.session.c_str(), static_cast<unsigned long long>(r.turn),
         engine::StatePathName(r.path), r.path_detail.empty() ? "" : ": ",
         r.path_detail.c_str(), r.restore_seconds,
@@ -157,7 +157,11 @@ absl::Status RunTurn(node::NodeRuntime& rt, const Args& args,
         g.decode_seconds > 0 && g.tokens.size() > 1
             ? (g.tokens.size() - 1) / g.decode_seconds
             : 0.0,
-        static_cast<long long>(r.session_tokens));
+        static_cast<long long>(r.session_tokens),
+        // --durability memory keeps turns in DRAM until exit: a kill -9
+        // loses them, so "committed" would overstate it.
+        args.Get("durability") == "memory" ? "held in memory (written at exit)"
+                                           : "committed");
   }
   return absl::OkStatus();
 }
