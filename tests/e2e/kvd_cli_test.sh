@@ -114,6 +114,18 @@ for t_s in "local second" "acme third"; do
     || fail "the imported copy of $t/$s differs: $a vs $b"
 done
 
+# Out-of-range numbers are refused with the flag's range, before anything is loaded or allocated
+# (a huge --threads crashed generate, --repetitions 0 crashed bench, a huge --batch ran out of
+# memory).
+for cmd in "generate --threads 100000 hi" "generate --threads -3 hi" "plan --threads 5000" \
+           "bench --repetitions 0" "bench --batch 100000" "bench --prompt-tokens 0"; do
+  # shellcheck disable=SC2086
+  out="$("$KVD" $cmd 2>&1)"; rc=$?
+  [[ $rc == 1 ]] || fail "kvd $cmd: exit $rc, want 1: $out"
+  [[ "$out" == *"must be between"* || "$out" == *"wants integers in"* ]] \
+    || fail "kvd $cmd does not give the flag's range: $out"
+done
+
 # Reading a data directory that does not exist (a typo) creates nothing there.
 nowhere="$TEST_TMPDIR/no-such-data-dir"
 out="$("$KVD" sessions --data-dir "$nowhere" ls 2>&1)" || fail "sessions ls of a missing dir exited $?"

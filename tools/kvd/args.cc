@@ -144,6 +144,16 @@ absl::StatusOr<int64_t> Args::GetInt(const std::string& name) const {
   return v;
 }
 
+absl::StatusOr<int64_t> Args::GetIntIn(const std::string& name, int64_t lo,
+                                       int64_t hi) const {
+  absl::StatusOr<int64_t> v = GetInt(name);
+  if (v.ok() && (*v < lo || *v > hi)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, " must be between ", lo, " and ", hi, ", got ", *v));
+  }
+  return v;
+}
+
 absl::StatusOr<double> Args::GetDouble(const std::string& name) const {
   double v;
   if (!absl::SimpleAtod(Get(name), &v)) {

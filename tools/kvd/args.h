@@ -46,6 +46,9 @@ class Args {
   bool Has(const std::string& name)
       const;  // given on the command line (switches too)
   absl::StatusOr<int64_t> GetInt(const std::string& name) const;
+  // GetInt, and INVALID_ARGUMENT naming the flag unless lo <= value <= hi.
+  absl::StatusOr<int64_t> GetIntIn(const std::string& name, int64_t lo,
+                                   int64_t hi) const;
   absl::StatusOr<double> GetDouble(const std::string& name) const;
   const std::vector<std::string>& positional() const { return positional_; }
 

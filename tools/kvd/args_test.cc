@@ -34,6 +34,22 @@ TEST(Args, DefaultsAndHelp) {
   EXPECT_NE(a.Help().find("--count VALUE  (default: 3)"), std::string::npos);
 }
 
+TEST(Args, GetIntInChecksTheRangeInclusively) {
+  Args a = MakeArgs();
+  ASSERT_TRUE(a.Parse({"--count", "7"}).ok());
+  EXPECT_EQ(*a.GetIntIn("count", 7, 7), 7);
+  const absl::Status low = a.GetIntIn("count", 8, 10).status();
+  EXPECT_EQ(low.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(low.message().find("--count must be between 8 and 10, got 7"),
+            std::string::npos)
+      << low;
+  EXPECT_FALSE(a.GetIntIn("count", 0, 6).ok());
+  Args b = MakeArgs();
+  ASSERT_TRUE(b.Parse({"--count", "x"}).ok());
+  EXPECT_NE(b.GetIntIn("count", 0, 10).status().message().find("integer"),
+            std::string::npos);
+}
+
 TEST(Args, ClearErrors) {
   Args a = MakeArgs();
   EXPECT_NE(a.Parse({"--nope"}).message().find("unknown flag --nope"),

@@ -53,14 +53,15 @@ double Median(std::vector<double> v) {
 }
 
 absl::StatusOr<std::vector<int64_t>> IntList(const std::string& s,
-                                             const std::string& flag) {
+                                             const std::string& flag,
+                                             int64_t max) {
   std::vector<int64_t> out;
   for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
     int64_t v;
-    if (!absl::SimpleAtoi(part, &v) || v <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--", flag, " wants positive integers separated by commas, got '", s,
-          "'"));
+    if (!absl::SimpleAtoi(part, &v) || v <= 0 || v > max) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " wants integers in 1..", max,
+                       " separated by commas, got '", s, "'"));
     }
     out.push_back(v);
   }
@@ -123,12 +124,14 @@ absl::StatusOr<double> DecodeTokensPerSecond(const ops::Model& m, int64_t batch,
 absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(std::string path, ResolveModel(args.Get("model")));
   KVD_ASSIGN_OR_RETURN(std::vector<int64_t> threads,
-                       IntList(args.Get("threads"), "threads"));
+                       IntList(args.Get("threads"), "threads", 1024));
+  // Each sequence of a batch holds its own K/V cache: 1024 of them at the
+  // default lengths already take gigabytes.
   KVD_ASSIGN_OR_RETURN(std::vector<int64_t> batches,
-                       IntList(args.Get("batch"), "batch"));
-  KVD_ASSIGN_OR_RETURN(int64_t pp, args.GetInt("prompt-tokens"));
-  KVD_ASSIGN_OR_RETURN(int64_t tg, args.GetInt("gen-tokens"));
-  KVD_ASSIGN_OR_RETURN(int64_t reps, args.GetInt("repetitions"));
+                       IntList(args.Get("batch"), "batch", 1024));
+  KVD_ASSIGN_OR_RETURN(int64_t pp, args.GetIntIn("prompt-tokens", 1, 65536));
+  KVD_ASSIGN_OR_RETURN(int64_t tg, args.GetIntIn("gen-tokens", 1, 65536));
+  KVD_ASSIGN_OR_RETURN(int64_t reps, args.GetIntIn("repetitions", 1, 1000));
   std::vector<ops::Precision> precisions;
   for (absl::string_view p :
        absl::StrSplit(args.Get("precision"), ',', absl::SkipEmpty())) {
@@ -148,6 +151,12 @@ absl::Status Run(const Args& args) {
       opts.num_threads = static_cast<int>(t);
       KVD_ASSIGN_OR_RETURN(std::unique_ptr<ops::Model> model,
                            ops::Model::Load(path, opts));
+      const int64_t context = model->config().context_length;
+      if (pp > context || tg > context) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--prompt-tokens (", pp, ") and --gen-tokens (", tg,
+            ") must each fit the model's context of ", context, " tokens"));
+      }
       auto row = [&](const std::string& test, double rate) {
         const auto [rss, hwm] = MemoryMiB();
         std::printf("| %s | %lld | %s | %.1f | %.0f | %.0f |\n",

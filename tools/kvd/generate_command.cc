@@ -57,7 +57,7 @@ absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(const ops::TensorParallelRequest tensor_parallel,
                        TensorParallelFromFlags(args));
   KVD_RETURN_IF_ERROR(ops::PrecheckBackend(backend_request, tensor_parallel));
-  KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));
+  KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetIntIn("threads", 0, 1024));
 
   KVD_ASSIGN_OR_RETURN(engine::GenerateRequest req, SamplingFromFlags(args));
 

@@ -132,7 +132,7 @@ absl::Status Run(const Args& args) {
                        ops::ParsePrecision(args.Get("precision")));
   KVD_ASSIGN_OR_RETURN(int64_t tokens, args.GetInt("tokens"));
   KVD_ASSIGN_OR_RETURN(int64_t budget, args.GetInt("budget"));
-  KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));
+  KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetIntIn("threads", 0, 1024));
   ops::LoadOptions options;
   options.precision = precision;
   options.num_threads = static_cast<int>(threads);
