@@ -365,7 +365,8 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
     if (loaded.status().code() == absl::StatusCode::kNotFound) {
       return absl::NotFoundError(absl::StrCat(
           SessionName(tenant, session),
-          " not found; create it first (CreateSession / POST /v1/sessions)"));
+          " not found; create it first (gRPC CreateSession; over HTTP a chat "
+          "request with this session_id starts it)"));
     }
     if (loaded.status().code() != absl::StatusCode::kDataLoss)
       return loaded.status();

@@ -109,7 +109,9 @@ struct TurnRequest {
   std::vector<int32_t> tokens;
   // If set, used instead of `tokens`: computes the turn's tokens from the
   // session's committed ones (under the session's lock), e.g. a chat
-  // follow-up whose text depends on whether the last reply was closed.
+  // follow-up whose text depends on whether the last reply was closed. It
+  // runs before the engine reads `generate`, so it may still adjust it
+  // (gRPC shrinks an unchosen max_tokens to the context left).
   std::function<absl::StatusOr<std::vector<int32_t>>(
       absl::Span<const int32_t> session_tokens)>
       make_tokens;

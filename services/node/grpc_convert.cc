@@ -127,6 +127,16 @@ absl::Status ValidateInput(const v1::GenerateRequest& request,
         absl::StrCat(request.messages_size(), " messages; at most ",
                      kMaxMessages, " per request"));
   }
+  for (int i = 0; i < request.messages_size(); ++i) {
+    const std::string& role = request.messages(i).role();
+    if (role != "system" && role != "user" && role != "assistant") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", i,
+                       "].role must be system, user or "
+                       "assistant, got '",
+                       role, "'"));
+    }
+  }
   if (has_messages && !tmpl.has_value()) {
     return absl::FailedPreconditionError(
         "the loaded model has no recognised chat template; send a raw "

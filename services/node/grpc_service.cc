@@ -157,10 +157,35 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
   };
   const std::optional<ops::ChatTemplate>& tmpl = runtime_->chat_template();
 
+  // The prompt and max_tokens must fit the context together, as over HTTP:
+  // an unchosen max_tokens shrinks to what is left, a chosen one that does
+  // not fit is refused before anything runs.
+  const bool max_tokens_given = request.sampling().has_max_tokens();
+  auto fit = [context, max_tokens_given](int64_t have, int64_t* max_tokens) {
+    if (have >= context) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the prompt is ", have, " tokens with the session's; ",
+                       "the model's context is ", context, " tokens"));
+    }
+    if (!max_tokens_given) {
+      *max_tokens = std::min(*max_tokens, context - have);
+    } else if (have + *max_tokens > context) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt (", have,
+                       " tokens, with the session's) + "
+                       "sampling.max_tokens (",
+                       *max_tokens, ") exceeds the model's context of ",
+                       context, " tokens; lower max_tokens"));
+    }
+    return absl::OkStatus();
+  };
+
   v1::GenerateFinished finished;
   engine::GenerateResult result;
   if (request.session_id().empty()) {
     KVD_ASSIGN_OR_RETURN(g.prompt, TurnTokens(request, tokenizer, tmpl, {}));
+    KVD_RETURN_IF_ERROR(
+        fit(static_cast<int64_t>(g.prompt.size()), &g.max_tokens));
     KVD_ASSIGN_OR_RETURN(result,
                          runtime_->engine().Complete(g, tokenizer, on_delta));
   } else {
@@ -168,8 +193,15 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
     turn.tenant = tenant;
     turn.session = request.session_id();
     turn.generate = std::move(g);
-    turn.make_tokens = [&](absl::Span<const int32_t> have) {
-      return TurnTokens(request, tokenizer, tmpl, have);
+    turn.make_tokens = [&](absl::Span<const int32_t> have)
+        -> absl::StatusOr<std::vector<int32_t>> {
+      KVD_ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
+                           TurnTokens(request, tokenizer, tmpl, have));
+      // Under the session's lock, before the turn runs: the engine reads
+      // its generate request after this returns.
+      KVD_RETURN_IF_ERROR(fit(static_cast<int64_t>(have.size() + tokens.size()),
+                              &turn.generate.max_tokens));
+      return tokens;
     };
     absl::StatusOr<engine::TurnResult> r =
         runtime_->engine().RunTurn(turn, tokenizer, on_delta);
@@ -230,6 +262,13 @@ grpc::Status SessionsService::Generate(
     running_.erase(request_id);
   }
   if (!finished.ok()) {
+    if (finished.status().code() == absl::StatusCode::kCancelled &&
+        stopping_.load()) {
+      // Not the client's cancel: tell it to retry elsewhere, as HTTP's 503.
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the node is shutting down; nothing of this "
+                          "generation was stored; retry on another node");
+    }
     if (finished.status().code() == absl::StatusCode::kCancelled &&
         DeadlinePassed(ctx)) {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,

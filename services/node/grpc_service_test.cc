@@ -407,6 +407,20 @@ TEST_F(GrpcServiceTest, InvalidParametersAreRejectedQuickly) {
        },
        "16"},
       {"no input", [](v1::GenerateRequest* r) { r->clear_prompt(); }, "prompt"},
+      // Each fits alone; together with the prompt they exceed the context.
+      {"prompt + max_tokens over the context",
+       [](v1::GenerateRequest* r) {
+         r->mutable_sampling()->set_max_tokens(4096);
+       },
+       "context"},
+      {"unknown role",
+       [](v1::GenerateRequest* r) {
+         r->clear_prompt();
+         v1::ChatMessage* m = r->add_messages();
+         m->set_role("wizard");
+         m->set_content("hi");
+       },
+       "role"},
   };
   for (const Case& c : cases) {
     for (const std::string session : {"s", ""}) {
@@ -434,6 +448,28 @@ TEST_F(GrpcServiceTest, InvalidParametersAreRejectedQuickly) {
   v1::Session s;
   ASSERT_TRUE(Get("s", &s).ok());
   EXPECT_EQ(s.turns(), 0);
+}
+
+// A generation that the node's shutdown stops is UNAVAILABLE (retry on
+// another node), not CANCELLED, which clients read as their own cancel.
+TEST_F(GrpcServiceTest, ShutdownEndsRunningGenerationsWithUnavailable) {
+  Start(KeyStore());
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Raw("", "a long one", 4000));
+  v1::GenerateResponse msg;
+  int deltas = 0;
+  std::thread stopper;
+  while (reader->Read(&msg)) {
+    if (msg.has_delta() && ++deltas == 3) {
+      stopper = std::thread([this] { server_->Shutdown(absl::Seconds(10)); });
+    }
+    ASSERT_FALSE(msg.has_finished()) << "generation finished before shutdown";
+  }
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << status.error_message();
+  EXPECT_THAT(status.error_message(), ::testing::HasSubstr("shutting down"));
+  if (stopper.joinable()) stopper.join();
 }
 
 TEST_F(GrpcServiceTest, ClientCancelStopsGenerationAndCommitsNothing) {
