@@ -80,11 +80,18 @@ TEST(ValidateInputTest, ExactlyOneInput) {
   EXPECT_EQ(ValidateInput(r, none).code(), absl::StatusCode::kInvalidArgument);
   r.set_prompt("x");
   EXPECT_TRUE(ValidateInput(r, none).ok());
-  r.add_messages()->set_content("y");
+  v1::ChatMessage* m = r.add_messages();
+  m->set_role("user");
+  m->set_content("y");
   EXPECT_EQ(ValidateInput(r, none).code(), absl::StatusCode::kInvalidArgument);
   r.clear_prompt();
   EXPECT_EQ(ValidateInput(r, none).code(),
             absl::StatusCode::kFailedPrecondition);
+  // A role the templates do not know is refused, not rendered.
+  m->set_role("wizard");
+  const absl::Status bad = ValidateInput(r, none);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("messages[0].role"), std::string::npos) << bad;
 }
 
 TEST(ToGrpcStatusTest, KeepsCodeAndMessage) {
