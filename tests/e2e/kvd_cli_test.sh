@@ -126,6 +126,11 @@ for cmd in "generate --threads 100000 hi" "generate --threads -3 hi" "plan --thr
     || fail "kvd $cmd does not give the flag's range: $out"
 done
 
+# kvd chat --server with nothing listening says what to check.
+out="$("$KVD" chat --server http://127.0.0.1:1 --session x hi 2>&1)"; rc=$?
+[[ $rc == 1 ]] || fail "chat --server to a closed port: exit $rc, want 1"
+expect_contains "chat --server to a closed port" "$out" "cannot connect"
+
 # Reading a data directory that does not exist (a typo) creates nothing there.
 nowhere="$TEST_TMPDIR/no-such-data-dir"
 out="$("$KVD" sessions --data-dir "$nowhere" ls 2>&1)" || fail "sessions ls of a missing dir exited $?"

@@ -59,6 +59,9 @@ grep -q "SIGTERM, stopping" "$TEST_TMPDIR/serve1.log" || fail "no clean-stop mes
 start "$TEST_TMPDIR/serve2.log"
 r3="$(chat "And of Italy?")"
 [[ "$r3" == *Rome* ]] || fail "turn 3 after restart: $r3"
+# kvd chat --server: a request the server refuses (400) is the request's fault, not UNAVAILABLE.
+out="$("$KVD" chat --server "http://127.0.0.1:$PORT" --session ../x hi 2>&1)"; rc=$?
+[[ $rc == 1 && "$out" == *INVALID_ARGUMENT*400* ]] || fail "chat --server bad session: exit $rc: $out"
 kill -TERM "$PID"; wait "$PID"
 turns="$("$KVD" sessions show trip --data-dir "$DATA" |
   python3 -c 'import json,sys; print(len(json.load(sys.stdin)["turn_ends"]))')"

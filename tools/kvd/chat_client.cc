@@ -44,7 +44,26 @@ std::string ErrorMessage(absl::string_view body) {
   return s;
 }
 
-std::string HttpErrorName(httplib::Error e) { return httplib::to_string(e); }
+// httplib's names ("Connection", "Read") say little on their own.
+std::string HttpErrorName(httplib::Error e) {
+  switch (e) {
+    case httplib::Error::Connection:
+      return "cannot connect (is kvd serve running at that address, on "
+             "that port?)";
+    case httplib::Error::ConnectionTimeout:
+      return "connecting timed out (check the address and any firewall)";
+    case httplib::Error::Read:
+      return "the connection closed or timed out while reading the answer";
+    case httplib::Error::Write:
+      return "the connection closed while sending the request";
+    case httplib::Error::SSLConnection:
+    case httplib::Error::SSLServerVerification:
+      return "TLS handshake failed (https:// against a plain-HTTP server, or "
+             "a certificate this client does not trust?)";
+    default:
+      return httplib::to_string(e);
+  }
+}
 
 }  // namespace
 

@@ -187,11 +187,28 @@ absl::Status RunServerTurn(ChatClient& client, const Args& args,
   }
   if (!r.ok()) {
     if (!jsonl && !r.text.empty()) std::cout << std::endl;
-    return absl::UnavailableError(
-        r.http_status == 200
-            ? absl::StrCat("server error during the reply: ", r.error)
-            : absl::StrCat("server answered HTTP ", r.http_status, ": ",
-                           r.error));
+    if (r.http_status == 200) {
+      return absl::UnavailableError(
+          absl::StrCat("server error during the reply: ", r.error));
+    }
+    const std::string what =
+        absl::StrCat("server answered HTTP ", r.http_status, ": ", r.error);
+    // A 4xx is the request's fault (fix it, do not retry); 5xx the server's.
+    switch (r.http_status) {
+      case 400:
+      case 413:
+        return absl::InvalidArgumentError(what);
+      case 401:
+        return absl::UnauthenticatedError(what);
+      case 403:
+        return absl::PermissionDeniedError(what);
+      case 404:
+        return absl::NotFoundError(what);
+      case 409:
+        return absl::FailedPreconditionError(what);
+      default:
+        return absl::UnavailableError(what);
+    }
   }
   if (jsonl) {
     nlohmann::json j;
