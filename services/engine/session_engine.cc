@@ -627,8 +627,15 @@ absl::StatusOr<GenerateResult> SessionEngine::Complete(
   g.kv_source = nullptr;
   g.observer = nullptr;
   KVD_ASSIGN_OR_RETURN(ops::KvCache cache, model_.NewCache(kv_pool_.get()));
-  return scheduler_->Run(tokenizer, g, &cache, on_delta,
-                         /*keep_cache=*/false);
+  KVD_ASSIGN_OR_RETURN(GenerateResult result,
+                       scheduler_->Run(tokenizer, g, &cache, on_delta,
+                                       /*keep_cache=*/false));
+  // As RunTurn: a stopped generation is an error, so no server can answer
+  // it as a finished one.
+  if (result.finish_reason == FinishReason::kCancelled) {
+    return absl::CancelledError("generation cancelled; nothing was kept");
+  }
+  return result;
 }
 
 absl::StatusOr<v1::SessionManifest> SessionEngine::GetSession(

@@ -212,7 +212,8 @@ class SessionEngine {
                                      const DeltaCallback& on_delta);
 
   // A stateless request (the plain OpenAI API): generates from `request`'s
-  // prompt with a fresh cache and stores nothing.
+  // prompt with a fresh cache and stores nothing. CANCELLED when
+  // `request.cancelled` stopped it, as for RunTurn.
   absl::StatusOr<GenerateResult> Complete(const GenerateRequest& request,
                                           const ops::Tokenizer& tokenizer,
                                           const DeltaCallback& on_delta);

@@ -212,9 +212,6 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
     finished.set_session_tokens(r->session_tokens);
     finished.set_turn(r->turn);
   }
-  if (result.finish_reason == engine::FinishReason::kCancelled) {
-    return absl::CancelledError("generation cancelled; nothing was stored");
-  }
   finished.set_finish_reason(engine::FinishReasonName(result.finish_reason));
   finished.mutable_usage()->set_prompt_tokens(result.prompt_tokens);
   finished.mutable_usage()->set_completion_tokens(result.tokens.size());

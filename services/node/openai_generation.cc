@@ -165,11 +165,6 @@ absl::StatusOr<GenerationOutcome> RunGeneration(
     KVD_ASSIGN_OR_RETURN(out.gen,
                          engine.Complete(g, runtime.tokenizer(), on_delta));
     out.prompt_tokens = static_cast<int64_t>(job.prompt.size());
-    // As for session turns (and gRPC): a stopped generation is an error the
-    // caller maps to 499 or 503, never a 200 with a partial answer.
-    if (out.gen.finish_reason == engine::FinishReason::kCancelled) {
-      return absl::CancelledError("generation cancelled");
-    }
   } else {
     const int64_t context = runtime.model().config().context_length;
     engine::TurnRequest turn;
