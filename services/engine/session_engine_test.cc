@@ -80,16 +80,35 @@ class SessionEngineTest : public testing::EngineTest {
                                       model_->config().vocab_size);
   }
 
-  absl::StatusOr<TurnResult> Turn(int turn, Transcript* t,
-                                  int cancel_after = -1) {
+  // A greedy turn of acme/chat-1 with turn `turn`'s tokens.
+  TurnRequest Request(int turn, int64_t max_tokens) const {
     TurnRequest r;
     r.tenant = "acme";
     r.session = "chat-1";
-    r.create_if_missing = create_if_missing_;
     r.tokens = TurnTokens(turn);
-    r.generate.max_tokens = 11;
+    r.generate.max_tokens = max_tokens;
     r.generate.ignore_eos = true;
     r.generate.sampling.temperature = 0;
+    return r;
+  }
+
+  // Holds a turn at its first step, with the session's lock held, until
+  // the test opens the gate.
+  struct Gate {
+    std::atomic<bool> entered{false};
+    std::atomic<bool> open{false};
+  };
+  static void HoldAtFirstStep(TurnRequest& r, Gate* gate) {
+    r.generate.on_logits = [gate](const float*, int64_t) {
+      gate->entered = true;
+      while (!gate->open) absl::SleepFor(absl::Milliseconds(1));
+    };
+  }
+
+  absl::StatusOr<TurnResult> Turn(int turn, Transcript* t,
+                                  int cancel_after = -1) {
+    TurnRequest r = Request(turn, 11);
+    r.create_if_missing = create_if_missing_;
     int steps = 0;
     r.generate.on_logits = [t, &steps](const float* l, int64_t n) {
       t->logits.emplace_back(l, l + n);
@@ -352,23 +371,14 @@ TEST_P(SessionEngineTest, CreateOrImportDuringAStartingTurnFindsTheSession) {
     FreshDir();
     OpenStore();
     NewEngine(v, identity_);
-    TurnRequest r;
-    r.tenant = "acme";
-    r.session = "chat-1";
+    TurnRequest r = Request(0, 3);
     r.create_if_missing = true;
-    r.tokens = TurnTokens(0);
-    r.generate.max_tokens = 3;
-    r.generate.ignore_eos = true;
-    r.generate.sampling.temperature = 0;
-    std::atomic<bool> started{false}, release{false};
-    r.generate.on_logits = [&](const float*, int64_t) {
-      started = true;
-      while (!release) absl::SleepFor(absl::Milliseconds(1));
-    };
+    Gate gate;
+    HoldAtFirstStep(r, &gate);
     absl::Status turn;
     std::thread first(
         [&] { turn = engine_->RunTurn(r, *tokenizer_, nullptr).status(); });
-    while (!started) absl::SleepFor(absl::Milliseconds(1));
+    while (!gate.entered) absl::SleepFor(absl::Milliseconds(1));
 
     std::atomic<bool> returned{false};
     absl::Status other;
@@ -391,7 +401,7 @@ TEST_P(SessionEngineTest, CreateOrImportDuringAStartingTurnFindsTheSession) {
     });
     absl::SleepFor(absl::Milliseconds(100));
     EXPECT_FALSE(returned) << "did not wait for the turn starting the session";
-    release = true;
+    gate.open = true;
     first.join();
     second.join();
     ASSERT_TRUE(turn.ok()) << turn;
@@ -413,25 +423,10 @@ TEST_P(SessionEngineTest, DeleteWhileATurnWaitsKeepsOneLockPerSession) {
   const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
   OpenStore();
   NewEngine(v, identity_);
-  struct Gate {
-    std::atomic<bool> entered{false};
-    std::atomic<bool> open{false};
-  };
   auto turn = [&](Gate* gate) {
-    TurnRequest r;
-    r.tenant = "acme";
-    r.session = "chat-1";
+    TurnRequest r = Request(0, 2);
     r.create_if_missing = true;
-    r.tokens = TurnTokens(0);
-    r.generate.max_tokens = 2;
-    r.generate.ignore_eos = true;
-    r.generate.sampling.temperature = 0;
-    if (gate != nullptr) {
-      r.generate.on_logits = [gate](const float*, int64_t) {
-        gate->entered = true;
-        while (!gate->open) absl::SleepFor(absl::Milliseconds(1));
-      };
-    }
+    if (gate != nullptr) HoldAtFirstStep(r, gate);
     return r;
   };
   auto wait_for = [](const std::atomic<bool>& flag) {

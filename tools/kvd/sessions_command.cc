@@ -3,6 +3,7 @@
 // imported here is checked against the model when it is next resumed.
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -41,23 +42,33 @@ std::string Time(int64_t unix_ms) {
                           absl::LocalTimeZone());
 }
 
-absl::Status List(storage::TieredStore& store, const std::string& tenant) {
+// Calls `fn` with every session manifest of `tenant`, page by page.
+absl::Status ForEachSession(
+    storage::TieredStore& store, const std::string& tenant,
+    const std::function<void(const v1::SessionManifest&)>& fn) {
   std::string token;
-  std::printf("%-32s %8s %6s %-10s %12s  %s\n", "SESSION", "TOKENS", "TURNS",
-              "POLICY", "BYTES", "UPDATED");
-  int64_t n = 0;
   do {
     KVD_ASSIGN_OR_RETURN(storage::SessionListPage page,
                          store.List(tenant, token, 100));
-    for (const v1::SessionManifest& m : page.sessions) {
-      std::printf("%-32s %8lld %6d %-10s %12lld  %s\n", m.session_id().c_str(),
-                  static_cast<long long>(m.token_count()), m.turn_ends_size(),
-                  m.policy().c_str(), static_cast<long long>(m.stored_bytes()),
-                  Time(m.updated_unix_ms()).c_str());
-      ++n;
-    }
+    for (const v1::SessionManifest& m : page.sessions) fn(m);
     token = page.next_page_token;
   } while (!token.empty());
+  return absl::OkStatus();
+}
+
+absl::Status List(storage::TieredStore& store, const std::string& tenant) {
+  std::printf("%-32s %8s %6s %-10s %12s  %s\n", "SESSION", "TOKENS", "TURNS",
+              "POLICY", "BYTES", "UPDATED");
+  int64_t n = 0;
+  KVD_RETURN_IF_ERROR(
+      ForEachSession(store, tenant, [&](const v1::SessionManifest& m) {
+        std::printf(
+            "%-32s %8lld %6d %-10s %12lld  %s\n", m.session_id().c_str(),
+            static_cast<long long>(m.token_count()), m.turn_ends_size(),
+            m.policy().c_str(), static_cast<long long>(m.stored_bytes()),
+            Time(m.updated_unix_ms()).c_str());
+        ++n;
+      }));
   std::fprintf(stderr, "%lld session(s) of tenant '%s'\n",
                static_cast<long long>(n), tenant.c_str());
   return absl::OkStatus();
@@ -92,29 +103,24 @@ absl::Status ExportAll(storage::TieredStore& store, const std::string& dir) {
           absl::StrCat("cannot create ", tenant_dir, ": ", ec.message(),
                        "; choose a writable directory"));
     }
-    std::string token;
-    do {
-      KVD_ASSIGN_OR_RETURN(storage::SessionListPage page,
-                           store.List(tenant, token, 100));
-      for (const v1::SessionManifest& m : page.sessions) {
-        const std::string file =
-            absl::StrCat(tenant_dir, "/", m.session_id(), ".kvds");
-        absl::Status s = [&]() -> absl::Status {
-          KVD_ASSIGN_OR_RETURN(storage::TieredStore::Loaded got,
-                               store.Load(tenant, m.session_id()));
-          return storage::WriteSessionFile(*got.checkpoint, file);
-        }();
-        if (s.ok()) {
-          ++written;
-        } else {
-          std::fprintf(stderr, "cannot export %s/%s: %s\n", tenant.c_str(),
-                       m.session_id().c_str(),
-                       std::string(s.message()).c_str());
-          failed.push_back(absl::StrCat(tenant, "/", m.session_id()));
-        }
-      }
-      token = page.next_page_token;
-    } while (!token.empty());
+    KVD_RETURN_IF_ERROR(
+        ForEachSession(store, tenant, [&](const v1::SessionManifest& m) {
+          const std::string file =
+              absl::StrCat(tenant_dir, "/", m.session_id(), ".kvds");
+          absl::Status s = [&]() -> absl::Status {
+            KVD_ASSIGN_OR_RETURN(storage::TieredStore::Loaded got,
+                                 store.Load(tenant, m.session_id()));
+            return storage::WriteSessionFile(*got.checkpoint, file);
+          }();
+          if (s.ok()) {
+            ++written;
+          } else {
+            std::fprintf(stderr, "cannot export %s/%s: %s\n", tenant.c_str(),
+                         m.session_id().c_str(),
+                         std::string(s.message()).c_str());
+            failed.push_back(absl::StrCat(tenant, "/", m.session_id()));
+          }
+        }));
   }
   std::fprintf(stderr, "exported %lld session(s) to %s\n",
                static_cast<long long>(written), dir.c_str());
