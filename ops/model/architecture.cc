@@ -1,5 +1,6 @@
 #include "ops/model/architecture.h"
 
+#include <cmath>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -55,6 +56,27 @@ absl::StatusOr<float> ArchFloatOr(const GgufFile& f, const std::string& arch,
   return f.GetFloatOr(arch + "." + suffix, default_value);
 }
 
+namespace {
+
+absl::Status BadMetadata(const GgufFile& f, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      f.path(), ": ", what, "; the file's metadata is corrupt or unsupported"));
+}
+
+}  // namespace
+
+absl::StatusOr<float> ArchRopeBase(const GgufFile& f, const std::string& arch,
+                                   float default_value) {
+  const std::string key = arch + ".rope.freq_base";
+  KVD_ASSIGN_OR_RETURN(float base, f.GetFloatOr(key, default_value));
+  // NaN fails every comparison, so test for the good range.
+  if (!(std::isfinite(base) && base > 0.0f)) {
+    return BadMetadata(
+        f, absl::StrCat(key, " is ", base, "; it must be a finite number > 0"));
+  }
+  return base;
+}
+
 absl::Status ReadCommonConfig(const GgufFile& f, const std::string& arch,
                               ModelConfig* c) {
   c->architecture = arch;
@@ -69,8 +91,7 @@ absl::Status ReadCommonConfig(const GgufFile& f, const std::string& arch,
       c->n_kv_heads, ArchIntOr(f, arch, "attention.head_count_kv", c->n_heads));
   KVD_ASSIGN_OR_RETURN(c->context_length,
                        ArchIntOr(f, arch, "context_length", 2048));
-  // Sizes are validated by ModelConfig::Validate once the family is done;
-  // only guard the division here.
+  // Sizes are validated at the end; only guard the division here.
   KVD_ASSIGN_OR_RETURN(
       c->head_dim,
       ArchIntOr(f, arch, "attention.key_length",
@@ -88,10 +109,20 @@ absl::Status ReadCommonConfig(const GgufFile& f, const std::string& arch,
   KVD_ASSIGN_OR_RETURN(
       c->rms_eps,
       ArchFloatOr(f, arch, "attention.layer_norm_rms_epsilon", 1e-5f));
+  if (!(std::isfinite(c->rms_eps) && c->rms_eps >= 0.0f)) {
+    return BadMetadata(
+        f, absl::StrCat(arch, ".attention.layer_norm_rms_epsilon is ",
+                        c->rms_eps, "; it must be a finite number >= 0"));
+  }
   KVD_ASSIGN_OR_RETURN(auto tokens, f.GetStringArray("tokenizer.ggml.tokens"));
   KVD_ASSIGN_OR_RETURN(
       c->vocab_size,
       ArchIntOr(f, arch, "vocab_size", static_cast<int64_t>(tokens.size())));
+  // Before any family sizes per-layer settings by block_count (2^31 - 1
+  // layers would otherwise end in bad_alloc, not in an error).
+  if (absl::Status s = c->ValidateSizes(); !s.ok()) {
+    return BadMetadata(f, s.message());
+  }
   return absl::OkStatus();
 }
 

@@ -47,8 +47,14 @@ absl::StatusOr<int64_t> ArchIntOr(const GgufFile& f, const std::string& arch,
 absl::StatusOr<float> ArchFloatOr(const GgufFile& f, const std::string& arch,
                                   const std::string& suffix,
                                   float default_value);
+// "<arch>.rope.freq_base", or `default_value` when absent; INVALID_ARGUMENT
+// naming the key unless it is a finite number > 0.
+absl::StatusOr<float> ArchRopeBase(const GgufFile& f, const std::string& arch,
+                                   float default_value);
 // Fills the fields every family shares (sizes, heads, eps, context, vocab from
-// the token list).
+// the token list) and checks them (ModelConfig::ValidateSizes), so a family
+// may size per-layer settings by n_layers afterwards. Errors name the file
+// and, for a bad value, its key.
 absl::Status ReadCommonConfig(const GgufFile& f, const std::string& arch,
                               ModelConfig* c);
 

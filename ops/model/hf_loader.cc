@@ -358,6 +358,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromHf(const HfConfig& hf,
                                       "' (factor ", hf.rope_scaling_factor,
                                       ") is not supported yet"));
   }
+  // Before anything is sized by the layer count.
+  if (absl::Status v = c.ValidateSizes(); !v.ok()) return invalid(v.message());
   for (int64_t l = 0; l < c.n_layers; ++l) {
     LayerConfig lc;
     lc.rope_base = static_cast<float>(hf.rope_theta);

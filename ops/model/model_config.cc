@@ -23,7 +23,7 @@ float ModelConfig::attn_scale() const {
              : 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
 
-absl::Status ModelConfig::Validate() const {
+absl::Status ModelConfig::ValidateSizes() const {
   const struct {
     const char* what;
     int64_t value, max;
@@ -52,9 +52,31 @@ absl::Status ModelConfig::Validate() const {
         absl::StrCat("unsupported head size ", head_dim, " / RoPE size ",
                      rope_dim, " (both even, RoPE <= head)"));
   }
+  // NaN fails every comparison, so test for the good range.
+  if (!(std::isfinite(rms_eps) && rms_eps >= 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RMSNorm epsilon ", rms_eps, " is not a finite number >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelConfig::Validate() const {
+  if (absl::Status s = ValidateSizes(); !s.ok()) return s;
   if (static_cast<int64_t>(layers.size()) != n_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
         layers.size(), " layer settings for ", n_layers, " layers"));
+  }
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (!(std::isfinite(layers[l].rope_base) && layers[l].rope_base > 0.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l, ": RoPE base ", layers[l].rope_base,
+                       " is not a finite number > 0"));
+    }
+    if (layers[l].sliding_window < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l, ": sliding window ",
+                       layers[l].sliding_window, " is negative"));
+    }
   }
   return absl::OkStatus();
 }

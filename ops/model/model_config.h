@@ -58,10 +58,15 @@ struct ModelConfig {
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
   float attn_scale() const;
-  // OK if the shape is one the forward pass can run: every size positive and
-  // plausible (so a corrupt file cannot make kvd allocate terabytes), heads
-  // divisible into K/V groups, even head and RoPE sizes. Every loader calls it;
-  // the message does not name the file.
+  // OK if the sizes are ones the forward pass can run: every size positive
+  // and plausible (so a corrupt file cannot make kvd allocate terabytes),
+  // heads divisible into K/V groups, even head and RoPE sizes, a finite
+  // non-negative RMSNorm epsilon. Loaders call it as soon as the sizes are
+  // read, before allocating anything sized by them (such as `layers`).
+  absl::Status ValidateSizes() const;
+  // ValidateSizes, plus one LayerConfig per layer, each with a finite
+  // positive RoPE base and a non-negative window. Every loader calls it; the
+  // message does not name the file.
   absl::Status Validate() const;
   // Parameter count of the transformer (embeddings counted once).
   int64_t ParameterCount(bool tied_output) const;

@@ -20,6 +20,8 @@
 namespace kvd::ops {
 namespace {
 
+constexpr int64_t kMaxLayers = 1024;  // as ModelConfig::Validate
+
 using Json = nlohmann::json;
 
 constexpr int64_t kMaxConfigBytes = 16 << 20;
@@ -376,6 +378,13 @@ absl::StatusOr<HfConfig> ParseParsed(const Reader& r, const Json& root) {
       r.Size(text, "hidden_size", def(fam.hidden_size), &c.hidden_size));
   KVD_RETURN_IF_ERROR(r.Size(text, "num_hidden_layers",
                              def(fam.num_hidden_layers), &c.num_hidden_layers));
+  // Per-layer settings are sized by it below; the model's own checks
+  // (ModelConfig::Validate) come later and use the same bound.
+  if (c.num_hidden_layers > kMaxLayers) {
+    return r.Error(text, "num_hidden_layers",
+                   absl::StrCat("is ", c.num_hidden_layers,
+                                "; kvd loads at most ", kMaxLayers, " layers"));
+  }
   KVD_RETURN_IF_ERROR(r.Size(text, "num_attention_heads",
                              def(fam.num_attention_heads),
                              &c.num_attention_heads));

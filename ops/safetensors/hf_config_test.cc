@@ -192,6 +192,11 @@ INSTANTIATE_TEST_SUITE_P(
                   "key 'hidden_size' must be an integer"},
         BadConfig{"float_size", "num_hidden_layers", "2.5",
                   "key 'num_hidden_layers' must be an integer"},
+        BadConfig{"huge_layer_count", "num_hidden_layers", "2147483647",
+                  "key 'num_hidden_layers' is 2147483647; kvd loads at most "
+                  "1024 layers"},
+        BadConfig{"rope_theta_zero", "rope_theta", "0",
+                  "key 'rope_theta' must be positive"},
         BadConfig{"zero_heads", "num_attention_heads", "0",
                   "key 'num_attention_heads' must be at least 1"},
         BadConfig{"kv_not_dividing", "num_key_value_heads", "3",

@@ -104,6 +104,16 @@ class Tokenizer {
   std::vector<int32_t> Encode(std::string_view text, bool add_special,
                               bool parse_special) const;
 
+  // kvd's one rule for prompt text, raw or rendered by a chat template, on
+  // every path (kvd generate and chat, /v1/completions and chat, gRPC):
+  // control tokens written in the text are parsed, as llama.cpp's server
+  // and vLLM (Hugging Face tokenizers) do, so the same text gives the same
+  // tokens everywhere and a raw prompt can carry a hand-written template.
+  // `first`: the start of a sequence (BOS where the vocabulary asks for it).
+  std::vector<int32_t> EncodePrompt(std::string_view text, bool first) const {
+    return Encode(text, /*add_special=*/first, /*parse_special=*/true);
+  }
+
   // The bytes of one token, as llama_token_to_piece(vocab, id, buf, len,
   // /*lstrip=*/0, special): control and unknown tokens give their text only
   // when `special`, else "". Out-of-range ids give "".

@@ -546,6 +546,8 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   g.sequence_id = 0;
   const int64_t cache_before = a.cache.length();
   const int64_t store_before = a.store.length(0);
+  const int64_t context_tokens =
+      static_cast<int64_t>(a.tokens.size() + turn_tokens.size());
   absl::StatusOr<GenerateResult> gen =
       scheduler_->Run(tokenizer, g, &a.cache, on_delta);
   if (gen.status().code() == absl::StatusCode::kResourceExhausted &&
@@ -614,6 +616,9 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   result.generation = std::move(*gen);
   result.session_tokens = a.committed.token_count();
   result.turn = a.committed.turn_ends_size();
+  result.context_tokens = context_tokens;
+  result.cached_tokens =
+      result.path == StatePath::kReprefill ? 0 : cache_before;
   MakeHot(key, std::move(active));
   absl::MutexLock lock(&mu_);
   stats_.turns_committed++;

@@ -137,6 +137,13 @@ struct TurnResult {
   double commit_seconds = 0;
   int64_t session_tokens = 0;  // committed tokens after the turn
   uint64_t turn = 0;           // committed turns after this one
+  // The tokens the reply follows (the session's before the turn plus the
+  // turn's new ones), and how many of them came from the session's state
+  // instead of being run through the model this turn (its K/V rows hot,
+  // from DRAM or rebuilt from residuals; 0 when it was re-prefilled from
+  // token ids). OpenAI's usage.prompt_tokens and cached_tokens.
+  int64_t context_tokens = 0;
+  int64_t cached_tokens = 0;
 };
 
 struct EngineStats {

@@ -19,11 +19,10 @@ absl::StatusOr<engine::GenerateRequest> GenerateRequestFromProto(
     const v1::SamplingParams& p, int64_t context_length) {
   engine::GenerateRequest g;
   if (p.has_temperature()) {
-    if (!std::isfinite(p.temperature()) || p.temperature() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sampling.temperature must be a finite number >= 0 (0 = greedy), "
-          "got ",
-          p.temperature()));
+    if (!(p.temperature() >= 0 && p.temperature() <= kMaxTemperature)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.temperature must be in [0, ", kMaxTemperature,
+                       "] (0 = greedy), got ", p.temperature()));
     }
     g.sampling.temperature = p.temperature();
   }
@@ -142,6 +141,12 @@ absl::Status ValidateInput(const v1::GenerateRequest& request,
         "the loaded model has no recognised chat template; send a raw "
         "prompt instead of messages");
   }
+  // As over HTTP: the reply answers a user message.
+  if (has_messages &&
+      request.messages(request.messages_size() - 1).role() != "user") {
+    return absl::InvalidArgumentError(
+        "the last message must have role 'user': kvd replies to it");
+  }
   return absl::OkStatus();
 }
 
@@ -152,8 +157,7 @@ absl::StatusOr<std::vector<int32_t>> TurnTokens(
   KVD_RETURN_IF_ERROR(ValidateInput(request, tmpl));
   const bool first = session_tokens.empty();
   if (request.messages_size() == 0) {
-    return tokenizer.Encode(request.prompt(), /*add_special=*/first,
-                            /*parse_special=*/false);
+    return tokenizer.EncodePrompt(request.prompt(), first);
   }
   std::string text;
   if (first) {
@@ -174,8 +178,7 @@ absl::StatusOr<std::vector<int32_t>> TurnTokens(
         text, tmpl->RenderFollowUp({m.role(), m.content()},
                                    tokenizer.IsEog(session_tokens.back())));
   }
-  return tokenizer.Encode(text, /*add_special=*/first,
-                          /*parse_special=*/true);
+  return tokenizer.EncodePrompt(text, first);
 }
 
 void SetLogprobs(const ops::Tokenizer& tokenizer,

@@ -30,9 +30,12 @@
 
 namespace kvd::node {
 
-// Bounds on request fields (sessions.proto documents them to clients).
+// Bounds on request fields (sessions.proto documents them to clients); those
+// the HTTP API shares are its bounds (openai_request.h), so a request means
+// the same on both front ends.
 inline constexpr int64_t kDefaultMaxTokens = 256;
-inline constexpr int kMaxStopStrings = 16;
+inline constexpr float kMaxTemperature = 2;  // as OpenAI's API
+inline constexpr int kMaxStopStrings = 4;
 inline constexpr size_t kMaxStopBytes = 256;
 inline constexpr int kMaxLabels = 64;
 inline constexpr size_t kMaxLabelKeyBytes = 128;
@@ -47,8 +50,8 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // The generation parameters of a request: sampling, max_tokens (default
 // kDefaultMaxTokens capped at `context_length`), stop strings. INVALID_ARGUMENT
-// naming the field and its bound for NaN/negative temperature, top_p outside
-// (0, 1], negative top_k, max_tokens < 1 or > context_length, more than
+// naming the field and its bound for a temperature outside [0, 2], top_p
+// outside (0, 1], negative top_k, max_tokens < 1 or > context_length, more than
 // kMaxStopStrings stops or an empty/oversized one, top_logprobs outside
 // 0..kMaxTopLogprobs or without logprobs.
 absl::StatusOr<engine::GenerateRequest> GenerateRequestFromProto(

@@ -53,6 +53,28 @@ TEST(GenerateRequestFromProtoTest, DefaultsAndBounds) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The bounds HTTP has (openai_request.h): temperature in [0, 2], at most 4
+// stop strings.
+TEST(GenerateRequestFromProtoTest, SharesHttpBounds) {
+  v1::SamplingParams p;
+  p.set_temperature(2);
+  EXPECT_TRUE(GenerateRequestFromProto(p, 100).ok());
+  p.set_temperature(2.5f);
+  absl::Status hot = GenerateRequestFromProto(p, 100).status();
+  EXPECT_EQ(hot.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(hot.message(), HasSubstr("[0, 2]"));
+  p.set_temperature(NAN);
+  EXPECT_EQ(GenerateRequestFromProto(p, 100).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  p.set_temperature(1);
+  for (int i = 0; i < 4; ++i) p.add_stop("s");
+  EXPECT_TRUE(GenerateRequestFromProto(p, 100).ok());
+  p.add_stop("s");
+  absl::Status stops = GenerateRequestFromProto(p, 100).status();
+  EXPECT_EQ(stops.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(stops.message(), HasSubstr("at most 4"));
+}
+
 TEST(ValidateLabelsTest, Bounds) {
   google::protobuf::Map<std::string, std::string> labels;
   labels["title"] = "x";
@@ -92,6 +114,21 @@ TEST(ValidateInputTest, ExactlyOneInput) {
   const absl::Status bad = ValidateInput(r, none);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.message().find("messages[0].role"), std::string::npos) << bad;
+}
+
+TEST(ValidateInputTest, TheLastMessageIsTheUsers) {
+  const std::optional<ops::ChatTemplate> tmpl = ops::ChatTemplate::ChatML();
+  v1::GenerateRequest r;
+  v1::ChatMessage* m = r.add_messages();
+  m->set_role("system");
+  m->set_content("Be brief.");
+  const absl::Status no_user = ValidateInput(r, tmpl);
+  EXPECT_EQ(no_user.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_user.message(), HasSubstr("role 'user'"));
+  m = r.add_messages();
+  m->set_role("user");
+  m->set_content("Hi");
+  EXPECT_TRUE(ValidateInput(r, tmpl).ok());
 }
 
 TEST(ToGrpcStatusTest, KeepsCodeAndMessage) {

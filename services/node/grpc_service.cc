@@ -4,12 +4,16 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "services/node/grpc_call_log.h"
 #include "services/node/grpc_convert.h"
 #include "storage/checkpoint/codec.h"
 #include "storage/checkpoint/session_file.h"
@@ -31,16 +35,6 @@ std::string RandomId(absl::string_view prefix) {
   return absl::StrFormat("%s%016x%016x", prefix, a, b);
 }
 
-// Decrements a counter when the call ends.
-class Slot {
- public:
-  explicit Slot(std::atomic<int>* n) : n_(n) {}
-  ~Slot() { n_->fetch_sub(1); }
-
- private:
-  std::atomic<int>* n_;
-};
-
 bool DeadlinePassed(const grpc::ServerContext* ctx) {
   return ctx->deadline() <= std::chrono::system_clock::now();
 }
@@ -49,7 +43,13 @@ bool DeadlinePassed(const grpc::ServerContext* ctx) {
 
 SessionsService::SessionsService(NodeRuntime* runtime, KeyStore keys,
                                  GrpcServerOptions options)
-    : runtime_(runtime), keys_(std::move(keys)), options_(std::move(options)) {}
+    : runtime_(runtime),
+      keys_(std::move(keys)),
+      options_(std::move(options)),
+      admission_(options_.admission
+                     ? options_.admission
+                     : std::make_shared<Admission>(options_.max_inflight,
+                                                   options_.max_queue)) {}
 
 absl::StatusOr<std::string> SessionsService::Tenant(
     const grpc::ServerContext* ctx) const {
@@ -123,22 +123,24 @@ grpc::Status SessionsService::DeleteSession(
       runtime_->engine().DeleteSession(*tenant, request->session_id()));
 }
 
-absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
-    grpc::ServerContext* ctx, const std::string& tenant,
-    const v1::GenerateRequest& request, const Running& running,
-    grpc::ServerWriter<v1::GenerateResponse>* writer) {
+absl::StatusOr<engine::GenerateRequest> SessionsService::CheckGenerate(
+    const v1::GenerateRequest& request) const {
   const int64_t context = runtime_->model().config().context_length;
   KVD_ASSIGN_OR_RETURN(engine::GenerateRequest g,
                        GenerateRequestFromProto(request.sampling(), context));
   KVD_RETURN_IF_ERROR(ValidateInput(request, runtime_->chat_template()));
-  // A cold session starts loading into the DRAM tier now, overlapping the
-  // prompt's tokenization and any wait for the session or the batch; a
-  // request refused as busy leaves it warm for the client's retry.
-  if (!request.session_id().empty() &&
-      storage::ValidateName("session id", request.session_id()).ok() &&
-      !runtime_->engine().IsHot(tenant, request.session_id())) {
-    runtime_->store().Prefetch(tenant, request.session_id());
+  if (!request.session_id().empty()) {
+    KVD_RETURN_IF_ERROR(
+        storage::ValidateName("session id", request.session_id()));
   }
+  return g;
+}
+
+absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
+    grpc::ServerContext* ctx, const std::string& tenant,
+    const v1::GenerateRequest& request, engine::GenerateRequest g,
+    const Running& running, grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const int64_t context = runtime_->model().config().context_length;
 
   // Polled between forward steps: a failed Write means the client is gone.
   std::atomic<bool> write_failed{false};
@@ -182,6 +184,9 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
 
   v1::GenerateFinished finished;
   engine::GenerateResult result;
+  // OpenAI's counting (sessions.proto's Usage): a stateless prompt is all
+  // new.
+  int64_t prompt_tokens = 0, cached_tokens = 0;
   if (request.session_id().empty()) {
     KVD_ASSIGN_OR_RETURN(g.prompt, TurnTokens(request, tokenizer, tmpl, {}));
     KVD_RETURN_IF_ERROR(
@@ -192,6 +197,9 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
     engine::TurnRequest turn;
     turn.tenant = tenant;
     turn.session = request.session_id();
+    // As HTTP's 409: a turn waiting for the session would hold its
+    // admission slot all the while.
+    turn.fail_if_busy = true;
     turn.generate = std::move(g);
     turn.make_tokens = [&](absl::Span<const int32_t> have)
         -> absl::StatusOr<std::vector<int32_t>> {
@@ -207,13 +215,17 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
         runtime_->engine().RunTurn(turn, tokenizer, on_delta);
     if (!r.ok()) return r.status();
     result = std::move(r->generation);
+    prompt_tokens = r->context_tokens;
+    cached_tokens = r->cached_tokens;
     finished.set_state_path(engine::StatePathName(r->path));
     finished.set_state_path_detail(r->path_detail);
     finished.set_session_tokens(r->session_tokens);
     finished.set_turn(r->turn);
   }
   finished.set_finish_reason(engine::FinishReasonName(result.finish_reason));
-  finished.mutable_usage()->set_prompt_tokens(result.prompt_tokens);
+  if (request.session_id().empty()) prompt_tokens = result.prompt_tokens;
+  finished.mutable_usage()->set_prompt_tokens(prompt_tokens);
+  finished.mutable_usage()->set_cached_tokens(cached_tokens);
   finished.mutable_usage()->set_completion_tokens(result.tokens.size());
   finished.mutable_token_ids()->Add(result.tokens.begin(), result.tokens.end());
   SetLogprobs(tokenizer, result.logprobs, finished.mutable_logprobs());
@@ -230,15 +242,22 @@ grpc::Status SessionsService::Generate(
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                         "the node is shutting down; retry on another node");
   }
-  const int limit = options_.max_concurrent_generates;
-  const int now_running = generates_.fetch_add(1) + 1;
-  Slot slot(&generates_);
-  if (limit > 0 && now_running > limit) {
-    return grpc::Status(
-        grpc::StatusCode::RESOURCE_EXHAUSTED,
-        absl::StrCat(limit,
-                     " generations are already running on this node "
-                     "(max_concurrent_generates); retry with back-off"));
+  // Every check before the request queues or anything is sent, as HTTP.
+  absl::StatusOr<engine::GenerateRequest> g = CheckGenerate(*request);
+  if (!g.ok()) return ToGrpcStatus(g.status());
+  // A cold session starts loading into the DRAM tier now, overlapping any
+  // wait for a slot, the session or the batch; a request refused as busy
+  // leaves it warm for the client's retry.
+  if (!request->session_id().empty() &&
+      !runtime_->engine().IsHot(*tenant, request->session_id())) {
+    runtime_->store().Prefetch(*tenant, request->session_id());
+  }
+  absl::StatusOr<Admission::Permit> permit = admission_->Acquire();
+  if (!permit.ok()) {
+    // gRPC's retry policy and clients read the pause from this trailer.
+    ctx->AddTrailingMetadata("grpc-retry-pushback-ms",
+                             absl::StrCat(options_.retry_after_ms));
+    return ToGrpcStatus(permit.status());
   }
 
   auto running = std::make_shared<Running>();
@@ -253,7 +272,7 @@ grpc::Status SessionsService::Generate(
   writer->Write(started);
 
   absl::StatusOr<v1::GenerateFinished> finished =
-      RunGenerate(ctx, *tenant, *request, *running, writer);
+      RunGenerate(ctx, *tenant, *request, *std::move(g), *running, writer);
   {
     absl::MutexLock lock(&mu_);
     running_.erase(request_id);
@@ -392,9 +411,11 @@ grpc::Status HealthService::Check(grpc::ServerContext* ctx,
 
 GrpcServer::GrpcServer(std::unique_ptr<SessionsService> sessions,
                        std::unique_ptr<HealthService> health,
+                       std::unique_ptr<GrpcHealthV1> health_v1,
                        std::unique_ptr<grpc::Server> server, int port)
     : sessions_(std::move(sessions)),
       health_(std::move(health)),
+      health_v1_(std::move(health_v1)),
       server_(std::move(server)),
       port_(port) {}
 
@@ -407,6 +428,7 @@ void GrpcServer::Shutdown(absl::Duration grace) {
     shut_down_ = true;
   }
   health_->SetNotServing();
+  health_v1_->Shutdown();
   sessions_->StopAll();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
@@ -442,11 +464,13 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
   }
   if (options.max_receive_bytes <= 0 || options.max_concurrent_streams <= 0 ||
       options.max_import_bytes <= 0 || options.export_chunk_bytes <= 0 ||
-      options.max_concurrent_generates < 0) {
+      options.max_inflight < 1 || options.max_queue < 0 ||
+      options.retry_after_ms < 0) {
     return absl::InvalidArgumentError(
-        "gRPC server limits must be positive (max_concurrent_generates may "
-        "be 0 = no limit)");
+        "gRPC server limits must be positive (max_queue and retry_after_ms "
+        "may be 0)");
   }
+  if (options.metrics == nullptr) options.metrics = std::make_shared<Metrics>();
   std::shared_ptr<grpc::ServerCredentials> creds =
       grpc::InsecureServerCredentials();
   if (!options.tls_cert_path.empty()) {
@@ -460,7 +484,19 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
   auto sessions =
       std::make_unique<SessionsService>(runtime, std::move(keys), options);
   auto health = std::make_unique<HealthService>(runtime);
+  // The standard health service judges as kvd.v1.Health does.
+  auto health_v1 = std::make_unique<GrpcHealthV1>(
+      [runtime] { return runtime->store().db().WriteHealth().ok(); },
+      std::set<std::string>{"kvd.v1.Sessions", "kvd.v1.Health"});
+  // Server reflection (grpcurl, grpc_cli, Postman) lists the services and
+  // their messages; the plugin registers itself with every builder.
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(MakeGrpcCallLog(options.metrics, options.log_calls));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   int port = 0;
   builder.AddListeningPort(options.address, creds, &port);
   builder.SetMaxReceiveMessageSize(options.max_receive_bytes);
@@ -476,6 +512,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
       static_cast<int>(Millis(options.keepalive_timeout)));
   builder.RegisterService(sessions.get());
   builder.RegisterService(health.get());
+  builder.RegisterService(health_v1.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat(
@@ -483,7 +520,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
         " (in use, or not an address of this host); pick another address"));
   }
   return std::make_unique<GrpcServer>(std::move(sessions), std::move(health),
-                                      std::move(server), port);
+                                      std::move(health_v1), std::move(server),
+                                      port);
 }
 
 }  // namespace kvd::node

@@ -1,11 +1,17 @@
 // The node's gRPC front end: kvd.v1.Sessions (proto/kvd/v1/sessions.proto)
-// and kvd.v1.Health over a NodeRuntime, and the server `kvd serve` starts.
+// and kvd.v1.Health over a NodeRuntime, and the server `kvd serve` starts,
+// which also offers the standard grpc.health.v1 service and server
+// reflection, and logs and counts every call (grpc_call_log.h).
 //
 // Every Sessions call authenticates its `authorization` metadata against the
-// KeyStore and acts as that tenant; Health is open (load balancers probe
-// it). A Generate stops at the next decode step when the client cancels,
-// its deadline passes, Cancel names it, or the server shuts down; the turn
-// then commits nothing.
+// KeyStore and acts as that tenant; the health services are open (load
+// balancers probe them). A Generate is checked as HTTP checks a request
+// (same bounds), then admitted by the Admission it shares with the HTTP
+// front end (RESOURCE_EXHAUSTED with grpc-retry-pushback-ms when full), and
+// only then sends its `started` event; a turn on a session that is running
+// one is ABORTED at once, as HTTP's 409. It stops at the next decode step
+// when the client cancels, its deadline passes, Cancel names it, or the
+// server shuts down; the turn then commits nothing.
 //
 //   GrpcServerOptions options;
 //   options.address = "0.0.0.0:7070";
@@ -35,7 +41,10 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/kvd/v1/health.grpc.pb.h"
 #include "proto/kvd/v1/sessions.grpc.pb.h"
+#include "services/node/admission.h"
 #include "services/node/auth.h"
+#include "services/node/grpc_health_v1.h"
+#include "services/node/metrics.h"
 #include "services/node/runtime.h"
 
 namespace kvd::node {
@@ -43,13 +52,25 @@ namespace kvd::node {
 struct GrpcServerOptions {
   // host:port to listen on; port 0 picks a free port (GrpcServer::port()).
   std::string address = "127.0.0.1:0";
-  // Largest message the server accepts (an ImportSession chunk, a prompt).
-  int max_receive_bytes = 64 << 20;
+  // Largest message the server accepts, refused by gRPC before any work
+  // (RESOURCE_EXHAUSTED): HTTP's body limit (RequestLimits, 1 MiB) plus room
+  // for the fields beside a 1 MiB ImportSession chunk, so sessions of any
+  // size still import as a stream of chunks.
+  int max_receive_bytes = (1 << 20) + (64 << 10);
   // HTTP/2 streams one client connection may have open at once.
   int max_concurrent_streams = 100;
-  // Generate calls running at once on the node; more are refused with
-  // RESOURCE_EXHAUSTED (retry with back-off). 0 = no limit.
-  int max_concurrent_generates = 64;
+  // Generations running at once and waiting for a slot: shared with the HTTP
+  // front end when `kvd serve` runs both; null: the server makes its own
+  // from max_inflight and max_queue.
+  std::shared_ptr<Admission> admission;
+  int max_inflight = 4;
+  int max_queue = 32;
+  // A refused Generate's grpc-retry-pushback-ms trailer (HTTP's Retry-After).
+  int retry_after_ms = 1000;
+  // Where per-method call counts and latencies go; shared with the HTTP
+  // front end so one /metrics covers both. Null: the server keeps its own.
+  std::shared_ptr<Metrics> metrics;
+  bool log_calls = true;  // one JSON line per call on stderr
   // Server pings an idle connection every keepalive_time and drops it if
   // the ping is not answered within keepalive_timeout.
   absl::Duration keepalive_time = absl::Minutes(2);
@@ -105,16 +126,20 @@ class SessionsService final : public v1::Sessions::Service {
   };
 
   absl::StatusOr<std::string> Tenant(const grpc::ServerContext* ctx) const;
+  // The checks HTTP makes before a request queues: sampling bounds, input
+  // shape, session id. Returns the engine request for RunGenerate.
+  absl::StatusOr<engine::GenerateRequest> CheckGenerate(
+      const v1::GenerateRequest& request) const;
   absl::StatusOr<v1::GenerateFinished> RunGenerate(
       grpc::ServerContext* ctx, const std::string& tenant,
-      const v1::GenerateRequest& request, const Running& running,
-      grpc::ServerWriter<v1::GenerateResponse>* writer);
+      const v1::GenerateRequest& request, engine::GenerateRequest g,
+      const Running& running, grpc::ServerWriter<v1::GenerateResponse>* writer);
 
   NodeRuntime* const runtime_;
   const KeyStore keys_;
   const GrpcServerOptions options_;
+  std::shared_ptr<Admission> admission_;
   std::atomic<bool> stopping_{false};
-  std::atomic<int> generates_{0};  // Generate calls in progress
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Running>> running_
@@ -140,6 +165,7 @@ class GrpcServer {
  public:
   GrpcServer(std::unique_ptr<SessionsService> sessions,
              std::unique_ptr<HealthService> health,
+             std::unique_ptr<GrpcHealthV1> health_v1,
              std::unique_ptr<grpc::Server> server, int port);
   ~GrpcServer();
 
@@ -155,6 +181,7 @@ class GrpcServer {
  private:
   std::unique_ptr<SessionsService> sessions_;
   std::unique_ptr<HealthService> health_;
+  std::unique_ptr<GrpcHealthV1> health_v1_;
   std::unique_ptr<grpc::Server> server_;
   const int port_;
   absl::Mutex mu_;

@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "ops/model/testing/tiny_model.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/kvd/v1/health.grpc.pb.h"
 #include "proto/kvd/v1/sessions.grpc.pb.h"
 #include "services/node/grpc_convert.h"
@@ -269,10 +271,16 @@ TEST_F(GrpcServiceTest, TwoTurnConversationSendsOnlyTheNewMessage) {
   ASSERT_TRUE(t2.status.ok()) << t2.status.error_message();
   EXPECT_EQ(t2.finished.turn(), 2u);
   EXPECT_EQ(t2.finished.state_path(), "hot");
-  // The turn ran only the pending last token and the new message.
+  // Usage counts as OpenAI's: the whole context, and as cached all of the
+  // session's tokens but the pending last one (the turn ran only it and the
+  // new message).
   const int64_t new_tokens = static_cast<int64_t>(
       runtime_->tokenizer().Encode(" and more", false, false).size());
-  EXPECT_EQ(t2.finished.usage().prompt_tokens(), 1 + new_tokens);
+  EXPECT_EQ(t2.finished.usage().prompt_tokens(),
+            t1.finished.session_tokens() + new_tokens);
+  EXPECT_EQ(t2.finished.usage().cached_tokens(),
+            t1.finished.session_tokens() - 1);
+  EXPECT_EQ(t1.finished.usage().cached_tokens(), 0);
   EXPECT_EQ(t2.finished.session_tokens(),
             t1.finished.session_tokens() + new_tokens + 8);
   v1::Session s;
@@ -401,11 +409,19 @@ TEST_F(GrpcServiceTest, InvalidParametersAreRejectedQuickly) {
       {"top_p 0",
        [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_p(0); },
        "(0, 1]"},
-      {"17 stop strings",
+      // HTTP's bounds: temperature in [0, 2], at most 4 stop strings.
+      {"temperature above 2",
        [](v1::GenerateRequest* r) {
-         for (int i = 0; i < 17; ++i) r->mutable_sampling()->add_stop("x");
+         r->mutable_sampling()->set_temperature(2.5f);
        },
-       "16"},
+       "[0, 2]"},
+      {"5 stop strings",
+       [](v1::GenerateRequest* r) {
+         for (int i = 0; i < 5; ++i) r->mutable_sampling()->add_stop("x");
+       },
+       "at most 4"},
+      {"bad session id",
+       [](v1::GenerateRequest* r) { r->set_session_id("../x"); }, "session id"},
       {"no input", [](v1::GenerateRequest* r) { r->clear_prompt(); }, "prompt"},
       // Each fits alone; together with the prompt they exceed the context.
       {"prompt + max_tokens over the context",
@@ -435,6 +451,10 @@ TEST_F(GrpcServiceTest, InvalidParametersAreRejectedQuickly) {
           << c.name << " session='" << session << "'";
       EXPECT_THAT(r.status.error_message(), HasSubstr(c.message)) << c.name;
       EXPECT_FALSE(r.got_finished) << c.name;
+      // Refused before the `started` event, as HTTP answers 400 at once.
+      if (std::string(c.name) != "prompt + max_tokens over the context") {
+        EXPECT_THAT(r.request_id, IsEmpty()) << c.name;
+      }
       EXPECT_LT(seconds, 1.0) << c.name;
     }
   }
@@ -488,6 +508,13 @@ TEST_F(GrpcServiceTest, ClientCancelStopsGenerationAndCommitsNothing) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
 
+  // The server stops the turn at its next step; until then the session is
+  // busy (a turn sent meanwhile is ABORTED, as over HTTP).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (runtime_->engine().stats().turns_failed < 1 &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   // The session's lock is free again and the next turn starts from turn 1.
   Reply next = Generate(Raw("s", " again", 4));
   const double seconds =
@@ -540,21 +567,169 @@ TEST_F(GrpcServiceTest, CancelByRequestIdAndDeadline) {
   EXPECT_EQ(s.turns(), 0);
 }
 
-TEST_F(GrpcServiceTest, ConcurrencyLimitIsResourceExhausted) {
+// One admission control for both front ends: a slot the HTTP side holds is
+// one gRPC cannot take, and the refusal carries gRPC's retry pushback.
+TEST_F(GrpcServiceTest, AdmissionIsSharedAndRefusalsCarryRetryPushback) {
   GrpcServerOptions options;
-  options.max_concurrent_generates = 1;
+  options.admission = std::make_shared<Admission>(/*max_inflight=*/1,
+                                                  /*max_queue=*/0);
+  options.retry_after_ms = 1500;
   Start(KeyStore(), options);
+  {
+    // As an HTTP request would hold it.
+    absl::StatusOr<Admission::Permit> http = options.admission->Acquire();
+    ASSERT_TRUE(http.ok());
+    grpc::ClientContext ctx;
+    Reply refused = Generate(Raw("", "go", 2), "", &ctx);
+    EXPECT_EQ(refused.status.error_code(),
+              grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(refused.status.error_message(), HasSubstr("retry"));
+    EXPECT_THAT(refused.request_id, IsEmpty());  // refused before `started`
+    const auto& trailers = ctx.GetServerTrailingMetadata();
+    auto pushback = trailers.find("grpc-retry-pushback-ms");
+    ASSERT_NE(pushback, trailers.end());
+    EXPECT_EQ(std::string(pushback->second.data(), pushback->second.size()),
+              "1500");
+  }
+  // The slot is free again: gRPC takes it, and the HTTP side is refused.
   grpc::ClientContext ctx;
   auto reader = stub_->Generate(&ctx, Raw("", "go", 4000));
   v1::GenerateResponse msg;
   ASSERT_TRUE(reader->Read(&msg));  // started: the slot is taken
-  Reply second = Generate(Raw("", "go", 2));
-  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_THAT(second.status.error_message(), HasSubstr("retry"));
+  EXPECT_EQ(options.admission->Acquire().status().code(),
+            absl::StatusCode::kResourceExhausted);
   ctx.TryCancel();
   while (reader->Read(&msg)) {
   }
   reader->Finish();
+}
+
+// A message past the receive limit (HTTP's body limit) is refused by gRPC
+// before the service sees it: nothing is tokenized or run.
+TEST_F(GrpcServiceTest, OversizedRequestIsRefusedBeforeAnyWork) {
+  Start(KeyStore());
+  const std::string huge(2 << 20, 'a');
+  Reply r = Generate(Raw("", huge, 2));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << r.status.error_message();
+  EXPECT_THAT(r.request_id, IsEmpty());
+  EXPECT_EQ(runtime_->engine().stats().scheduler.prefill_tokens, 0);
+  // A request under the limit still runs.
+  EXPECT_TRUE(Generate(Raw("", std::string(1000, 'a'), 2)).status.ok());
+}
+
+// A turn on a session that is running one is refused at once (HTTP's 409),
+// instead of holding an admission slot while it waits.
+TEST_F(GrpcServiceTest, TurnOnABusySessionIsAbortedAtOnce) {
+  Start(KeyStore());
+  ASSERT_TRUE(Create("busy").ok());
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Raw("busy", "go", 4000));
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));  // started
+  ASSERT_TRUE(reader->Read(&msg));  // a delta: the turn holds the session
+  ASSERT_TRUE(msg.has_delta());
+  Reply second = Generate(Raw("busy", "more", 2));
+  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(second.status.error_message(), HasSubstr("busy"));
+  ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  reader->Finish();
+}
+
+// protobuf refuses a string field with invalid UTF-8; the client is told so
+// as INVALID_ARGUMENT, not an empty INTERNAL.
+TEST_F(GrpcServiceTest, InvalidUtf8IsInvalidArgument) {
+  Start(KeyStore());
+  // Valid bytes, then the prompt's last byte made invalid UTF-8.
+  v1::GenerateRequest req = Raw("", "hi!", 2);
+  std::string bytes = req.SerializeAsString();
+  const size_t at = bytes.find("hi!");
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 2] = static_cast<char>(0xff);
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::GenericStub generic(channel_);
+  grpc::ClientContext ctx;
+  grpc::CompletionQueue cq;
+  auto call = generic.PrepareCall(&ctx, "/kvd.v1.Sessions/Generate", &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  call->WritesDone(reinterpret_cast<void*>(3));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  while (cq.Next(&tag, &ok) && tag != reinterpret_cast<void*>(4)) {
+  }
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("UTF-8"));
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+// Every call is counted per method and status code, with its latency, in
+// the metrics HTTP's /metrics renders.
+TEST_F(GrpcServiceTest, CallsAreCountedPerMethodAndCode) {
+  GrpcServerOptions options;
+  options.metrics = std::make_shared<Metrics>();
+  Start(KeyStore(), options);
+  ASSERT_TRUE(Create("m").ok());
+  EXPECT_EQ(Create("m").error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  ASSERT_TRUE(Generate(Raw("m", "hi", 2)).status.ok());
+  Metrics& m = *options.metrics;
+  EXPECT_EQ(
+      m.Value("kvd_grpc_requests_total",
+              {{"method", "/kvd.v1.Sessions/CreateSession"}, {"code", "OK"}}),
+      1);
+  EXPECT_EQ(m.Value("kvd_grpc_requests_total",
+                    {{"method", "/kvd.v1.Sessions/CreateSession"},
+                     {"code", "ALREADY_EXISTS"}}),
+            1);
+  EXPECT_EQ(m.Value("kvd_grpc_requests_total",
+                    {{"method", "/kvd.v1.Sessions/Generate"}, {"code", "OK"}}),
+            1);
+  EXPECT_THAT(m.Render(),
+              HasSubstr("kvd_grpc_request_seconds_count{method=\"/kvd.v1."
+                        "Sessions/Generate\"} 1"));
+}
+
+// The standard health protocol, as Kubernetes' gRPC probe asks it.
+TEST_F(GrpcServiceTest, StandardHealthServiceAnswers) {
+  Start(KeyStore());
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  for (const char* service : {"", "kvd.v1.Sessions"}) {
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse resp;
+    ASSERT_TRUE(health->Check(&ctx, req, &resp).ok()) << service;
+    EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  }
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service("no.such.Service");
+  grpc::health::v1::HealthCheckResponse resp;
+  EXPECT_EQ(health->Check(&ctx, req, &resp).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  // Watch sends the status now, and NOT_SERVING when the node shuts down.
+  grpc::ClientContext watch_ctx;
+  req.set_service("");
+  auto watch = health->Watch(&watch_ctx, req);
+  ASSERT_TRUE(watch->Read(&resp));
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  std::thread stop([this] { server_->Shutdown(absl::Seconds(2)); });
+  ASSERT_TRUE(watch->Read(&resp));
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  while (watch->Read(&resp)) {
+  }
+  watch->Finish();
+  stop.join();
 }
 
 TEST_F(GrpcServiceTest, ExportImportContinuesBitIdentically) {

@@ -22,8 +22,8 @@
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "services/node/admission.h"
 #include "services/node/connection_probe.h"
-#include "services/node/http_admission.h"
 #include "services/node/node_metrics.h"
 #include "services/node/openai_generation.h"
 #include "services/node/openai_response.h"
@@ -62,6 +62,7 @@ struct RequestLog {
   std::string state_path;  // session turns: hot, dram, rocksdb, ...
   double restore_ms = -1;
   int64_t prompt_tokens = -1;
+  int64_t cached_tokens = -1;
   int64_t completion_tokens = -1;
   Clock::time_point start = Clock::now();
 };
@@ -106,7 +107,10 @@ class HttpServerImpl : public HttpServer {
         options_(std::move(options)),
         metrics_(options_.metrics ? options_.metrics
                                   : std::make_shared<Metrics>()),
-        admission_(options_.max_inflight, options_.max_queue),
+        admission_(options_.admission
+                       ? options_.admission
+                       : std::make_shared<Admission>(options_.max_inflight,
+                                                     options_.max_queue)),
         created_unix_s_(absl::ToUnixSeconds(absl::Now())) {}
 
   ~HttpServerImpl() override { Stop(); }
@@ -146,7 +150,8 @@ class HttpServerImpl : public HttpServer {
   NodeRuntime* const runtime_;
   const HttpServerOptions options_;
   std::shared_ptr<Metrics> metrics_;
-  Admission admission_;
+  std::shared_ptr<Admission> admission_;
+  KeyStore metrics_keys_;  // empty (open) unless options_.metrics_key is set
   const int64_t created_unix_s_;
   // An httplib::SSLServer when TLS files are configured.
   std::unique_ptr<httplib::Server> server_;
@@ -178,6 +183,15 @@ absl::Status HttpServerImpl::Start() {
           " (PEM files, readable, matching each other)"));
     }
     server_ = std::move(tls);
+  }
+  if (!options_.metrics_key.empty()) {
+    absl::StatusOr<KeyStore> keys =
+        KeyStore::FromPairs({{options_.metrics_key, "metrics"}});
+    if (!keys.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("HTTP server: metrics key: ", keys.status().message()));
+    }
+    metrics_keys_ = *std::move(keys);
   }
   DeclareMetrics();
   const int threads =
@@ -263,7 +277,12 @@ void HttpServerImpl::DeclareMetrics() {
       "Decode time per generated token after the first.",
       {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1});
   m.DeclareCounter("kvd_http_generated_tokens_total", "Tokens generated.");
-  m.DeclareCounter("kvd_http_prompt_tokens_total", "Prompt tokens consumed.");
+  m.DeclareCounter("kvd_http_prompt_tokens_total",
+                   "Prompt tokens, as usage.prompt_tokens counts them (a "
+                   "session's stored context included).");
+  m.DeclareCounter("kvd_http_cached_prompt_tokens_total",
+                   "Of those, tokens reused from a session's stored state "
+                   "(usage.prompt_tokens_details.cached_tokens).");
   m.DeclareCounter("kvd_http_generations_cancelled_total",
                    "Generations stopped before their end: the client went "
                    "away or the server is shutting down.");
@@ -274,8 +293,11 @@ void HttpServerImpl::DeclareMetrics() {
                    "Requests refused by admission control (429).");
   m.DeclareCounter("kvd_http_errors_total",
                    "Generations that failed after admission, by code.");
-  m.DeclareGauge("kvd_http_queue_depth", "Generations waiting for a slot.");
-  m.DeclareGauge("kvd_http_inflight_generations", "Generations running.");
+  m.DeclareGauge("kvd_http_queue_depth",
+                 "Generations waiting for a slot (HTTP and gRPC, which share "
+                 "admission control).");
+  m.DeclareGauge("kvd_http_inflight_generations",
+                 "Generations running (HTTP and gRPC).");
   DeclareNodeMetrics(m);
 }
 
@@ -332,17 +354,24 @@ void HttpServerImpl::Routes() {
   };
   server_->Get(R"(/v1/sessions/([^/]+))", session);
   server_->Delete(R"(/v1/sessions/([^/]+))", session);
-  server_->Get("/metrics",
-               [this](const httplib::Request&, httplib::Response& res) {
-                 HandleMetrics(res);
-               });
+  server_->Get("/metrics", [this](const httplib::Request& req,
+                                  httplib::Response& res) {
+    absl::StatusOr<std::string> allowed =
+        metrics_keys_.TenantForBearer(req.get_header_value("Authorization"));
+    if (!allowed.ok()) {
+      return SendError(res, absl::UnauthenticatedError(absl::StrCat(
+                                "/metrics needs the metrics key (kvd serve "
+                                "--metrics-key): ",
+                                allowed.status().message())));
+    }
+    HandleMetrics(res);
+  });
   server_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
   });
   server_->Get("/readyz", [this](const httplib::Request&,
                                  httplib::Response& res) {
-    const bool full = admission_.queued() >= options_.max_queue &&
-                      admission_.inflight() >= options_.max_inflight;
+    const bool full = admission_->full();
     if (stopping_ || full) {
       res.status = 503;
       res.set_content(stopping_ ? "stopping\n" : "queue full\n", "text/plain");
@@ -375,6 +404,7 @@ void HttpServerImpl::Log(const httplib::Request& req,
   if (!t_log.tenant.empty()) line["tenant"] = t_log.tenant;
   if (!t_log.session.empty()) line["session"] = t_log.session;
   if (t_log.prompt_tokens >= 0) line["prompt_tokens"] = t_log.prompt_tokens;
+  if (t_log.cached_tokens > 0) line["cached_tokens"] = t_log.cached_tokens;
   if (t_log.completion_tokens >= 0) {
     line["completion_tokens"] = t_log.completion_tokens;
   }
@@ -411,6 +441,7 @@ void HttpServerImpl::RecordOutcome(const GenerationOutcome& out,
                                    double first_token_s) {
   const int64_t generated = static_cast<int64_t>(out.gen.tokens.size());
   t_log.prompt_tokens = out.prompt_tokens;
+  t_log.cached_tokens = out.cached_tokens;
   t_log.completion_tokens = generated;
   t_log.finish = FinishName(out.gen.finish_reason);
   if (out.state_path.has_value()) {
@@ -424,6 +455,8 @@ void HttpServerImpl::RecordOutcome(const GenerationOutcome& out,
                 static_cast<double>(generated));
   metrics_->Add("kvd_http_prompt_tokens_total", {},
                 static_cast<double>(out.prompt_tokens));
+  metrics_->Add("kvd_http_cached_prompt_tokens_total", {},
+                static_cast<double>(out.cached_tokens));
   if (first_token_s >= 0) {
     metrics_->Observe("kvd_http_time_to_first_token_seconds", {},
                       first_token_s);
@@ -461,7 +494,7 @@ void HttpServerImpl::HandleChat(const httplib::Request& req,
       !runtime_->engine().IsHot(job->tenant, job->session)) {
     runtime_->store().Prefetch(job->tenant, job->session);
   }
-  absl::StatusOr<Admission::Permit> permit = admission_.Acquire();
+  absl::StatusOr<Admission::Permit> permit = admission_->Acquire();
   if (!permit.ok()) {
     metrics_->Add("kvd_http_rejected_total", {});
     return SendError(res, permit.status());
@@ -479,15 +512,15 @@ void HttpServerImpl::HandleCompletion(const httplib::Request& req,
   auto job = std::make_shared<GenerationJob>();
   job->tenant = *tenant;
   job->common = std::move(parsed->common);
-  job->prompt = runtime_->tokenizer().Encode(
-      parsed->prompt, /*add_special=*/true, /*parse_special=*/false);
+  job->prompt =
+      runtime_->tokenizer().EncodePrompt(parsed->prompt, /*first=*/true);
   job->meta = {"cmpl-" + RandomHex(12), absl::ToUnixSeconds(absl::Now()),
                runtime_->model_id(), ""};
   if (absl::Status s =
           PrepareGeneration(*runtime_, options_.default_max_tokens, *job);
       !s.ok())
     return SendError(res, s);
-  absl::StatusOr<Admission::Permit> permit = admission_.Acquire();
+  absl::StatusOr<Admission::Permit> permit = admission_->Acquire();
   if (!permit.ok()) {
     metrics_->Add("kvd_http_rejected_total", {});
     return SendError(res, permit.status());
@@ -529,7 +562,8 @@ void HttpServerImpl::Respond(const httplib::Request& req,
     const ChoiceOutput choice{out->gen.text, FinishName(out->gen.finish_reason),
                               out->logprobs};
     const Usage usage{out->prompt_tokens,
-                      static_cast<int64_t>(out->gen.tokens.size())};
+                      static_cast<int64_t>(out->gen.tokens.size()),
+                      out->cached_tokens};
     res.set_content(job->chat ? ChatCompletionJson(job->meta, choice, usage)
                               : CompletionJson(job->meta, choice, usage),
                     "application/json");
@@ -621,7 +655,8 @@ void HttpServerImpl::Stream(const GenerationJob& job,
                : CompletionChunkJson(job.meta, "", &finish, nullptr, nullptr)));
   if (job.common.include_usage) {
     const Usage usage{out->prompt_tokens,
-                      static_cast<int64_t>(out->gen.tokens.size())};
+                      static_cast<int64_t>(out->gen.tokens.size()),
+                      out->cached_tokens};
     write(SseEvent(
         job.chat
             ? ChatChunkJson(job.meta, "", false, nullptr, &usage, nullptr)
@@ -717,8 +752,8 @@ void HttpServerImpl::HandleExport(const httplib::Request& req,
 
 void HttpServerImpl::HandleMetrics(httplib::Response& res) {
   Metrics& m = *metrics_;
-  m.Set("kvd_http_queue_depth", {}, admission_.queued());
-  m.Set("kvd_http_inflight_generations", {}, admission_.inflight());
+  m.Set("kvd_http_queue_depth", {}, admission_->queued());
+  m.Set("kvd_http_inflight_generations", {}, admission_->inflight());
   UpdateNodeGauges(*runtime_, m);
   res.set_content(m.Render(), "text/plain; version=0.0.4");
 }

@@ -53,6 +53,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "services/node/admission.h"
 #include "services/node/auth.h"
 #include "services/node/metrics.h"
 #include "services/node/openai_request.h"
@@ -86,6 +87,12 @@ struct HttpServerOptions {
   // Where metrics go; null: the server keeps its own. Shared with the gRPC
   // front end so one /metrics covers both.
   std::shared_ptr<Metrics> metrics;
+  // Admission control shared with the gRPC front end; null: the server
+  // makes its own from max_inflight and max_queue.
+  std::shared_ptr<Admission> admission;
+  // When set, GET /metrics needs "Authorization: Bearer <metrics_key>" (401
+  // otherwise); empty: /metrics is open, as Prometheus expects by default.
+  std::string metrics_key;
   bool log_requests = true;  // one JSON line per request on stderr
 };
 

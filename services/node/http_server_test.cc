@@ -278,7 +278,7 @@ TEST_F(HttpServerTest, SessionTurnsMatchAnUninterruptedEngineSession) {
   const ops::Tokenizer& tok = smol_->tokenizer();
   ASSERT_TRUE(smol_->engine().CreateSession("local", "ref-1", {}).ok());
   std::vector<std::string> expected;
-  std::vector<size_t> expected_prompt;
+  std::vector<int64_t> expected_prompt, expected_cached;
   for (size_t t = 0; t < user.size(); ++t) {
     engine::TurnRequest turn;
     turn.tenant = "local";
@@ -301,9 +301,11 @@ TEST_F(HttpServerTest, SessionTurnsMatchAnUninterruptedEngineSession) {
         smol_->engine().RunTurn(turn, tok, nullptr);
     ASSERT_TRUE(r.ok()) << r.status();
     expected.push_back(r->generation.text);
-    expected_prompt.push_back(r->generation.prompt_tokens);
+    expected_prompt.push_back(r->context_tokens);
+    expected_cached.push_back(r->cached_tokens);
   }
 
+  int64_t stored = 0;  // web-1's tokens before each turn
   for (size_t t = 0; t < user.size(); ++t) {
     // Each request carries only its new message.
     Reply r = Post(server->port(), "/v1/chat/completions",
@@ -316,7 +318,21 @@ TEST_F(HttpServerTest, SessionTurnsMatchAnUninterruptedEngineSession) {
     const json j = r.Json();
     EXPECT_EQ(j["session_id"], "web-1");
     EXPECT_EQ(j["choices"][0]["message"]["content"], expected[t]) << t;
-    EXPECT_EQ(j["usage"]["prompt_tokens"].get<size_t>(), expected_prompt[t]);
+    // OpenAI's usage: the whole context the reply follows, the stored part
+    // of it as cached (all but the previous reply's last token, which the
+    // model has not seen yet).
+    const int64_t prompt = j["usage"]["prompt_tokens"].get<int64_t>();
+    const int64_t cached =
+        j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+    EXPECT_EQ(prompt, expected_prompt[t]);
+    EXPECT_EQ(cached, expected_cached[t]);
+    absl::StatusOr<v1::SessionManifest> web =
+        smol_->engine().GetSession("local", "web-1");
+    ASSERT_TRUE(web.ok()) << web.status();
+    EXPECT_EQ(prompt, web->token_count() -
+                          j["usage"]["completion_tokens"].get<int64_t>());
+    EXPECT_EQ(cached, t == 0 ? 0 : stored - 1);
+    stored = web->token_count();
   }
   absl::StatusOr<v1::SessionManifest> ref =
       smol_->engine().GetSession("local", "ref-1");

@@ -47,7 +47,7 @@ absl::StatusOr<std::vector<int32_t>> ChatTokens(
     if (!r.ok()) return RequestError("messages", r.status().message());
     text = *std::move(r);
   }
-  return tok.Encode(text, /*add_special=*/first, /*parse_special=*/true);
+  return tok.EncodePrompt(text, first);
 }
 
 absl::Status PrepareGeneration(NodeRuntime& runtime, int64_t default_max_tokens,
@@ -192,7 +192,8 @@ absl::StatusOr<GenerationOutcome> RunGeneration(
     KVD_ASSIGN_OR_RETURN(engine::TurnResult r,
                          engine.RunTurn(turn, runtime.tokenizer(), on_delta));
     out.gen = std::move(r.generation);
-    out.prompt_tokens = out.gen.prompt_tokens;
+    out.prompt_tokens = r.context_tokens;
+    out.cached_tokens = r.cached_tokens;
     out.state_path = r.path;
     out.restore_seconds = r.restore_seconds;
   }

@@ -54,7 +54,11 @@ struct GenerationJob {
 
 struct GenerationOutcome {
   engine::GenerateResult gen;
-  int64_t prompt_tokens = 0;  // the new tokens this request fed the model
+  // OpenAI's usage: the whole context the reply follows (a session's stored
+  // tokens + this request's), and how much of it was reused from the
+  // session's stored state (0 when it had to be re-prefilled).
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
   std::optional<std::vector<TokenLogProbText>> logprobs;
   // Session turns: how the session's state was obtained (hot, dram, ...) and
   // the time spent loading it and rebuilding (recomputing) its K/V.
@@ -98,13 +102,6 @@ absl::StatusOr<GenerationOutcome> RunGeneration(
 std::vector<TokenLogProbText> LogprobsText(
     const ops::Tokenizer& tokenizer, const GenerationJob& job,
     absl::Span<const int32_t> tokens, absl::Span<const ops::LogProbs> logprobs);
-
-// The chat turn's tokens after `session_tokens` (empty: a new
-// conversation). `estimate`: assume the previous reply was closed (used
-// before the session's exact tokens are known).
-absl::StatusOr<std::vector<int32_t>> ChatTokens(
-    const NodeRuntime& runtime, const GenerationJob& job,
-    absl::Span<const int32_t> session_tokens, bool estimate);
 
 }  // namespace kvd::node
 

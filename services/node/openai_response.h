@@ -29,9 +29,14 @@ struct ResponseMeta {
   std::string session_id;  // kvd extension, omitted when empty
 };
 
+// As OpenAI counts it: prompt_tokens is the whole context the reply follows
+// (a session's stored tokens plus the new ones); cached_tokens is the part of
+// it reused from the session's stored state rather than run through the
+// model (prompt_tokens_details.cached_tokens).
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
 };
 
 // One generated token's log-probabilities, with the text of each token.

@@ -171,7 +171,7 @@ def run(port):
         replies.append(r.choices[0].message.content)
     check(all(replies), "session replies: %r" % replies)
     info = client.get("/sessions/e2e-chat", cast_to=object)
-    check(info["turns"] == 2 and info["tokens"] > r.usage.prompt_tokens,
+    check(info["turns"] == 2 and info["tokens"] >= r.usage.prompt_tokens,
           "session holds both turns: %s" % info)
     # The stored conversation is what a stateless request would have had to
     # resend: its second-turn prompt is shorter than the whole conversation.
@@ -181,9 +181,18 @@ def run(port):
                   {"role": "assistant", "content": replies[0]},
                   {"role": "user", "content": turns[1]}],
         max_tokens=1, temperature=0)
-    check(r.usage.prompt_tokens < full.usage.prompt_tokens,
-          "session turn sent %d prompt tokens, stateless needs %d" %
-          (r.usage.prompt_tokens, full.usage.prompt_tokens))
+    # Usage counts as OpenAI's: the whole context, the stored part cached.
+    cached = r.usage.prompt_tokens_details.cached_tokens
+    check(cached > 0 and r.usage.prompt_tokens - cached <
+          full.usage.prompt_tokens,
+          "session turn ran %d of %d prompt tokens (%d cached); stateless "
+          "runs %d" % (r.usage.prompt_tokens - cached, r.usage.prompt_tokens,
+                       cached, full.usage.prompt_tokens))
+    check(info["tokens"] == r.usage.prompt_tokens +
+          r.usage.completion_tokens,
+          "prompt_tokens counts the whole context: %d + %d == %d" %
+          (r.usage.prompt_tokens, r.usage.completion_tokens,
+           info["tokens"]))
 
     # Another tenant cannot see the session.
     try:

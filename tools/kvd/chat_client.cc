@@ -18,6 +18,24 @@ namespace {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
+int64_t IntOr(const json& obj, const char* key, int64_t missing) {
+  return obj.is_object() && obj.contains(key) && obj[key].is_number()
+             ? obj[key].get<int64_t>()
+             : missing;
+}
+
+// The usage object of a response or of a stream's last chunk, if any.
+void ReadUsage(const json& response, ChatCallResult& out) {
+  if (!response.contains("usage") || !response["usage"].is_object()) return;
+  const json& u = response["usage"];
+  out.prompt_tokens = IntOr(u, "prompt_tokens", out.prompt_tokens);
+  out.completion_tokens = IntOr(u, "completion_tokens", out.completion_tokens);
+  if (u.contains("prompt_tokens_details")) {
+    out.cached_tokens =
+        IntOr(u["prompt_tokens_details"], "cached_tokens", out.cached_tokens);
+  }
+}
+
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -203,13 +221,7 @@ absl::StatusOr<ChatCallResult> ChatClient::Complete(
       out.error = ErrorMessage(data);
       return;
     }
-    if (j.contains("usage") && j["usage"].is_object()) {
-      const json& u = j["usage"];
-      if (u.contains("prompt_tokens") && u["prompt_tokens"].is_number())
-        out.prompt_tokens = u["prompt_tokens"].get<int64_t>();
-      if (u.contains("completion_tokens") && u["completion_tokens"].is_number())
-        out.completion_tokens = u["completion_tokens"].get<int64_t>();
-    }
+    ReadUsage(j, out);
     if (!j.contains("choices") || !j["choices"].is_array()) return;
     for (const json& c : j["choices"]) {
       if (c.contains("finish_reason") && c["finish_reason"].is_string())
@@ -290,13 +302,7 @@ absl::StatusOr<ChatCallResult> ChatClient::Complete(
   }
   if (c.contains("finish_reason") && c["finish_reason"].is_string())
     out.finish_reason = c["finish_reason"].get<std::string>();
-  if (j.contains("usage") && j["usage"].is_object()) {
-    const json& u = j["usage"];
-    if (u.contains("prompt_tokens") && u["prompt_tokens"].is_number())
-      out.prompt_tokens = u["prompt_tokens"].get<int64_t>();
-    if (u.contains("completion_tokens") && u["completion_tokens"].is_number())
-      out.completion_tokens = u["completion_tokens"].get<int64_t>();
-  }
+  ReadUsage(j, out);
   if (!out.text.empty()) out.content_chunks = 1;
   if (on_text && !out.text.empty()) on_text(out.text);
   return out;

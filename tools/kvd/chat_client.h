@@ -97,6 +97,7 @@ struct ChatCallResult {
   // From the usage object when the server sends one (stream_options.
   // include_usage is requested), else -1.
   int64_t prompt_tokens = -1;
+  int64_t cached_tokens = -1;  // prompt_tokens_details.cached_tokens
   int64_t completion_tokens = -1;
   int64_t content_chunks = 0;  // SSE chunks that carried text
   double ttft_s = -1;          // first text piece; -1 without one

@@ -87,8 +87,7 @@ absl::StatusOr<std::vector<int32_t>> TurnTokens(
     absl::Span<const int32_t> session_tokens) {
   const bool first = session_tokens.empty();
   if (args.Has("raw") || !rt.chat_template().has_value()) {
-    return rt.tokenizer().Encode(message, /*add_special=*/first,
-                                 /*parse_special=*/false);
+    return rt.tokenizer().EncodePrompt(message, first);
   }
   std::string text;
   if (first) {
@@ -102,8 +101,7 @@ absl::StatusOr<std::vector<int32_t>> TurnTokens(
         rt.chat_template()->RenderFollowUp(
             {"user", message}, rt.tokenizer().IsEog(session_tokens.back())));
   }
-  return rt.tokenizer().Encode(text, /*add_special=*/first,
-                               /*parse_special=*/true);
+  return rt.tokenizer().EncodePrompt(text, first);
 }
 
 absl::Status RunTurn(node::NodeRuntime& rt, const Args& args,
@@ -216,6 +214,7 @@ absl::Status RunServerTurn(ChatClient& client, const Args& args,
     j["text"] = r.text;
     j["finish_reason"] = r.finish_reason;
     j["prompt_tokens"] = r.prompt_tokens;
+    j["cached_tokens"] = r.cached_tokens;
     j["completion_tokens"] = r.completion_tokens;
     j["ttft_seconds"] = r.ttft_s;
     j["seconds"] = r.latency_s;
@@ -227,11 +226,12 @@ absl::Status RunServerTurn(ChatClient& client, const Args& args,
     const int64_t n = r.output_tokens();
     const double decode_s = r.latency_s - std::max(0.0, r.ttft_s);
     std::fprintf(stderr,
-                 "[%s | server | prompt %lld tok | first token %.3f s | %lld "
-                 "tok %.1f tok/s | %s]\n",
+                 "[%s | server | prompt %lld tok (%lld cached) | first token "
+                 "%.3f s | %lld tok %.1f tok/s | %s]\n",
                  call.session_id.c_str(),
-                 static_cast<long long>(r.prompt_tokens), r.ttft_s,
-                 static_cast<long long>(n),
+                 static_cast<long long>(r.prompt_tokens),
+                 static_cast<long long>(std::max<int64_t>(0, r.cached_tokens)),
+                 r.ttft_s, static_cast<long long>(n),
                  n > 1 && decode_s > 0 ? (n - 1) / decode_s : 0.0,
                  r.finish_reason.c_str());
   }

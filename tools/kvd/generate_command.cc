@@ -116,8 +116,7 @@ absl::Status Run(const Args& args) {
     KVD_ASSIGN_OR_RETURN(text,
                          tmpl.Render(messages, /*add_generation_prompt=*/true));
   }
-  req.prompt =
-      tokenizer->Encode(text, /*add_special=*/true, /*parse_special=*/!raw);
+  req.prompt = tokenizer->EncodePrompt(text, /*first=*/true);
 
   // One sequence: the backend's default pool (unlimited on the CPU; on a GPU
   // room for 16 contexts, at most 16,384 positions per layer).

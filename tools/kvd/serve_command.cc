@@ -2,6 +2,7 @@
 // HTTP API and gRPC (kvd.v1.Sessions), until SIGINT/SIGTERM.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -34,10 +35,16 @@ void DeclareFlags(Args& a) {
   a.Flag("api-keys", "",
          "file of '<key> <tenant>' lines (also read: $KVD_API_KEYS as "
          "key:tenant,...); none = open node, every request is tenant 'local'");
-  a.Flag("max-inflight", "4", "generations running at once (HTTP)");
+  a.Flag("max-inflight", "4",
+         "generations running at once (HTTP and gRPC together)");
   a.Flag("max-queue", "32",
-         "generations waiting for a slot; beyond it requests get 429 with "
-         "Retry-After (HTTP) or RESOURCE_EXHAUSTED (gRPC)");
+         "generations waiting for a slot (HTTP and gRPC together); beyond it "
+         "requests get 429 with Retry-After (HTTP) or RESOURCE_EXHAUSTED "
+         "with grpc-retry-pushback-ms (gRPC)");
+  a.Flag("metrics-key", "",
+         "if set, GET /metrics needs 'Authorization: Bearer <key>' (also "
+         "read: $KVD_METRICS_KEY); default: /metrics is open, as Prometheus "
+         "scrapes expect");
   a.Flag("http-threads", "0",
          "HTTP connection threads; each open connection holds one until it "
          "closes or --http-read-timeout passes, so idle or slow clients can "
@@ -130,6 +137,14 @@ absl::Status Run(const Args& args) {
                        OpenSessionRuntime(args, /*show_progress=*/true));
   const std::string host = args.Get("host");
   auto metrics = std::make_shared<node::Metrics>();
+  // One admission control for both front ends: --max-inflight bounds the
+  // node, not each API.
+  auto admission = std::make_shared<node::Admission>(static_cast<int>(inflight),
+                                                     static_cast<int>(queue));
+  std::string metrics_key = args.Get("metrics-key");
+  if (metrics_key.empty()) {
+    if (const char* env = std::getenv("KVD_METRICS_KEY")) metrics_key = env;
+  }
   std::unique_ptr<node::HttpServer> http;
   if (http_port >= 0) {
     node::HttpServerOptions o;
@@ -141,6 +156,8 @@ absl::Status Run(const Args& args) {
     o.read_timeout = absl::Seconds(read_timeout_s);
     o.keys = keys;
     o.metrics = metrics;
+    o.admission = admission;
+    o.metrics_key = metrics_key;
     o.tls_cert_path = args.Get("tls-cert");
     o.tls_key_path = args.Get("tls-key");
     KVD_ASSIGN_OR_RETURN(http, node::StartHttpServer(rt.get(), std::move(o)));
@@ -149,6 +166,8 @@ absl::Status Run(const Args& args) {
   if (grpc_port >= 0) {
     node::GrpcServerOptions o;
     o.address = absl::StrCat(host, ":", grpc_port);
+    o.admission = admission;
+    o.metrics = metrics;
     o.tls_cert_path = args.Get("tls-cert");
     o.tls_key_path = args.Get("tls-key");
     KVD_ASSIGN_OR_RETURN(grpc,
@@ -160,9 +179,9 @@ absl::Status Run(const Args& args) {
                rt->model_id().c_str(), rt->model_path().c_str(),
                rt->backend().backend_name(), args.Get("data-dir").c_str());
   if (http) {
-    std::fprintf(stderr, "  OpenAI API  %s://%s:%d/v1  (metrics: /metrics)\n",
+    std::fprintf(stderr, "  OpenAI API  %s://%s:%d/v1  (metrics: /metrics%s)\n",
                  args.Has("tls-cert") ? "https" : "http", host.c_str(),
-                 http->port());
+                 http->port(), metrics_key.empty() ? "" : ", key required");
   }
   if (grpc) {
     std::fprintf(stderr, "  gRPC        %s:%d\n", host.c_str(), grpc->port());

@@ -28,8 +28,7 @@ absl::StatusOr<ModelConfig> ReadGemma3Config(const GgufFile& f) {
   c.post_attn_norm = true;
   c.post_ffn_norm = true;
   c.embedding_scale = std::sqrt(static_cast<float>(c.d_model));
-  KVD_ASSIGN_OR_RETURN(float global_base,
-                       ArchFloatOr(f, arch, "rope.freq_base", 1000000.0f));
+  KVD_ASSIGN_OR_RETURN(float global_base, ArchRopeBase(f, arch, 1000000.0f));
   KVD_ASSIGN_OR_RETURN(int64_t window,
                        ArchIntOr(f, arch, "attention.sliding_window", 512));
   KVD_ASSIGN_OR_RETURN(float scaling,

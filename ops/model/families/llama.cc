@@ -14,8 +14,7 @@ absl::StatusOr<ModelConfig> ReadLlamaConfig(const GgufFile& f) {
   KVD_RETURN_IF_ERROR(ReadCommonConfig(f, arch, &c));
   c.rope_style = kernels::cpu::RopeStyle::kInterleaved;
   c.activation = Activation::kSilu;
-  KVD_ASSIGN_OR_RETURN(float base,
-                       ArchFloatOr(f, arch, "rope.freq_base", 10000.0f));
+  KVD_ASSIGN_OR_RETURN(float base, ArchRopeBase(f, arch, 10000.0f));
   KVD_ASSIGN_OR_RETURN(int64_t window,
                        ArchIntOr(f, arch, "attention.sliding_window", 0));
   c.layers.assign(c.n_layers, LayerConfig{window, base});

@@ -13,8 +13,7 @@ absl::StatusOr<ModelConfig> ReadQwen2Config(const GgufFile& f) {
   c.rope_style = kernels::cpu::RopeStyle::kHalfSplit;
   c.activation = Activation::kSilu;
   c.qkv_bias = true;
-  KVD_ASSIGN_OR_RETURN(float base,
-                       ArchFloatOr(f, arch, "rope.freq_base", 1000000.0f));
+  KVD_ASSIGN_OR_RETURN(float base, ArchRopeBase(f, arch, 1000000.0f));
   c.layers.assign(c.n_layers, LayerConfig{0, base});
   return c;
 }

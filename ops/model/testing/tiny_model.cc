@@ -40,14 +40,18 @@ absl::StatusOr<std::string> WriteTinyModel(const TinyModelSpec& s,
   const std::string& a = s.family;
   w.AddString("general.architecture", a);
   w.AddString("general.name", "tiny-" + a);
-  w.AddUint32(a + ".block_count", s.n_layers);
+  w.AddUint32(a + ".block_count", s.metadata_block_count != 0
+                                      ? s.metadata_block_count
+                                      : static_cast<uint32_t>(s.n_layers));
   w.AddUint32(a + ".embedding_length", s.d_model);
   w.AddUint32(a + ".feed_forward_length", s.d_ff);
   w.AddUint32(a + ".attention.head_count", s.n_heads);
   w.AddUint32(a + ".attention.head_count_kv", s.n_kv_heads);
   w.AddUint32(a + ".context_length", s.context_length);
-  w.AddFloat32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
-  w.AddFloat32(a + ".rope.freq_base", a == "gemma3" ? 1000000.0f : 10000.0f);
+  w.AddFloat32(a + ".attention.layer_norm_rms_epsilon", s.rms_eps);
+  w.AddFloat32(
+      a + ".rope.freq_base",
+      s.rope_freq_base.value_or(a == "gemma3" ? 1000000.0f : 10000.0f));
   if (s.head_dim * s.n_heads != s.d_model || a == "gemma3") {
     w.AddUint32(a + ".attention.key_length", s.head_dim);
     w.AddUint32(a + ".attention.value_length", s.head_dim);

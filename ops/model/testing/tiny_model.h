@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -31,6 +32,12 @@ struct TinyModelSpec {
   int64_t sliding_window = 8;  // gemma3 local layers
   bool tied_embeddings = true;
   uint32_t seed = 1;
+  // Metadata values as a hostile or broken file would carry them (the
+  // tensors still follow the fields above): block_count when nonzero, the
+  // RMSNorm epsilon, and rope.freq_base when set (else the family's).
+  uint32_t metadata_block_count = 0;
+  float rms_eps = 1e-5f;
+  std::optional<float> rope_freq_base;
 };
 
 // Writes the model to `dir`/tiny-<family>-<seed>.gguf and returns the path.

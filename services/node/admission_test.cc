@@ -1,4 +1,4 @@
-#include "services/node/http_admission.h"
+#include "services/node/admission.h"
 
 #include <atomic>
 #include <thread>

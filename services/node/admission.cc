@@ -1,4 +1,4 @@
-#include "services/node/http_admission.h"
+#include "services/node/admission.h"
 
 #include <algorithm>
 
@@ -36,7 +36,7 @@ absl::StatusOr<Admission::Permit> Admission::Acquire() {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the node is busy: ", inflight_, " generations running and ", queued_,
         " waiting (limits ", max_inflight_, " and ", max_queue_,
-        "); retry after the Retry-After interval"));
+        "); retry after a short back-off"));
   }
   const uint64_t ticket = next_ticket_++;
   ++queued_;
@@ -63,6 +63,11 @@ int Admission::inflight() const {
 int Admission::queued() const {
   absl::MutexLock lock(&mu_);
   return queued_;
+}
+
+bool Admission::full() const {
+  absl::MutexLock lock(&mu_);
+  return inflight_ >= max_inflight_ && queued_ >= max_queue_;
 }
 
 }  // namespace kvd::node

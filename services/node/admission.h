@@ -1,7 +1,9 @@
 // Admission control for generation requests: at most `max_inflight` run at
 // once, at most `max_queue` wait for a slot (first come, first served), and
 // anyone beyond that is refused at once with RESOURCE_EXHAUSTED (HTTP 429
-// with Retry-After) instead of piling up threads and memory.
+// with Retry-After, gRPC with grpc-retry-pushback-ms) instead of piling up
+// threads and memory. `kvd serve` gives its HTTP and gRPC front ends one
+// Admission, so --max-inflight and --max-queue bound both together.
 //
 //   Admission admission(/*max_inflight=*/2, /*max_queue=*/8);
 //   KVD_ASSIGN_OR_RETURN(Admission::Permit permit, admission.Acquire());
@@ -9,8 +11,8 @@
 //
 // Thread-safety: all methods may be called concurrently. A Permit must not
 // outlive its Admission.
-#ifndef KVD_SERVICES_NODE_HTTP_ADMISSION_H_
-#define KVD_SERVICES_NODE_HTTP_ADMISSION_H_
+#ifndef KVD_SERVICES_NODE_ADMISSION_H_
+#define KVD_SERVICES_NODE_ADMISSION_H_
 
 #include <cstdint>
 
@@ -47,6 +49,8 @@ class Admission {
 
   int inflight() const;
   int queued() const;
+  // Every slot taken and the queue full: the next Acquire is refused.
+  bool full() const;
 
  private:
   void Release();
@@ -63,4 +67,4 @@ class Admission {
 
 }  // namespace kvd::node
 
-#endif  // KVD_SERVICES_NODE_HTTP_ADMISSION_H_
+#endif  // KVD_SERVICES_NODE_ADMISSION_H_

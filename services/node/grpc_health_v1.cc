@@ -1,0 +1,59 @@
+#include "services/node/grpc_health_v1.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvd::node {
+
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+
+GrpcHealthV1::GrpcHealthV1(std::function<bool()> serving,
+                           std::set<std::string> services, absl::Duration poll)
+    : serving_(std::move(serving)),
+      services_(std::move(services)),
+      poll_(poll) {}
+
+HealthCheckResponse::ServingStatus GrpcHealthV1::Status() const {
+  return !shut_down_.load() && serving_() ? HealthCheckResponse::SERVING
+                                          : HealthCheckResponse::NOT_SERVING;
+}
+
+grpc::Status GrpcHealthV1::Check(grpc::ServerContext* ctx,
+                                 const HealthCheckRequest* request,
+                                 HealthCheckResponse* response) {
+  if (!request->service().empty() && services_.count(request->service()) == 0) {
+    return grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrCat("no service '", request->service(),
+                     "' here; ask about \"\" (the node) or kvd.v1.Sessions"));
+  }
+  response->set_status(Status());
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcHealthV1::Watch(
+    grpc::ServerContext* ctx, const HealthCheckRequest* request,
+    grpc::ServerWriter<HealthCheckResponse>* writer) {
+  const bool known =
+      request->service().empty() || services_.count(request->service()) > 0;
+  bool first = true;
+  HealthCheckResponse::ServingStatus last = HealthCheckResponse::UNKNOWN;
+  while (!ctx->IsCancelled()) {
+    const HealthCheckResponse::ServingStatus now =
+        known ? Status() : HealthCheckResponse::SERVICE_UNKNOWN;
+    if (first || now != last) {
+      HealthCheckResponse response;
+      response.set_status(now);
+      if (!writer->Write(response)) break;
+      first = false;
+      last = now;
+    }
+    if (shut_down_.load()) break;
+    absl::SleepFor(poll_);
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace kvd::node
