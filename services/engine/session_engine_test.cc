@@ -235,6 +235,44 @@ TEST_P(SessionEngineTest, CorruptChunkIsReportedAndReprefilledExactly) {
   EXPECT_EQ(got.paths[3], StatePath::kRocksDb);
 }
 
+// What salvage exports of a session whose residuals are lost (TokensOnly):
+// imported into a fresh store, it continues bit-identically, its next turn
+// runs the stored tokens through the model again (nothing counts as cached),
+// and that turn stores the residuals anew.
+TEST_P(SessionEngineTest, SalvagedTokensOnlySessionContinuesBitIdentically) {
+  for (const Variant& v : kVariants) {
+    SCOPED_TRACE(v.policy + " hot budget " + std::to_string(v.hot_budget));
+    const Transcript reference = Converse(v, nullptr);
+    bool salvaged = false;
+    const Transcript got = Converse(v, [&] {
+      if (salvaged) return;
+      salvaged = true;
+      absl::StatusOr<storage::SessionCheckpoint> whole =
+          store_->db().Load("acme", "chat-1");
+      ASSERT_TRUE(whole.ok()) << whole.status();
+      absl::StatusOr<storage::SessionCheckpoint> tokens =
+          storage::TokensOnly(*whole);
+      ASSERT_TRUE(tokens.ok()) << tokens.status();
+      EXPECT_EQ(tokens->manifest().length(), 0);
+      EXPECT_EQ(tokens->manifest().token_count(),
+                whole->manifest().token_count());
+      FreshDir();
+      OpenStore();
+      NewEngine(v, identity_);
+      ASSERT_TRUE(engine_->ImportSession(*tokens).ok());
+    });
+    ExpectSameBits(reference, got);
+    ASSERT_EQ(got.paths.size(), kTurns);
+    // The stored residuals came back with the salvaged turn: a restart now
+    // reads them.
+    OpenStore();
+    absl::StatusOr<storage::SessionCheckpoint> after =
+        store_->db().Load("acme", "chat-1");
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(after->manifest().length(), after->manifest().token_count() - 1);
+  }
+}
+
 TEST_P(SessionEngineTest, CheckpointOfAnotherModelIsRefused) {
   const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
   OpenStore();

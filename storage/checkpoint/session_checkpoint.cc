@@ -3,6 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "storage/checkpoint/codec.h"
 
 namespace kvd::storage {
 
@@ -41,6 +43,28 @@ absl::Status SessionCheckpoint::Apply(const TurnUpdate& update) {
   }
   manifest_ = m;
   return absl::OkStatus();
+}
+
+absl::StatusOr<SessionCheckpoint> TokensOnly(
+    const SessionCheckpoint& checkpoint) {
+  v1::SessionManifest m = checkpoint.manifest();
+  std::map<ChunkId, std::string> tokens;
+  int64_t payload = 0;
+  for (const auto& [id, value] : checkpoint.chunks()) {
+    if (id.layer != kTokenLayer) continue;
+    KVD_ASSIGN_OR_RETURN(
+        DecodedChunk chunk,
+        DecodeChunk(value, absl::StrCat("token chunk ", id.index, " of ",
+                                        m.tenant(), "/", m.session_id())));
+    payload += static_cast<int64_t>(chunk.payload.size());
+    tokens.emplace(id, value);
+  }
+  m.set_length(0);
+  for (int i = 0; i < m.first_position_size(); ++i) m.set_first_position(i, 0);
+  m.set_stored_bytes(payload);
+  SessionCheckpoint out;
+  out.Reset(std::move(m), std::move(tokens));
+  return out;
 }
 
 void SessionCheckpoint::Reset(v1::SessionManifest manifest,

@@ -70,6 +70,15 @@ class SessionCheckpoint {
   int64_t chunk_bytes_ = 0;
 };
 
+// `checkpoint`'s token ids alone, as a session whose residual rows are all
+// pending: the manifest keeps its policy and layers but has length 0 (so no
+// residual chunk is needed), first positions 0, and stored_bytes of the
+// token chunks. What salvage writes when a session's residuals are damaged
+// or gone: resumed, its next turn runs every token through the model again
+// and stores the residuals anew. DATA_LOSS if a token chunk is damaged.
+absl::StatusOr<SessionCheckpoint> TokensOnly(
+    const SessionCheckpoint& checkpoint);
+
 }  // namespace kvd::storage
 
 #endif  // KVD_STORAGE_CHECKPOINT_SESSION_CHECKPOINT_H_

@@ -105,6 +105,19 @@ struct SessionDb::Impl {
           absl::StrCat(msg, "; ", DiskFullAdvice(),
                        " (nothing of this write was committed)")));
     }
+    // A file a live key points to (a blob file) is gone: damage, which no
+    // retry mends. The sessions it held resume from their token ids (the
+    // engine re-prefills on DATA_LOSS) and salvage exports what survives.
+    if (s.IsPathNotFound() ||
+        (s.IsIOError() &&
+         s.ToString().find("No such file") != std::string::npos)) {
+      return absl::DataLossError(absl::StrCat(
+          msg,
+          "; a file of the session database is missing (deleted, or lost "
+          "with its disk): sessions whose checkpoints it held continue by "
+          "re-prefilling from their token ids, and 'kvd sessions export "
+          "--all' salvages what is left"));
+    }
     if (s.IsNotFound()) return absl::NotFoundError(msg);
     if (s.IsCorruption()) return absl::DataLossError(msg);
     if (s.IsInvalidArgument() || s.IsNotSupported()) {
@@ -628,6 +641,27 @@ absl::StatusOr<SessionCheckpoint> SessionDb::Load(absl::string_view tenant,
   return cp;
 }
 
+absl::StatusOr<SessionDb::Salvaged> SessionDb::LoadForSalvage(
+    absl::string_view tenant, absl::string_view session) {
+  absl::StatusOr<SessionCheckpoint> whole = Load(tenant, session);
+  if (whole.ok()) return Salvaged{*std::move(whole), absl::OkStatus()};
+  if (whole.status().code() != absl::StatusCode::kDataLoss) {
+    return whole.status();
+  }
+  absl::StatusOr<SessionCheckpoint> tokens =
+      Load(tenant, session, Parts::kManifestAndTokens);
+  if (!tokens.ok()) {
+    return absl::DataLossError(absl::StrCat("session ", Name(tenant, session),
+                                            " cannot be salvaged: its residual "
+                                            "checkpoint is damaged (",
+                                            whole.status().message(),
+                                            ") and so are its token ids (",
+                                            tokens.status().message(), ")"));
+  }
+  KVD_ASSIGN_OR_RETURN(SessionCheckpoint only, TokensOnly(*tokens));
+  return Salvaged{std::move(only), whole.status()};
+}
+
 absl::StatusOr<SessionListPage> SessionDb::ListSessions(
     absl::string_view tenant, absl::string_view page_token, int64_t page_size) {
   KVD_RETURN_IF_ERROR(ValidateName("tenant", tenant));
@@ -758,6 +792,12 @@ absl::StatusOr<SweepStats> SessionDb::SweepOrphans() {
         impl_->db->Write(impl_->WriteOpts(), &batch), "deleting orphans"));
   }
   return stats;
+}
+
+absl::Status SessionDb::Flush() {
+  rocksdb::FlushOptions f;
+  f.wait = true;
+  return impl_->FromRocks(impl_->db->Flush(f, impl_->cfs), "flushing");
 }
 
 int64_t SessionDb::TenantBytes(absl::string_view tenant) const {

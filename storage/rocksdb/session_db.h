@@ -114,6 +114,18 @@ class SessionDb {
                                          absl::string_view session,
                                          Parts parts = Parts::kAll);
 
+  // What a salvage can still export of a session: the whole checkpoint, or,
+  // when its residual chunks are damaged or gone (Load says DATA_LOSS), its
+  // token ids alone (TokensOnly: the session re-prefills when resumed) with
+  // `residuals_lost` saying what was lost. DATA_LOSS only when the token ids
+  // cannot be read either.
+  struct Salvaged {
+    SessionCheckpoint checkpoint;
+    absl::Status residuals_lost;  // OK: nothing was lost
+  };
+  absl::StatusOr<Salvaged> LoadForSalvage(absl::string_view tenant,
+                                          absl::string_view session);
+
   // Sessions of a tenant ordered by id, at most page_size (1..1000) per
   // page, starting after page_token (an opaque token from a previous page).
   absl::StatusOr<SessionListPage> ListSessions(absl::string_view tenant,
@@ -143,6 +155,10 @@ class SessionDb {
   // A tier above this one (TieredStore's kMemory commits) checks its own
   // not-yet-written bytes against it before acknowledging a turn.
   int64_t QuotaBytes(absl::string_view tenant) const;
+
+  // Writes the memtables out to tables and blob files and waits: afterwards
+  // the write-ahead log holds nothing the files do not.
+  absl::Status Flush();
 
   // Bytes of the database directory's files (SST, blob, WAL): what the
   // process actually occupies on disk.

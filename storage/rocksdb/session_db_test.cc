@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
 #include "storage/checkpoint/codec.h"
+#include "storage/checkpoint/session_file.h"
 #include "storage/rocksdb/keys.h"
 #include "storage/rocksdb/session_db_test_util.h"
 
@@ -547,6 +548,69 @@ TEST_F(SessionDbTest, DamagedTableStopsWritesWithSalvageAdvice) {
   SyntheticSession fresh(other);
   EXPECT_EQ(db_->CommitTurn(fresh.AppendTurn(3)).code(),
             absl::StatusCode::kDataLoss);
+}
+
+// A blob file that is gone (deleted by hand, lost with a disk) is damage, not
+// a transient I/O error to retry: DATA_LOSS that says a file is missing, and
+// the session's token ids still load, so a turn can re-prefill from them.
+TEST_F(SessionDbTest, MissingBlobFileIsDataLossAndTokensStillLoad) {
+  namespace fs = std::filesystem;
+  options_.memtable_bytes = 1 << 20;  // flushes every few hundred KiB
+  Reopen();
+  SyntheticSessionOptions o;
+  o.row_bytes = 16384;  // 64 KiB chunks, in blob files once flushed
+  SyntheticSession s(o);
+  for (int64_t n : {64, 64}) ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(n)).ok());
+  ASSERT_TRUE(db_->Flush().ok());
+  db_.reset();
+  int removed = 0;
+  for (const auto& e : fs::directory_iterator(options_.path)) {
+    if (e.path().extension() == ".blob") removed += fs::remove(e.path());
+  }
+  ASSERT_GT(removed, 0);
+  Reopen();
+  absl::StatusOr<SessionCheckpoint> all = db_->Load("acme", "chat-1");
+  ASSERT_FALSE(all.ok());
+  EXPECT_EQ(all.status().code(), absl::StatusCode::kDataLoss) << all.status();
+  EXPECT_THAT(all.status().message(), HasSubstr("missing"));
+  EXPECT_THAT(all.status().message(), HasSubstr("re-prefilling"));
+  absl::StatusOr<SessionCheckpoint> tokens =
+      db_->Load("acme", "chat-1", SessionDb::Parts::kManifestAndTokens);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(tokens->manifest().token_count(), 128);
+
+  // Salvage exports what a turn could still resume from: the token ids, as
+  // a valid session file, and says what was lost.
+  absl::StatusOr<SessionDb::Salvaged> salvaged =
+      db_->LoadForSalvage("acme", "chat-1");
+  ASSERT_TRUE(salvaged.ok()) << salvaged.status();
+  EXPECT_EQ(salvaged->residuals_lost.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(salvaged->residuals_lost.message(), HasSubstr("missing"));
+  const v1::SessionManifest& m = salvaged->checkpoint.manifest();
+  EXPECT_EQ(m.token_count(), 128);
+  EXPECT_EQ(m.length(), 0);
+  EXPECT_EQ(m.layers_size(), s.manifest().layers_size());
+  int64_t token_chunks = 0;
+  for (const auto& [id, value] : salvaged->checkpoint.chunks()) {
+    EXPECT_EQ(id.layer, kTokenLayer);
+    EXPECT_EQ(value, s.ChunkValue(id));
+    ++token_chunks;
+  }
+  EXPECT_EQ(token_chunks, (128 + m.chunk_tokens() - 1) / m.chunk_tokens());
+  EXPECT_EQ(m.stored_bytes(), 128 * 4);  // int32 token ids
+  absl::StatusOr<std::string> file = SerializeSessionFile(salvaged->checkpoint);
+  ASSERT_TRUE(file.ok()) << file.status();
+  // An intact session comes back whole.
+  SyntheticSessionOptions other;
+  other.session = "intact";
+  SyntheticSession intact(other);
+  ASSERT_TRUE(db_->CommitTurn(intact.AppendTurn(5)).ok());
+  absl::StatusOr<SessionDb::Salvaged> whole =
+      db_->LoadForSalvage("acme", "intact");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(whole->residuals_lost.ok());
+  EXPECT_EQ(whole->checkpoint.manifest().SerializeAsString(),
+            intact.manifest().SerializeAsString());
 }
 
 // RocksDB's create_if_missing would start an empty database in a directory

@@ -37,6 +37,8 @@ start "$TEST_TMPDIR/serve1.log"
 [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/healthz")" == 200 ]] ||
   fail "/healthz is not 200"
 curl -s "http://127.0.0.1:$PORT/v1/models" | grep -q '"id":"smollm2"' || fail "/v1/models lacks smollm2"
+[[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/metrics")" == 200 ]] ||
+  fail "/metrics is not open by default"
 # A connection that never sends a request is closed after --http-read-timeout (2 s here), so
 # idle clients cannot hold the connection threads for long.
 if exec 3<>"/dev/tcp/127.0.0.1/$PORT"; then
@@ -62,6 +64,17 @@ r3="$(chat "And of Italy?")"
 # kvd chat --server: a request the server refuses (400) is the request's fault, not UNAVAILABLE.
 out="$("$KVD" chat --server "http://127.0.0.1:$PORT" --session ../x hi 2>&1)"; rc=$?
 [[ $rc == 1 && "$out" == *INVALID_ARGUMENT*400* ]] || fail "chat --server bad session: exit $rc: $out"
+# One tokenization rule for raw prompts: special-token text parses to the special tokens on
+# /v1/completions and in `kvd generate --prompt` alike (a handful of tokens; unparsed, this
+# text is well over ten).
+RAW='<|im_start|>user\nHi<|im_end|>\n'
+http_n="$(curl -s "http://127.0.0.1:$PORT/v1/completions" -H 'content-type: application/json' \
+  -d "{\"model\":\"smollm2\",\"prompt\":\"$RAW\",\"max_tokens\":1,\"temperature\":0}" |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["usage"]["prompt_tokens"])')"
+cli_n="$("$KVD" generate --prompt $'<|im_start|>user\nHi<|im_end|>\n' --max-tokens 1 \
+  --temperature 0 --threads 2 2>&1 >/dev/null | grep -o 'prefill [0-9]* tokens' | grep -o '[0-9]*')"
+[[ -n "$http_n" && "$http_n" == "$cli_n" && "$http_n" -le 8 ]] ||
+  fail "raw prompt tokens: HTTP '$http_n', kvd generate '$cli_n' (want equal and <= 8)"
 kill -TERM "$PID"; wait "$PID"
 turns="$("$KVD" sessions show trip --data-dir "$DATA" |
   python3 -c 'import json,sys; print(len(json.load(sys.stdin)["turn_ends"]))')"
@@ -84,6 +97,24 @@ done
   fail "HTTPS /healthz is not 200: $(cat "$TEST_TMPDIR/serve3.log")"
 [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/healthz")" != 200 ]] ||
   fail "plain HTTP was served on the TLS port"
+kill -TERM "$PID"; wait "$PID"
+
+# --metrics-key closes /metrics behind a bearer key; without it /metrics is open (above).
+"$KVD" serve --config "$CONFIG" --metrics-key s3cret 2> "$TEST_TMPDIR/serve4.log" &
+PID=$!
+PORT=""
+for _ in $(seq 1 300); do
+  PORT="$(grep -o 'http://127.0.0.1:[0-9]*' "$TEST_TMPDIR/serve4.log" | head -1 | sed 's/.*://')"
+  [[ -n "$PORT" ]] && break
+  sleep 0.1
+done
+code="$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/metrics")"
+[[ "$code" == 401 ]] || fail "/metrics without the key: $code, want 401"
+code="$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer wrong' \
+  "http://127.0.0.1:$PORT/metrics")"
+[[ "$code" == 401 ]] || fail "/metrics with a wrong key: $code, want 401"
+curl -s -H 'Authorization: Bearer s3cret' "http://127.0.0.1:$PORT/metrics" |
+  grep -q '^kvd_http_requests_total' || fail "/metrics with the key has no metrics"
 kill -TERM "$PID"; wait "$PID"
 
 out="$("$KVD" serve --http-read-timeout 0 --http-port 0 --grpc-port -1 2>&1)"; rc=$?

@@ -20,19 +20,24 @@ import sys
 import tempfile
 
 
-def pyenv_python():
+def pyenv_dir():
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
         os.path.expanduser("~"), ".cache")
-    env = os.environ.get("KVD_PYENV") or os.path.join(base, "kvd", "pyenv")
-    return os.path.join(env, "bin", "python")
+    return os.environ.get("KVD_PYENV") or os.path.join(base, "kvd", "pyenv")
+
+
+def pyenv_python():
+    return os.path.join(pyenv_dir(), "bin", "python")
 
 
 try:
     import openai  # noqa: F401
 except ImportError:
     python = pyenv_python()
-    if os.path.exists(python) and os.path.realpath(sys.executable) != \
-            os.path.realpath(python):
+    # By sys.prefix, not the interpreter's path: a virtualenv's python is a
+    # symlink to the interpreter it was made from.
+    if os.path.exists(python) and os.path.realpath(sys.prefix) != \
+            os.path.realpath(pyenv_dir()):
         os.execv(python, [python] + sys.argv)
     sys.exit("openai_client_test: the `openai` package is missing; run "
              "tools/setup.sh --test (it creates %s)" % python)

@@ -90,9 +90,10 @@ absl::Status Show(storage::TieredStore& store, const std::string& tenant,
 
 // Exports every session of every tenant as DIR/TENANT/NAME.kvds, going on
 // past the ones that fail (a damaged database being salvaged), which are
-// listed.
+// listed. A session whose residuals are damaged is exported as its token ids
+// (as `kvd chat` would resume it: by re-prefilling), and the loss is said.
 absl::Status ExportAll(storage::TieredStore& store, const std::string& dir) {
-  int64_t written = 0;
+  int64_t written = 0, tokens_only = 0;
   std::vector<std::string> failed;
   for (const std::string& tenant : store.db().Tenants()) {
     const std::string tenant_dir = absl::StrCat(dir, "/", tenant);
@@ -107,13 +108,38 @@ absl::Status ExportAll(storage::TieredStore& store, const std::string& dir) {
         ForEachSession(store, tenant, [&](const v1::SessionManifest& m) {
           const std::string file =
               absl::StrCat(tenant_dir, "/", m.session_id(), ".kvds");
+          bool lost = false;
           absl::Status s = [&]() -> absl::Status {
-            KVD_ASSIGN_OR_RETURN(storage::TieredStore::Loaded got,
-                                 store.Load(tenant, m.session_id()));
-            return storage::WriteSessionFile(*got.checkpoint, file);
+            absl::StatusOr<storage::TieredStore::Loaded> got =
+                store.Load(tenant, m.session_id());
+            if (got.ok()) {
+              return storage::WriteSessionFile(*got->checkpoint, file);
+            }
+            if (got.status().code() != absl::StatusCode::kDataLoss) {
+              return got.status();
+            }
+            KVD_ASSIGN_OR_RETURN(
+                storage::SessionDb::Salvaged salvaged,
+                store.db().LoadForSalvage(tenant, m.session_id()));
+            KVD_RETURN_IF_ERROR(
+                storage::WriteSessionFile(salvaged.checkpoint, file));
+            if (!salvaged.residuals_lost.ok()) {
+              lost = true;
+              std::fprintf(
+                  stderr,
+                  "salvaged %s/%s as token ids only (%lld tokens): its "
+                  "residual checkpoint is lost (%s); it resumes by "
+                  "re-prefilling\n",
+                  tenant.c_str(), m.session_id().c_str(),
+                  static_cast<long long>(
+                      salvaged.checkpoint.manifest().token_count()),
+                  std::string(salvaged.residuals_lost.message()).c_str());
+            }
+            return absl::OkStatus();
           }();
           if (s.ok()) {
             ++written;
+            tokens_only += lost;
           } else {
             std::fprintf(stderr, "cannot export %s/%s: %s\n", tenant.c_str(),
                          m.session_id().c_str(),
@@ -122,8 +148,13 @@ absl::Status ExportAll(storage::TieredStore& store, const std::string& dir) {
           }
         }));
   }
-  std::fprintf(stderr, "exported %lld session(s) to %s\n",
+  std::fprintf(stderr, "exported %lld session(s) to %s",
                static_cast<long long>(written), dir.c_str());
+  if (tokens_only > 0) {
+    std::fprintf(stderr, ", %lld of them as token ids only (listed above)",
+                 static_cast<long long>(tokens_only));
+  }
+  std::fprintf(stderr, "\n");
   if (!failed.empty()) {
     return absl::DataLossError(
         absl::StrCat(failed.size(),
