@@ -803,5 +803,62 @@ TEST_F(HttpServerTest, NonStreamingRequestStopsWhenTheClientHangsUp) {
   EXPECT_EQ(m.Value("kvd_http_client_disconnects_total", {}), 1);
 }
 
+// A full disk: turns are refused with 507 and advice sized to the disk,
+// /readyz says not ready and why (so a router sends session traffic
+// elsewhere), DELETE still works (it is how space comes back), and turns
+// resume by themselves once there is room.
+TEST_F(HttpServerTest, FullDiskRefusesTurnsButDeletesAndRecoversByItself) {
+  constexpr int64_t kTotal = 5 << 20;
+  auto available = std::make_shared<std::atomic<int64_t>>(4 << 20);
+  NodeOptions options;
+  options.model_path = kSmolLm;
+  options.data_dir = TempDir("full_disk");
+  options.num_threads = 2;
+  options.disk_space_for_test =
+      [available](const std::string&) -> absl::StatusOr<storage::DiskSpace> {
+    return storage::DiskSpace{kTotal, *available};
+  };
+  absl::StatusOr<std::unique_ptr<NodeRuntime>> rt =
+      NodeRuntime::Open(options, nullptr);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  std::unique_ptr<HttpServer> server = Start(rt->get());
+  const int port = server->port();
+  auto turn = [&](const std::string& session) {
+    return Post(port, "/v1/chat/completions",
+                {{"model", (*rt)->model_id()},
+                 {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                 {"max_tokens", 2},
+                 {"temperature", 0},
+                 {"session_id", session}});
+  };
+  ASSERT_EQ(turn("keep").status, 200);
+  ASSERT_EQ(turn("drop").status, 200);
+  EXPECT_EQ(Send(port, "GET", "/readyz").status, 200);
+
+  *available = 100 << 10;  // under the reserve of an eighth of 5 MiB
+  const Reply refused = turn("keep");
+  EXPECT_EQ(refused.status, 507) << refused.body;
+  EXPECT_EQ(refused.Json()["error"]["code"], "insufficient_storage");
+  const std::string message = refused.Json()["error"]["message"];
+  EXPECT_THAT(message, HasSubstr("100 KiB free of 5.0 MiB"));
+  EXPECT_THAT(message, HasSubstr("keeps 640 KiB free"));
+  const Reply ready = Send(port, "GET", "/readyz");
+  EXPECT_EQ(ready.status, 503);
+  EXPECT_THAT(ready.body, HasSubstr("free of 5.0 MiB"));
+
+  const Reply deleted = Send(port, "DELETE", "/v1/sessions/drop");
+  EXPECT_EQ(deleted.status, 200) << deleted.body;
+  EXPECT_EQ(Send(port, "GET", "/v1/sessions/drop").status, 404);
+
+  *available = 4 << 20;  // space is back: no restart needed
+  EXPECT_EQ(Send(port, "GET", "/readyz").status, 200);
+  const Reply resumed = turn("keep");
+  EXPECT_EQ(resumed.status, 200) << resumed.body;
+  absl::StatusOr<v1::SessionManifest> keep =
+      (*rt)->engine().GetSession("local", "keep");
+  ASSERT_TRUE(keep.ok()) << keep.status();
+  EXPECT_EQ(keep->turn_ends_size(), 2);
+}
+
 }  // namespace
 }  // namespace kvd::node

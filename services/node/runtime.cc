@@ -25,6 +25,7 @@ absl::StatusOr<std::unique_ptr<storage::TieredStore>> NodeRuntime::OpenStore(
   storage::SessionDbOptions db_options;
   db_options.path = absl::StrCat(options.data_dir, "/sessions");
   db_options.durability = options.durability;
+  db_options.disk_space = options.disk_space_for_test;
   storage::TieredStoreOptions store_options;
   store_options.commit_mode = options.memory_commits
                                   ? storage::CommitMode::kMemory

@@ -54,6 +54,10 @@ struct NodeOptions {
   // Return memory malloc keeps free to the kernel every few seconds
   // (memory_trimmer.h), so resident memory tracks the budgets above.
   bool trim_free_memory = true;
+  // Test hook: the data disk's size and free space, as the session database
+  // sees them (storage::SessionDbOptions::disk_space); null = the real disk.
+  std::function<absl::StatusOr<storage::DiskSpace>(const std::string&)>
+      disk_space_for_test;
 };
 
 class NodeRuntime {

@@ -18,6 +18,7 @@
 #include "rocksdb/file_system.h"
 #include "rocksdb/filter_policy.h"
 #include "rocksdb/rate_limiter.h"
+#include "rocksdb/sst_file_manager.h"
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
 #include "rocksdb/write_buffer_manager.h"
@@ -68,6 +69,9 @@ std::string ChunkName(const ChunkId& id) {
 
 struct SessionDb::Impl {
   SessionDbOptions options;
+  // Sized at Open from the options and the disk (see SessionDbOptions).
+  int64_t memtable_bytes = 0;
+  int64_t reserve_bytes = 0;
   std::unique_ptr<rocksdb::Env> env;  // owns the composite env over `fs`
   std::shared_ptr<rocksdb::Cache> block_cache;
   std::unique_ptr<rocksdb::DB> db;
@@ -139,14 +143,58 @@ struct SessionDb::Impl {
     }
     return absl::StrCat(
         "the disk holding ", options.path, " is full: free at least ",
-        CeilDiv(static_cast<int64_t>(MemtableBytes() / 2), 1 << 20),
-        " MiB on it (writes resume by themselves once that "
-        "much is free), then retry");
+        ReadableBytes(static_cast<int64_t>(MemtableBytes() / 2) +
+                      reserve_bytes),
+        " on it (writes resume by themselves once that much is free), then "
+        "retry");
   }
 
   size_t MemtableBytes() const {
-    return static_cast<size_t>(
-        std::max<int64_t>(options.memtable_bytes, 1 << 20));
+    return static_cast<size_t>(std::max<int64_t>(memtable_bytes, 1 << 20));
+  }
+
+  absl::StatusOr<DiskSpace> Space() const {
+    return options.disk_space ? options.disk_space(options.path)
+                              : StatDiskSpace(options.path);
+  }
+
+  // Sizes the memtable budget and the free-space reserve to the disk.
+  void SizeToDisk() {
+    memtable_bytes = options.memtable_bytes;
+    reserve_bytes = options.reserve_free_bytes;
+    absl::StatusOr<DiskSpace> space = Space();
+    const int64_t total = space.ok() ? space->total_bytes : 0;
+    if (total > 0) {
+      memtable_bytes =
+          std::min(memtable_bytes, std::max<int64_t>(total / 16, 1 << 20));
+    }
+    if (reserve_bytes <= 0) {
+      reserve_bytes = static_cast<int64_t>(MemtableBytes());
+      if (total > 0) reserve_bytes = std::min(reserve_bytes, total / 8);
+    }
+  }
+
+  // RESOURCE_EXHAUSTED (a full disk) if writing `write_bytes` would leave
+  // less than the reserve free. OK when the free space cannot be read:
+  // RocksDB then reports a full disk itself.
+  absl::Status CheckRoom(int64_t write_bytes, absl::string_view what) const {
+    absl::StatusOr<DiskSpace> space = Space();
+    if (!space.ok() || space->available_bytes - write_bytes >= reserve_bytes) {
+      return absl::OkStatus();
+    }
+    return MarkDiskFull(absl::ResourceExhaustedError(absl::StrCat(
+        what, what.empty() ? "" : ": ", "the disk holding ", options.path,
+        " has ", ReadableBytes(std::max<int64_t>(space->available_bytes, 0)),
+        " free of ", ReadableBytes(space->total_bytes), " and kvd keeps ",
+        ReadableBytes(reserve_bytes),
+        " free so that deleting sessions and the database's own upkeep "
+        "still work",
+        write_bytes > 0 ? absl::StrCat(" (this write needs ",
+                                       ReadableBytes(write_bytes), ")")
+                        : "",
+        ". Delete sessions (DELETE /v1/sessions/ID, or 'kvd sessions rm') "
+        "or free space on the disk; turns resume by themselves once there is "
+        "room. Nothing of this write was stored")));
   }
 
   rocksdb::WriteOptions WriteOpts() const {
@@ -285,6 +333,9 @@ struct SessionDb::Impl {
   absl::Status CommitBatch(const v1::SessionManifest& m, int64_t old_bytes,
                            rocksdb::WriteBatch* batch, absl::string_view what) {
     KVD_RETURN_IF_ERROR(MaybeResume());
+    KVD_RETURN_IF_ERROR(CheckRoom(
+        static_cast<int64_t>(batch->GetDataSize()),
+        absl::StrCat(what, " for session ", Name(m.tenant(), m.session_id()))));
     const int64_t delta = m.stored_bytes() - old_bytes;
     KVD_RETURN_IF_ERROR(Reserve(m.tenant(), delta));
     rocksdb::Status s = db->Write(WriteOpts(), batch);
@@ -329,12 +380,12 @@ struct SessionDb::Impl {
     }
     rocksdb::Status s = db->Resume();
     if (s.IsBusy()) {
-      // RocksDB's own recovery (it polls free space after a NoSpace error) is
-      // running; it clears the error by itself once there is room.
-      return absl::UnavailableError(absl::StrCat(
-          "the session database at ", options.path,
-          " is recovering from a full disk; free space and retry in a few "
-          "seconds"));
+      // RocksDB's own recovery (its SstFileManager polls the free space
+      // after a NoSpace error) is running; it clears the error by itself
+      // once there is room.
+      return MarkDiskFull(absl::ResourceExhaustedError(absl::StrCat(
+          "the session database stopped writing: ", DiskFullAdvice(),
+          " (nothing was written)")));
     }
     if (!s.ok()) return FromRocks(s, "recovering from an earlier write error");
     absl::MutexLock lock(&mu);
@@ -376,6 +427,11 @@ absl::Status SessionDb::Impl::Open() {
   // creating it is left to DB::Open, which explains it.
   fs::create_directories(options.path, ec);
   db_opts.info_log = std::make_shared<InfoLogFile>(options.path + "/LOG");
+  SizeToDisk();
+  // RocksDB recovers from a full disk on its own only with an
+  // SstFileManager, which polls the free space after a NoSpace error.
+  db_opts.sst_file_manager.reset(
+      rocksdb::NewSstFileManager(env.get(), db_opts.info_log));
   db_opts.create_if_missing = true;
   db_opts.create_missing_column_families = true;
   db_opts.max_background_jobs = 2;
@@ -726,11 +782,28 @@ absl::Status SessionDb::DeleteSession(absl::string_view tenant,
   batch.Delete(impl_->cfs[kManifests], SessionKey(tenant, session));
   batch.DeleteRange(impl_->cfs[kTokens], prefix, end);
   batch.DeleteRange(impl_->cfs[kResiduals], prefix, end);
-  KVD_RETURN_IF_ERROR(impl_->MaybeResume());
+  // No free-space check: deleting is how a full disk gets its space back,
+  // and the reserve keeps room for it. A RocksDB stopped by a full disk
+  // refuses this write too, and the error says how much to free.
+  (void)impl_->MaybeResume();
   s = impl_->db->Write(impl_->WriteOpts(), &batch);
   KVD_RETURN_IF_ERROR(impl_->FromRocks(
       s, absl::StrCat("deleting session ", Name(tenant, session))));
   impl_->Unreserve(std::string(tenant), old_bytes);
+  if (!impl_->CheckRoom(0, "").ok()) {
+    // Short of space: compact the session's keys away now, so the tables
+    // and the blob files that held only this session's rows are freed,
+    // instead of waiting for a compaction that may need the space first.
+    rocksdb::CompactRangeOptions compact;
+    compact.bottommost_level_compaction =
+        rocksdb::BottommostLevelCompaction::kForce;
+    const rocksdb::Slice begin_key(prefix), end_key(end);
+    for (Cf cf : {kTokens, kResiduals}) {
+      rocksdb::Status c = impl_->db->CompactRange(compact, impl_->cfs[cf],
+                                                  &begin_key, &end_key);
+      if (!c.ok()) break;  // the delete is committed; space comes later
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -820,9 +893,13 @@ std::vector<std::string> SessionDb::Tenants() const {
   return tenants;
 }
 
-absl::Status SessionDb::WriteHealth() const {
-  absl::MutexLock lock(&impl_->mu);
-  return impl_->write_failure;
+absl::Status SessionDb::WriteHealth() {
+  {
+    absl::MutexLock lock(&impl_->mu);
+    if (!impl_->write_failure.ok()) return impl_->write_failure;
+  }
+  KVD_RETURN_IF_ERROR(impl_->MaybeResume());
+  return impl_->CheckRoom(0, "");
 }
 
 int64_t SessionDb::DiskBytes() const {

@@ -23,6 +23,7 @@
 #define KVD_STORAGE_ROCKSDB_SESSION_DB_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "absl/strings/string_view.h"
 #include "proto/kvd/v1/checkpoint.pb.h"
 #include "storage/checkpoint/session_checkpoint.h"
+#include "storage/rocksdb/disk_full.h"
 
 namespace rocksdb {
 class FileSystem;
@@ -51,8 +53,18 @@ struct SessionDbOptions {
   int64_t block_cache_bytes = 64 << 20;
   // Cap on all column families' memtables together (RocksDB's
   // WriteBufferManager): with the block cache, what the database may hold
-  // in memory.
+  // in memory. On a small disk it shrinks to a sixteenth of the disk (at
+  // least 1 MiB), since a full disk must still hold one memtable's flush.
   int64_t memtable_bytes = 64 << 20;
+  // Free space kept on the database's disk: a turn or an import that would
+  // leave less is refused as a full disk (RESOURCE_EXHAUSTED; nothing is
+  // written) before RocksDB itself runs out, so deleting sessions and
+  // RocksDB's flushes and compactions, which give the space back, still
+  // work, and turns resume by themselves once there is room. 0 = sized to
+  // the disk: the memtable budget, at most an eighth of the disk.
+  int64_t reserve_free_bytes = 0;
+  // Test hook: the disk's size and free space; null = StatDiskSpace.
+  std::function<absl::StatusOr<DiskSpace>(const std::string& path)> disk_space;
   // Residual chunks are stored uncompressed unless this is set (then ZSTD in
   // the blob files: about 19% fewer bytes for bf16 rows at roughly a third
   // less write/read throughput; LZ4 saves nothing). docs/BENCHMARKS.md has
@@ -91,9 +103,11 @@ class SessionDb {
   // manifest first (ValidateManifestForWrite) and every chunk in `put`
   // (it must decode and match its id and the manifest's row layout):
   // INVALID_ARGUMENT otherwise. RESOURCE_EXHAUSTED if the tenant's quota
-  // would be exceeded or the disk is full (nothing written then); after a
-  // full disk, UNAVAILABLE ("retry") while RocksDB recovers, and commits work
-  // again once there is space. UNAVAILABLE for other I/O errors. On success
+  // would be exceeded or the disk is full, marked by MarkDiskFull, with what
+  // to free (nothing written then): the disk counts as full below
+  // reserve_free_bytes, and commits work again by themselves once there is
+  // room (after a RocksDB write error too: RocksDB recovers on its own).
+  // UNAVAILABLE for other I/O errors. On success
   // the turn is durable per Durability. The manifest's stored_bytes is
   // trusted for quotas (the engine computes it).
   absl::Status CommitTurn(const TurnUpdate& update);
@@ -133,7 +147,9 @@ class SessionDb {
                                                int64_t page_size);
 
   // Removes the manifest and every chunk of the session in one batch.
-  // NOT_FOUND if it does not exist.
+  // NOT_FOUND if it does not exist. Works while turns are refused for a full
+  // disk (the reserve is there for it); then it also compacts the session's
+  // keys away so their space comes back.
   absl::Status DeleteSession(absl::string_view tenant,
                              absl::string_view session);
 
@@ -164,10 +180,12 @@ class SessionDb {
   // process actually occupies on disk.
   int64_t DiskBytes() const;
 
-  // DATA_LOSS (with what to do) while RocksDB refuses writes because it
-  // found a damaged file, as the last commit reported; OK otherwise.
-  // Readiness checks use it: such a node can serve reads, not turns.
-  absl::Status WriteHealth() const;
+  // Why turns cannot commit now, with what to do; OK when they can.
+  // DATA_LOSS while RocksDB refuses writes because it found a damaged file
+  // (as the last commit reported); RESOURCE_EXHAUSTED marked MarkDiskFull
+  // while the disk is below its reserve or RocksDB is recovering from a full
+  // disk. Readiness checks use it: such a node can serve reads, not turns.
+  absl::Status WriteHealth();
 
   SessionDb(const SessionDb&) = delete;
   SessionDb& operator=(const SessionDb&) = delete;

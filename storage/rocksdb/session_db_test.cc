@@ -6,6 +6,7 @@
 // SessionDb is closed.
 #include "storage/rocksdb/session_db.h"
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,6 +19,7 @@
 #include "rocksdb/db.h"
 #include "storage/checkpoint/codec.h"
 #include "storage/checkpoint/session_file.h"
+#include "storage/rocksdb/disk_full.h"
 #include "storage/rocksdb/keys.h"
 #include "storage/rocksdb/session_db_test_util.h"
 
@@ -611,6 +613,53 @@ TEST_F(SessionDbTest, MissingBlobFileIsDataLossAndTokensStillLoad) {
   EXPECT_TRUE(whole->residuals_lost.ok());
   EXPECT_EQ(whole->checkpoint.manifest().SerializeAsString(),
             intact.manifest().SerializeAsString());
+}
+
+// The disk counts as full below a reserve sized to the disk: a turn that
+// would go below it is refused before RocksDB runs out (nothing written), the
+// advice names the disk's own sizes, readiness says so, deleting a session
+// still works, and turns resume without a restart once there is room.
+TEST_F(SessionDbTest, FullDiskRefusesTurnsNotDeletesAndResumesByItself) {
+  constexpr int64_t kTotal = 5 << 20;  // a 5 MiB disk
+  auto available = std::make_shared<std::atomic<int64_t>>(4 << 20);
+  options_.disk_space =
+      [available](const std::string&) -> absl::StatusOr<DiskSpace> {
+    return DiskSpace{kTotal, *available};
+  };
+  Reopen();
+  SyntheticSession s, other([] {
+    SyntheticSessionOptions o;
+    o.session = "other";
+    return o;
+  }());
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(5)).ok());
+  ASSERT_TRUE(db_->CommitTurn(other.AppendTurn(5)).ok());
+  EXPECT_TRUE(db_->WriteHealth().ok());
+
+  // The reserve is an eighth of this disk (640 KiB), not a fixed 32 MiB.
+  *available = 600 << 10;
+  const TurnUpdate turn = s.AppendTurn(3);
+  const absl::Status refused = db_->CommitTurn(turn);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_TRUE(IsDiskFull(refused));
+  EXPECT_THAT(refused.message(), HasSubstr("600 KiB free of 5.0 MiB"));
+  EXPECT_THAT(refused.message(), HasSubstr("keeps 640 KiB free"));
+  EXPECT_THAT(refused.message(), HasSubstr("Delete sessions"));
+  EXPECT_EQ(db_->GetManifest("acme", "chat-1")->token_count(), 5);
+  const absl::Status health = db_->WriteHealth();
+  EXPECT_EQ(health.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(IsDiskFull(health));
+
+  // Deleting is how space comes back: it is not refused.
+  EXPECT_TRUE(db_->DeleteSession("acme", "other").ok());
+  EXPECT_EQ(db_->GetManifest("acme", "other").status().code(),
+            absl::StatusCode::kNotFound);
+
+  // Room again: the same turn commits, no restart needed.
+  *available = 4 << 20;
+  EXPECT_TRUE(db_->WriteHealth().ok());
+  EXPECT_TRUE(db_->CommitTurn(turn).ok());
+  EXPECT_EQ(db_->GetManifest("acme", "chat-1")->token_count(), 8);
 }
 
 // RocksDB's create_if_missing would start an empty database in a directory

@@ -22,33 +22,11 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_pyenv  # noqa: E402
 
-def pyenv_dir():
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".cache")
-    return os.environ.get("KVD_PYENV") or os.path.join(base, "kvd", "pyenv")
-
-
-def pyenv_python():
-    return os.path.join(pyenv_dir(), "bin", "python")
-
-
-try:
-    import grpc  # noqa: F401
-    import grpc_health  # noqa: F401
-    import grpc_reflection  # noqa: F401
-    import grpc_tools  # noqa: F401
-except ImportError:
-    python = pyenv_python()
-    # By sys.prefix, not the interpreter's path: a virtualenv's python is a
-    # symlink to the interpreter it was made from, so both resolve to the
-    # same file when that one started this script.
-    if os.path.exists(python) and os.path.realpath(sys.prefix) != \
-            os.path.realpath(pyenv_dir()):
-        os.execv(python, [python] + sys.argv)
-    sys.exit("grpc_client_test: the grpcio packages (grpcio, grpcio-tools, "
-             "grpcio-health-checking, grpcio-reflection) are missing; run "
-             "tools/setup.sh --test (it creates %s)" % python)
+test_pyenv.require(["grpc", "grpc_health", "grpc_reflection", "grpc_tools"],
+                   "grpc_client_test")
 
 import http.client  # noqa: E402
 import json  # noqa: E402

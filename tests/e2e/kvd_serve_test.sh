@@ -14,16 +14,17 @@ cat > "$CONFIG" <<JSON
  "http-read-timeout": 2}
 JSON
 
-start() {  # start LOG: starts the server, sets PID and PORT
-  "$KVD" serve --config "$CONFIG" 2> "$1" &
+start() {  # start LOG [FLAG...]: starts the server, sets PID and PORT (HTTP or HTTPS)
+  local log="$1"; shift
+  "$KVD" serve --config "$CONFIG" "$@" 2> "$log" &
   PID=$!
   PORT=""
   for _ in $(seq 1 300); do
-    PORT="$(grep -o 'http://127.0.0.1:[0-9]*' "$1" | head -1 | sed 's/.*://')"
+    PORT="$(grep -o 'https*://127.0.0.1:[0-9]*' "$log" | head -1 | sed 's/.*://')"
     [[ -n "$PORT" ]] && break
     sleep 0.1
   done
-  [[ -n "$PORT" ]] || fail "server did not start: $(cat "$1")"
+  [[ -n "$PORT" ]] || fail "server did not start: $(cat "$log")"
 }
 
 chat() {  # chat MESSAGE: prints the reply text
@@ -84,15 +85,7 @@ turns="$("$KVD" sessions show trip --data-dir "$DATA" |
 openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 \
   -keyout "$TEST_TMPDIR/key.pem" -out "$TEST_TMPDIR/cert.pem" 2>/dev/null ||
   fail "openssl could not make a test certificate"
-"$KVD" serve --config "$CONFIG" --tls-cert "$TEST_TMPDIR/cert.pem" \
-  --tls-key "$TEST_TMPDIR/key.pem" 2> "$TEST_TMPDIR/serve3.log" &
-PID=$!
-PORT=""
-for _ in $(seq 1 300); do
-  PORT="$(grep -o 'https://127.0.0.1:[0-9]*' "$TEST_TMPDIR/serve3.log" | head -1 | sed 's/.*://')"
-  [[ -n "$PORT" ]] && break
-  sleep 0.1
-done
+start "$TEST_TMPDIR/serve3.log" --tls-cert "$TEST_TMPDIR/cert.pem" --tls-key "$TEST_TMPDIR/key.pem"
 [[ "$(curl -sk -o /dev/null -w '%{http_code}' "https://127.0.0.1:$PORT/healthz")" == 200 ]] ||
   fail "HTTPS /healthz is not 200: $(cat "$TEST_TMPDIR/serve3.log")"
 [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/healthz")" != 200 ]] ||
@@ -100,14 +93,7 @@ done
 kill -TERM "$PID"; wait "$PID"
 
 # --metrics-key closes /metrics behind a bearer key; without it /metrics is open (above).
-"$KVD" serve --config "$CONFIG" --metrics-key s3cret 2> "$TEST_TMPDIR/serve4.log" &
-PID=$!
-PORT=""
-for _ in $(seq 1 300); do
-  PORT="$(grep -o 'http://127.0.0.1:[0-9]*' "$TEST_TMPDIR/serve4.log" | head -1 | sed 's/.*://')"
-  [[ -n "$PORT" ]] && break
-  sleep 0.1
-done
+start "$TEST_TMPDIR/serve4.log" --metrics-key s3cret
 code="$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/metrics")"
 [[ "$code" == 401 ]] || fail "/metrics without the key: $code, want 401"
 code="$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer wrong' \

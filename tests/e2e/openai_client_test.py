@@ -19,28 +19,10 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_pyenv  # noqa: E402
 
-def pyenv_dir():
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".cache")
-    return os.environ.get("KVD_PYENV") or os.path.join(base, "kvd", "pyenv")
-
-
-def pyenv_python():
-    return os.path.join(pyenv_dir(), "bin", "python")
-
-
-try:
-    import openai  # noqa: F401
-except ImportError:
-    python = pyenv_python()
-    # By sys.prefix, not the interpreter's path: a virtualenv's python is a
-    # symlink to the interpreter it was made from.
-    if os.path.exists(python) and os.path.realpath(sys.prefix) != \
-            os.path.realpath(pyenv_dir()):
-        os.execv(python, [python] + sys.argv)
-    sys.exit("openai_client_test: the `openai` package is missing; run "
-             "tools/setup.sh --test (it creates %s)" % python)
+test_pyenv.require(["openai"], "openai_client_test")
 
 import openai  # noqa: E402
 
