@@ -219,10 +219,12 @@ absl::Status ValidateManifest(const v1::SessionManifest& m) {
   const std::string where =
       absl::StrCat("manifest of session ", absl::CHexEscape(m.tenant()), "/",
                    absl::CHexEscape(m.session_id()));
-  if (m.format_version() != kCheckpointFormatVersion) {
+  if (m.format_version() < kOldestCheckpointFormatVersion ||
+      m.format_version() > kCheckpointFormatVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
         where, " has checkpoint format version ", m.format_version(),
-        " but this kvd reads version ", kCheckpointFormatVersion,
+        " but this kvd reads versions ", kOldestCheckpointFormatVersion, " to ",
+        kCheckpointFormatVersion,
         "; resume it with the kvd release that wrote it"));
   }
   auto bad = [&](absl::string_view what) {

@@ -30,8 +30,12 @@
 namespace kvd::storage {
 
 // Bumped whenever the byte layout of anything in checkpoint.proto or of a
-// chunk value changes meaning; a manifest with another version is refused.
-inline constexpr uint32_t kCheckpointFormatVersion = 1;
+// chunk value changes meaning. kvd writes kCheckpointFormatVersion and reads
+// every version from kOldestCheckpointFormatVersion on; another is refused.
+// 2: session ownership (owner_node, epoch, role); a version-1 manifest reads
+// as epoch 1 of no particular node (ownership.h).
+inline constexpr uint32_t kCheckpointFormatVersion = 2;
+inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 // ChunkHeader.layer of token-id chunks.
 inline constexpr int64_t kTokenLayer = -1;
 // Longest tenant or session id (bytes); see ValidateName.

@@ -255,7 +255,11 @@ TEST(ValidateManifest, OtherFormatVersionIsFailedPrecondition) {
   m.set_format_version(kCheckpointFormatVersion + 1);
   absl::Status s = ValidateManifest(m);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(), HasSubstr("format version 2"));
+  EXPECT_THAT(s.message(), HasSubstr("format version 3"));
+  EXPECT_THAT(s.message(), HasSubstr("reads versions 1 to 2"));
+  // The previous format still reads.
+  m.set_format_version(1);
+  EXPECT_TRUE(ValidateManifest(m).ok()) << ValidateManifest(m);
 }
 
 TEST(ValidateManifest, InconsistenciesAreDataLoss) {

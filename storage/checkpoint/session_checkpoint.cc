@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "storage/checkpoint/codec.h"
+#include "storage/checkpoint/ownership.h"
 
 namespace kvd::storage {
 
@@ -29,6 +30,7 @@ absl::Status SessionCheckpoint::Apply(const TurnUpdate& update) {
                      m.session_id(), " applied to the checkpoint of ",
                      manifest_.tenant(), "/", manifest_.session_id()));
   }
+  if (!empty()) KVD_RETURN_IF_ERROR(CheckFence(manifest_, update));
   for (const ChunkId& id : update.erase) {
     auto it = chunks_.find(id);
     if (it == chunks_.end()) continue;
@@ -43,6 +45,12 @@ absl::Status SessionCheckpoint::Apply(const TurnUpdate& update) {
   }
   manifest_ = m;
   return absl::OkStatus();
+}
+
+absl::Status CheckFence(const v1::SessionManifest& stored,
+                        const TurnUpdate& update) {
+  return update.ownership_change ? CheckOwnershipChange(stored, update.manifest)
+                                 : CheckTurnFence(stored, update.manifest);
 }
 
 absl::StatusOr<SessionCheckpoint> TokensOnly(

@@ -35,7 +35,16 @@ struct TurnUpdate {
   v1::SessionManifest manifest;
   std::vector<std::pair<ChunkId, std::string>> put;
   std::vector<ChunkId> erase;
+  // A change of owner or role (SessionEngine::Release / Adopt) rather than a
+  // turn: checked with CheckOwnershipChange instead of CheckTurnFence
+  // (ownership.h).
+  bool ownership_change = false;
 };
+
+// The fence a write of `update` over the stored `stored` manifest must pass
+// (ownership.h): ABORTED, writing nothing, when it fails.
+absl::Status CheckFence(const v1::SessionManifest& stored,
+                        const TurnUpdate& update);
 
 // ValidateManifest for a manifest a caller hands in (a turn to apply or
 // commit): the same checks, but INVALID_ARGUMENT instead of DATA_LOSS, since
@@ -53,8 +62,8 @@ class SessionCheckpoint {
 
   // Applies a turn: replaces the manifest, writes `put`, removes `erase`.
   // INVALID_ARGUMENT if the update's manifest fails ValidateManifest or names
-  // another tenant/session than a non-empty checkpoint's; nothing changes
-  // then.
+  // another tenant/session than a non-empty checkpoint's; ABORTED if it does
+  // not pass the checkpoint's fence (CheckFence); nothing changes then.
   absl::Status Apply(const TurnUpdate& update);
   // Replaces everything (a load from a lower tier or an import).
   void Reset(v1::SessionManifest manifest,

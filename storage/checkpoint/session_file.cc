@@ -121,7 +121,9 @@ bool Emit(const SessionCheckpoint& cp, Sink& sink) {
   const std::string manifest = cp.manifest().SerializeAsString();
   if (!sink.Append(kSessionFileMagic) ||
       !sink.Append(LittleEndian<uint32_t>(kSessionFileVersion)) ||
-      !sink.Append(LittleEndian<uint32_t>(kCheckpointFormatVersion)) ||
+      // The manifest's own version: a session stored by an older kvd is
+      // exported as it is, and reads back as it was.
+      !sink.Append(LittleEndian<uint32_t>(cp.manifest().format_version())) ||
       !sink.Append(LittleEndian<uint64_t>(manifest.size())) ||
       !sink.Append(manifest)) {
     return false;
@@ -254,12 +256,14 @@ class Parser {
       return Truncated("the file header");
     }
     if (file_version != kSessionFileVersion ||
-        format_version != kCheckpointFormatVersion) {
+        format_version < kOldestCheckpointFormatVersion ||
+        format_version > kCheckpointFormatVersion) {
       return absl::FailedPreconditionError(absl::StrCat(
           where_, " has session file version ", file_version,
           " and checkpoint format version ", format_version,
           " but this kvd reads file version ", kSessionFileVersion,
-          " with checkpoint format version ", kCheckpointFormatVersion,
+          " with checkpoint format versions ", kOldestCheckpointFormatVersion,
+          " to ", kCheckpointFormatVersion,
           "; import it with the kvd release that exported it"));
     }
     uint64_t manifest_bytes = 0;
@@ -276,6 +280,11 @@ class Parser {
     v1::SessionManifest manifest;
     if (!manifest.ParseFromString(manifest_data)) {
       return Corrupt("the manifest does not parse");
+    }
+    if (manifest.format_version() != format_version) {
+      return Corrupt(absl::StrCat("the header says checkpoint format version ",
+                                  format_version, " but the manifest says ",
+                                  manifest.format_version()));
     }
     std::map<ChunkId, std::string> chunks;
     while (true) {

@@ -212,14 +212,16 @@ TEST(SessionFileTest, OtherCheckpointFormatVersionIsRefused) {
   l.format_version = kCheckpointFormatVersion + 1;
   EXPECT_EQ(ParseSessionFile(Build(l), "f").status().code(),
             absl::StatusCode::kFailedPrecondition);
-  // A consistent header around a manifest of another version.
+  // A header that disagrees with its manifest's version is damage.
   Layout m;
   v1::SessionManifest manifest = Manifest();
   manifest.set_format_version(kCheckpointFormatVersion + 1);
   m.manifest = manifest.SerializeAsString();
   auto r = ParseSessionFile(Build(m), "f");
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(r.status().message(), HasSubstr("format version"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("header says checkpoint format version 2 but the "
+                        "manifest says 3"));
 }
 
 TEST(SessionFileTest, MissingExtraOrMisfiledChunksAreRefused) {

@@ -23,6 +23,7 @@
 #include "rocksdb/write_batch.h"
 #include "rocksdb/write_buffer_manager.h"
 #include "storage/checkpoint/codec.h"
+#include "storage/checkpoint/ownership.h"
 #include "storage/rocksdb/current_check.h"
 #include "storage/rocksdb/disk_full.h"
 #include "storage/rocksdb/info_log.h"
@@ -567,8 +568,13 @@ absl::Status SessionDb::CommitTurn(const TurnUpdate& update) {
   absl::ReaderMutexLock commit(&impl_->commit_mu);
   KVD_ASSIGN_OR_RETURN(auto old,
                        impl_->ReadManifest(m.tenant(), m.session_id()));
-  return impl_->CommitBatch(m, old ? old->stored_bytes() : 0, &batch,
-                            "committing a turn");
+  // The session's turns are ordered by its owner (the engine), and a change
+  // of owner goes through the same lock there, so the stored manifest read
+  // here is the one this batch replaces.
+  if (old) KVD_RETURN_IF_ERROR(CheckFence(*old, update));
+  return impl_->CommitBatch(
+      m, old ? old->stored_bytes() : 0, &batch,
+      update.ownership_change ? "changing the owner" : "committing a turn");
 }
 
 absl::Status SessionDb::PutSession(const SessionCheckpoint& checkpoint) {
@@ -754,6 +760,7 @@ absl::StatusOr<SessionListPage> SessionDb::ListSessions(
           "manifest ", it->key().ToString(), " in ", impl_->options.path,
           " does not parse; delete that session"));
     }
+    if (IsReplica(m)) continue;  // not a live session of this node
     page.sessions.push_back(std::move(m));
   }
   KVD_RETURN_IF_ERROR(impl_->FromRocks(it->status(), "listing sessions"));

@@ -107,6 +107,8 @@ class SessionDb {
   // to free (nothing written then): the disk counts as full below
   // reserve_free_bytes, and commits work again by themselves once there is
   // room (after a RocksDB write error too: RocksDB recovers on its own).
+  // ABORTED if the stored manifest's fence refuses it (a stale epoch, another
+  // owner, a replica copy: storage/checkpoint/ownership.h), nothing written.
   // UNAVAILABLE for other I/O errors. On success
   // the turn is durable per Durability. The manifest's stored_bytes is
   // trusted for quotas (the engine computes it).
@@ -140,8 +142,9 @@ class SessionDb {
   absl::StatusOr<Salvaged> LoadForSalvage(absl::string_view tenant,
                                           absl::string_view session);
 
-  // Sessions of a tenant ordered by id, at most page_size (1..1000) per
-  // page, starting after page_token (an opaque token from a previous page).
+  // Live sessions of a tenant (replica copies are left out) ordered by id,
+  // at most page_size (1..1000) per page, starting after page_token (an opaque
+  // token from a previous page).
   absl::StatusOr<SessionListPage> ListSessions(absl::string_view tenant,
                                                absl::string_view page_token,
                                                int64_t page_size);

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
 #include "storage/checkpoint/codec.h"
+#include "storage/checkpoint/ownership.h"
 #include "storage/checkpoint/session_file.h"
 #include "storage/rocksdb/disk_full.h"
 #include "storage/rocksdb/keys.h"
@@ -550,6 +551,53 @@ TEST_F(SessionDbTest, DamagedTableStopsWritesWithSalvageAdvice) {
   SyntheticSession fresh(other);
   EXPECT_EQ(db_->CommitTurn(fresh.AppendTurn(3)).code(),
             absl::StatusCode::kDataLoss);
+}
+
+// Every commit is conditional on the session's stored epoch and owner
+// (ownership.h): after the session moved to another node, a turn from the
+// old owner is refused (ABORTED, saying so) and writes nothing; a replica
+// copy is not listed and takes no turn.
+TEST_F(SessionDbTest, StaleEpochCommitIsRefusedAndWritesNothing) {
+  SyntheticSession s;
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(5)).ok());
+  absl::StatusOr<v1::SessionManifest> stored =
+      db_->GetManifest("acme", "chat-1");
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(EpochOf(*stored), kFirstEpoch);
+
+  TurnUpdate move;
+  move.manifest = *stored;
+  move.manifest.set_owner_node("n2");
+  move.manifest.set_epoch(2);
+  move.ownership_change = true;
+  ASSERT_TRUE(db_->CommitTurn(move).ok());
+
+  const absl::Status stale = db_->CommitTurn(s.AppendTurn(3));
+  EXPECT_EQ(stale.code(), absl::StatusCode::kAborted) << stale;
+  EXPECT_THAT(stale.message(), HasSubstr("moved"));
+  EXPECT_THAT(stale.message(), HasSubstr("node 'n2'"));
+  EXPECT_EQ(db_->GetManifest("acme", "chat-1")->token_count(), 5);
+  // An ownership change may not go back either.
+  move.manifest.set_owner_node("n1");
+  move.manifest.set_epoch(1);
+  EXPECT_EQ(db_->CommitTurn(move).code(), absl::StatusCode::kAborted);
+
+  // Released as a replica (to n3 at epoch 3): unlisted, and no turn lands
+  // on it, not even from its named owner.
+  move.manifest.set_owner_node("n3");
+  move.manifest.set_epoch(3);
+  move.manifest.set_role(v1::SESSION_ROLE_REPLICA);
+  ASSERT_TRUE(db_->CommitTurn(move).ok());
+  absl::StatusOr<SessionListPage> page = db_->ListSessions("acme", "", 10);
+  ASSERT_TRUE(page.ok());
+  EXPECT_TRUE(page->sessions.empty());
+  TurnUpdate turn = s.AppendTurn(3);
+  turn.manifest.set_owner_node("n3");
+  turn.manifest.set_epoch(3);
+  const absl::Status replica = db_->CommitTurn(turn);
+  EXPECT_EQ(replica.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(replica.message(), HasSubstr("replica"));
+  EXPECT_EQ(db_->GetManifest("acme", "chat-1")->token_count(), 5);
 }
 
 // A blob file that is gone (deleted by hand, lost with a disk) is damage, not

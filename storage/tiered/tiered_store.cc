@@ -1,10 +1,12 @@
 #include "storage/tiered/tiered_store.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "storage/checkpoint/codec.h"
+#include "storage/checkpoint/ownership.h"
 
 namespace kvd::storage {
 namespace {
@@ -151,6 +153,17 @@ absl::StatusOr<TieredStore::Loaded> TieredStore::Load(
                 got.from_dram ? Tier::kDram : Tier::kRocksDb};
 }
 
+absl::StatusOr<v1::SessionManifest> TieredStore::GetManifest(
+    absl::string_view tenant, absl::string_view session) {
+  KVD_RETURN_IF_ERROR(ValidateNames(tenant, session));
+  // DRAM first: under kMemory commits it holds turns RocksDB has not seen.
+  if (std::shared_ptr<const SessionCheckpoint> cached =
+          dram_.Get(tenant, session)) {
+    return cached->manifest();
+  }
+  return db_->GetManifest(tenant, session);
+}
+
 void TieredStore::Prefetch(absl::string_view tenant,
                            absl::string_view session) {
   if (!ValidateNames(tenant, session).ok()) return;
@@ -198,6 +211,12 @@ absl::StatusOr<SessionListPage> TieredStore::List(absl::string_view tenant,
   if (more && !page.sessions.empty()) {
     page.next_page_token = page.sessions.back().session_id();
   }
+  // DRAM may hold a session's newer, replica manifest (released in memory
+  // mode): not live here either.
+  page.sessions.erase(
+      std::remove_if(page.sessions.begin(), page.sessions.end(),
+                     [](const v1::SessionManifest& s) { return IsReplica(s); }),
+      page.sessions.end());
   return page;
 }
 

@@ -93,6 +93,12 @@ class TieredStore {
   absl::StatusOr<Loaded> Load(absl::string_view tenant,
                               absl::string_view session);
 
+  // The session's latest committed manifest without loading its chunks:
+  // DRAM's copy if cached (kMemory turns may not be in RocksDB yet), else
+  // RocksDB's. NOT_FOUND if neither has it.
+  absl::StatusOr<v1::SessionManifest> GetManifest(absl::string_view tenant,
+                                                  absl::string_view session);
+
   // Starts loading the session into DRAM (a client reconnected) and returns
   // at once; a later Load is then a DRAM hit. Unknown sessions are ignored.
   void Prefetch(absl::string_view tenant, absl::string_view session);
