@@ -400,6 +400,15 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
   result->path = m.token_count() == 0           ? StatePath::kNew
                  : tier == storage::Tier::kDram ? StatePath::kDram
                                                 : StatePath::kRocksDb;
+  if (m.token_count() > 0 && m.length() == 0 &&
+      policy.kind != ops::CheckpointPolicy::Kind::kTokens) {
+    // Stored without residual rows (salvaged: storage::TokensOnly): the
+    // turn runs every stored token through the model and stores them anew.
+    result->path = StatePath::kReprefill;
+    result->path_detail =
+        "stored without its residual checkpoint (salvaged from a damaged "
+        "database): its tokens run through the model again";
+  }
   if (fallback.empty() && policy.kind != ops::CheckpointPolicy::Kind::kTokens) {
     const absl::Status restored =
         RestoreResiduals(*checkpoint, &active->store, 0);

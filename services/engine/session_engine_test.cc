@@ -263,6 +263,11 @@ TEST_P(SessionEngineTest, SalvagedTokensOnlySessionContinuesBitIdentically) {
     });
     ExpectSameBits(reference, got);
     ASSERT_EQ(got.paths.size(), kTurns);
+    EXPECT_EQ(got.paths[1], StatePath::kReprefill);
+    if (v.policy != "tokens") {
+      EXPECT_NE(got.details[1].find("salvaged"), std::string::npos)
+          << got.details[1];
+    }
     // The stored residuals came back with the salvaged turn: a restart now
     // reads them.
     OpenStore();

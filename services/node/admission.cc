@@ -24,7 +24,8 @@ Admission::Permit::~Permit() {
   if (owner_ != nullptr) owner_->Release();
 }
 
-absl::StatusOr<Admission::Permit> Admission::Acquire() {
+absl::StatusOr<Admission::Permit> Admission::Acquire(
+    const std::function<bool()>& cancelled) {
   absl::MutexLock lock(&mu_);
   // Waiting requests go first: a newcomer only takes a free slot directly
   // when nobody is queued.
@@ -43,11 +44,27 @@ absl::StatusOr<Admission::Permit> Admission::Acquire() {
   auto my_turn = [this, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return serving_ == ticket && inflight_ < max_inflight_;
   };
-  mu_.Await(absl::Condition(&my_turn));
+  while (!mu_.AwaitWithTimeout(absl::Condition(&my_turn),
+                               absl::Milliseconds(20))) {
+    if (cancelled && cancelled()) {
+      // Leave the queue: tickets behind this one must still be served in
+      // order, so this one is marked given up and skipped when reached.
+      abandoned_.insert(ticket);
+      --queued_;
+      SkipAbandonedLocked();
+      return absl::CancelledError(
+          "the request was cancelled while it waited for a generation slot");
+    }
+  }
   --queued_;
   ++serving_;
+  SkipAbandonedLocked();
   ++inflight_;
   return Permit(this);
+}
+
+void Admission::SkipAbandonedLocked() {
+  while (abandoned_.erase(serving_) > 0) ++serving_;
 }
 
 void Admission::Release() {

@@ -15,8 +15,10 @@
 #define KVD_SERVICES_NODE_ADMISSION_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
@@ -44,8 +46,11 @@ class Admission {
   };
 
   // A slot now, or after waiting in the queue; RESOURCE_EXHAUSTED when the
-  // queue is full too.
-  absl::StatusOr<Permit> Acquire();
+  // queue is full too. `cancelled` (may be empty) is polled while waiting:
+  // when it turns true the request leaves the queue with CANCELLED (a
+  // client gone, a deadline passed, the server stopping).
+  absl::StatusOr<Permit> Acquire(
+      const std::function<bool()>& cancelled = nullptr);
 
   int inflight() const;
   int queued() const;
@@ -54,6 +59,8 @@ class Admission {
 
  private:
   void Release();
+  // Moves serving_ past tickets whose holders gave up waiting.
+  void SkipAbandonedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int max_inflight_;
   const int max_queue_;
@@ -63,6 +70,7 @@ class Admission {
   // Tickets make the queue first come, first served.
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t serving_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_set<uint64_t> abandoned_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvd::node

@@ -64,5 +64,35 @@ TEST(Admission, ZeroQueueRefusesAtOnce) {
   EXPECT_EQ(a.Acquire().status().code(), absl::StatusCode::kResourceExhausted);
 }
 
+// A waiter whose client gave up leaves the queue (CANCELLED) and frees its
+// place, and the ones behind it are still served in order.
+TEST(Admission, CancelledWaiterLeavesTheQueue) {
+  Admission a(/*max_inflight=*/1, /*max_queue=*/2);
+  absl::StatusOr<Admission::Permit> holder = a.Acquire();
+  ASSERT_TRUE(holder.ok());
+  std::atomic<bool> give_up{false};
+  absl::Status cancelled_status;
+  std::thread cancelled([&] {
+    cancelled_status = a.Acquire([&] { return give_up.load(); }).status();
+  });
+  while (a.queued() < 1) absl::SleepFor(absl::Milliseconds(1));
+  std::atomic<bool> third_in{false};
+  std::thread third([&] {
+    absl::StatusOr<Admission::Permit> p = a.Acquire();
+    ASSERT_TRUE(p.ok());
+    third_in = true;
+  });
+  while (a.queued() < 2) absl::SleepFor(absl::Milliseconds(1));
+  give_up = true;
+  cancelled.join();
+  EXPECT_EQ(cancelled_status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(a.queued(), 1);
+  EXPECT_FALSE(third_in);
+  *holder = Admission::Permit();  // the slot frees: the third goes next
+  third.join();
+  EXPECT_TRUE(third_in);
+  EXPECT_EQ(a.inflight(), 0);
+}
+
 }  // namespace
 }  // namespace kvd::node

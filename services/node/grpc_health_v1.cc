@@ -10,10 +10,12 @@ using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
 
 GrpcHealthV1::GrpcHealthV1(std::function<bool()> serving,
-                           std::set<std::string> services, absl::Duration poll)
+                           std::set<std::string> services, absl::Duration poll,
+                           int max_watches)
     : serving_(std::move(serving)),
       services_(std::move(services)),
-      poll_(poll) {}
+      poll_(poll),
+      max_watches_(max_watches) {}
 
 HealthCheckResponse::ServingStatus GrpcHealthV1::Status() const {
   return !shut_down_.load() && serving_() ? HealthCheckResponse::SERVING
@@ -36,6 +38,16 @@ grpc::Status GrpcHealthV1::Check(grpc::ServerContext* ctx,
 grpc::Status GrpcHealthV1::Watch(
     grpc::ServerContext* ctx, const HealthCheckRequest* request,
     grpc::ServerWriter<HealthCheckResponse>* writer) {
+  struct Count {
+    std::atomic<int>* n;
+    ~Count() { n->fetch_sub(1); }
+  } count{&watches_};
+  if (watches_.fetch_add(1) >= max_watches_) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat(max_watches_,
+                                     " health watches are open already; use "
+                                     "Check, or watch from fewer clients"));
+  }
   const bool known =
       request->service().empty() || services_.count(request->service()) > 0;
   bool first = true;

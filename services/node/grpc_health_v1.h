@@ -27,9 +27,11 @@ namespace kvd::node {
 
 class GrpcHealthV1 final : public grpc::health::v1::Health::Service {
  public:
-  // `serving` is asked on every Check and every `poll` of a Watch.
+  // `serving` is asked on every Check and every `poll` of a Watch. A Watch
+  // holds a server thread while it lasts, and the service is open, so at
+  // most `max_watches` run at once (RESOURCE_EXHAUSTED beyond).
   GrpcHealthV1(std::function<bool()> serving, std::set<std::string> services,
-               absl::Duration poll = absl::Seconds(1));
+               absl::Duration poll = absl::Seconds(1), int max_watches = 16);
 
   grpc::Status Check(grpc::ServerContext* ctx,
                      const grpc::health::v1::HealthCheckRequest* request,
@@ -48,6 +50,8 @@ class GrpcHealthV1 final : public grpc::health::v1::Health::Service {
   const std::function<bool()> serving_;
   const std::set<std::string> services_;
   const absl::Duration poll_;
+  const int max_watches_;
+  std::atomic<int> watches_{0};
   std::atomic<bool> shut_down_{false};
 };
 

@@ -17,6 +17,7 @@
 #include "services/node/grpc_convert.h"
 #include "storage/checkpoint/codec.h"
 #include "storage/checkpoint/session_file.h"
+#include "storage/rocksdb/disk_full.h"
 
 namespace kvd::node {
 namespace {
@@ -37,6 +38,28 @@ std::string RandomId(absl::string_view prefix) {
 
 bool DeadlinePassed(const grpc::ServerContext* ctx) {
   return ctx->deadline() <= std::chrono::system_clock::now();
+}
+
+// The prompt and max_tokens must fit the context together, as over HTTP: an
+// unchosen max_tokens shrinks to what is left, a chosen one that does not
+// fit is refused before anything runs.
+absl::Status FitMaxTokens(int64_t have, int64_t context, bool chosen,
+                          int64_t* max_tokens) {
+  if (have >= context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prompt is ", have, " tokens with the session's; ",
+                     "the model's context is ", context, " tokens"));
+  }
+  if (!chosen) {
+    *max_tokens = std::min(*max_tokens, context - have);
+  } else if (have + *max_tokens > context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt (", have,
+                     " tokens, with the session's) + sampling.max_tokens (",
+                     *max_tokens, ") exceeds the model's context of ", context,
+                     " tokens; lower max_tokens"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -132,7 +155,14 @@ absl::StatusOr<engine::GenerateRequest> SessionsService::CheckGenerate(
   if (!request.session_id().empty()) {
     KVD_RETURN_IF_ERROR(
         storage::ValidateName("session id", request.session_id()));
+    return g;  // its fit to the context is checked under the session's lock
   }
+  // A stateless prompt is known in full: tokenized and fitted now.
+  KVD_ASSIGN_OR_RETURN(g.prompt, TurnTokens(request, runtime_->tokenizer(),
+                                            runtime_->chat_template(), {}));
+  KVD_RETURN_IF_ERROR(FitMaxTokens(static_cast<int64_t>(g.prompt.size()),
+                                   context, request.sampling().has_max_tokens(),
+                                   &g.max_tokens));
   return g;
 }
 
@@ -159,28 +189,7 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
   };
   const std::optional<ops::ChatTemplate>& tmpl = runtime_->chat_template();
 
-  // The prompt and max_tokens must fit the context together, as over HTTP:
-  // an unchosen max_tokens shrinks to what is left, a chosen one that does
-  // not fit is refused before anything runs.
   const bool max_tokens_given = request.sampling().has_max_tokens();
-  auto fit = [context, max_tokens_given](int64_t have, int64_t* max_tokens) {
-    if (have >= context) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the prompt is ", have, " tokens with the session's; ",
-                       "the model's context is ", context, " tokens"));
-    }
-    if (!max_tokens_given) {
-      *max_tokens = std::min(*max_tokens, context - have);
-    } else if (have + *max_tokens > context) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt (", have,
-                       " tokens, with the session's) + "
-                       "sampling.max_tokens (",
-                       *max_tokens, ") exceeds the model's context of ",
-                       context, " tokens; lower max_tokens"));
-    }
-    return absl::OkStatus();
-  };
 
   v1::GenerateFinished finished;
   engine::GenerateResult result;
@@ -188,9 +197,7 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
   // new.
   int64_t prompt_tokens = 0, cached_tokens = 0;
   if (request.session_id().empty()) {
-    KVD_ASSIGN_OR_RETURN(g.prompt, TurnTokens(request, tokenizer, tmpl, {}));
-    KVD_RETURN_IF_ERROR(
-        fit(static_cast<int64_t>(g.prompt.size()), &g.max_tokens));
+    // Tokenized and fitted to the context by CheckGenerate.
     KVD_ASSIGN_OR_RETURN(result,
                          runtime_->engine().Complete(g, tokenizer, on_delta));
   } else {
@@ -207,8 +214,9 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
                            TurnTokens(request, tokenizer, tmpl, have));
       // Under the session's lock, before the turn runs: the engine reads
       // its generate request after this returns.
-      KVD_RETURN_IF_ERROR(fit(static_cast<int64_t>(have.size() + tokens.size()),
-                              &turn.generate.max_tokens));
+      KVD_RETURN_IF_ERROR(
+          FitMaxTokens(static_cast<int64_t>(have.size() + tokens.size()),
+                       context, max_tokens_given, &turn.generate.max_tokens));
       return tokens;
     };
     absl::StatusOr<engine::TurnResult> r =
@@ -233,6 +241,30 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
   return finished;
 }
 
+grpc::Status SessionsService::FailedGenerate(grpc::ServerContext* ctx,
+                                             const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kCancelled && stopping_.load()) {
+    // Not the client's cancel: tell it to retry elsewhere, as HTTP's 503.
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the node is shutting down; nothing of this "
+                        "generation was stored; retry on another node");
+  }
+  if (status.code() == absl::StatusCode::kCancelled && DeadlinePassed(ctx)) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        "deadline passed; nothing was stored (give a longer "
+                        "deadline or fewer max_tokens)");
+  }
+  if (status.code() == absl::StatusCode::kResourceExhausted &&
+      !storage::IsDiskFull(status)) {
+    // A full queue, a busy engine, a quota: as HTTP's 429 with Retry-After,
+    // gRPC's retry policy and clients read the pause from this trailer. A
+    // full disk (HTTP 507) is not worth a quick retry.
+    ctx->AddTrailingMetadata("grpc-retry-pushback-ms",
+                             absl::StrCat(options_.retry_after_ms));
+  }
+  return ToGrpcStatus(status);
+}
+
 grpc::Status SessionsService::Generate(
     grpc::ServerContext* ctx, const v1::GenerateRequest* request,
     grpc::ServerWriter<v1::GenerateResponse>* writer) {
@@ -252,13 +284,12 @@ grpc::Status SessionsService::Generate(
       !runtime_->engine().IsHot(*tenant, request->session_id())) {
     runtime_->store().Prefetch(*tenant, request->session_id());
   }
-  absl::StatusOr<Admission::Permit> permit = admission_->Acquire();
-  if (!permit.ok()) {
-    // gRPC's retry policy and clients read the pause from this trailer.
-    ctx->AddTrailingMetadata("grpc-retry-pushback-ms",
-                             absl::StrCat(options_.retry_after_ms));
-    return ToGrpcStatus(permit.status());
-  }
+  // A queued call leaves the queue when its client cancels, its deadline
+  // passes or the node stops.
+  absl::StatusOr<Admission::Permit> permit = admission_->Acquire([&] {
+    return ctx->IsCancelled() || DeadlinePassed(ctx) || stopping_.load();
+  });
+  if (!permit.ok()) return FailedGenerate(ctx, permit.status());
 
   auto running = std::make_shared<Running>();
   running->tenant = *tenant;
@@ -277,23 +308,7 @@ grpc::Status SessionsService::Generate(
     absl::MutexLock lock(&mu_);
     running_.erase(request_id);
   }
-  if (!finished.ok()) {
-    if (finished.status().code() == absl::StatusCode::kCancelled &&
-        stopping_.load()) {
-      // Not the client's cancel: tell it to retry elsewhere, as HTTP's 503.
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "the node is shutting down; nothing of this "
-                          "generation was stored; retry on another node");
-    }
-    if (finished.status().code() == absl::StatusCode::kCancelled &&
-        DeadlinePassed(ctx)) {
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          "deadline passed during generation; nothing was "
-                          "stored (give a longer deadline or fewer "
-                          "max_tokens)");
-    }
-    return ToGrpcStatus(finished.status());
-  }
+  if (!finished.ok()) return FailedGenerate(ctx, finished.status());
   v1::GenerateResponse last;
   *last.mutable_finished() = std::move(*finished);
   writer->Write(last);

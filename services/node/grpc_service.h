@@ -130,6 +130,11 @@ class SessionsService final : public v1::Sessions::Service {
   // shape, session id. Returns the engine request for RunGenerate.
   absl::StatusOr<engine::GenerateRequest> CheckGenerate(
       const v1::GenerateRequest& request) const;
+  // The status a Generate that did not finish returns: a stop by shutdown
+  // is UNAVAILABLE, by the deadline DEADLINE_EXCEEDED, and a retryable
+  // RESOURCE_EXHAUSTED carries grpc-retry-pushback-ms.
+  grpc::Status FailedGenerate(grpc::ServerContext* ctx,
+                              const absl::Status& status);
   absl::StatusOr<v1::GenerateFinished> RunGenerate(
       grpc::ServerContext* ctx, const std::string& tenant,
       const v1::GenerateRequest& request, engine::GenerateRequest g,

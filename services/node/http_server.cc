@@ -378,7 +378,7 @@ void HttpServerImpl::Routes() {
       return;
     }
     // Turns cannot commit while the database refuses writes (a damaged
-    // file): not ready, with the reason and what to do.
+    // file, a full disk): not ready, with the reason and what to do.
     if (absl::Status w = runtime_->store().db().WriteHealth(); !w.ok()) {
       res.status = 503;
       res.set_content(absl::StrCat("storage: ", w.message(), "\n"),
@@ -494,10 +494,11 @@ void HttpServerImpl::HandleChat(const httplib::Request& req,
       !runtime_->engine().IsHot(job->tenant, job->session)) {
     runtime_->store().Prefetch(job->tenant, job->session);
   }
-  absl::StatusOr<Admission::Permit> permit = admission_->Acquire();
+  absl::StatusOr<Admission::Permit> permit =
+      admission_->Acquire([this] { return stopping_.load(); });
   if (!permit.ok()) {
     metrics_->Add("kvd_http_rejected_total", {});
-    return SendError(res, permit.status());
+    return SendError(res, StoppedStatus(permit.status()));
   }
   Respond(req, std::move(job), *std::move(permit), res);
 }
@@ -520,10 +521,11 @@ void HttpServerImpl::HandleCompletion(const httplib::Request& req,
           PrepareGeneration(*runtime_, options_.default_max_tokens, *job);
       !s.ok())
     return SendError(res, s);
-  absl::StatusOr<Admission::Permit> permit = admission_->Acquire();
+  absl::StatusOr<Admission::Permit> permit =
+      admission_->Acquire([this] { return stopping_.load(); });
   if (!permit.ok()) {
     metrics_->Add("kvd_http_rejected_total", {});
-    return SendError(res, permit.status());
+    return SendError(res, StoppedStatus(permit.status()));
   }
   Respond(req, std::move(job), *std::move(permit), res);
 }

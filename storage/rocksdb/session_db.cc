@@ -85,6 +85,7 @@ struct SessionDb::Impl {
   // Per tenant: the sum of its manifests' stored_bytes plus bytes reserved
   // by commits in flight.
   absl::flat_hash_map<std::string, int64_t> tenant_bytes ABSL_GUARDED_BY(mu);
+  absl::Mutex resume_mu;  // serializes MaybeResume's DB::Resume calls
   // Set when a write failed for lack of space: RocksDB then refuses writes
   // until DB::Resume() succeeds.
   bool needs_resume ABSL_GUARDED_BY(mu) = false;
@@ -113,9 +114,7 @@ struct SessionDb::Impl {
     // A file a live key points to (a blob file) is gone: damage, which no
     // retry mends. The sessions it held resume from their token ids (the
     // engine re-prefills on DATA_LOSS) and salvage exports what survives.
-    if (s.IsPathNotFound() ||
-        (s.IsIOError() &&
-         s.ToString().find("No such file") != std::string::npos)) {
+    if (s.IsPathNotFound()) {
       return absl::DataLossError(absl::StrCat(
           msg,
           "; a file of the session database is missing (deleted, or lost "
@@ -193,9 +192,11 @@ struct SessionDb::Impl {
         write_bytes > 0 ? absl::StrCat(" (this write needs ",
                                        ReadableBytes(write_bytes), ")")
                         : "",
-        ". Delete sessions (DELETE /v1/sessions/ID, or 'kvd sessions rm') "
-        "or free space on the disk; turns resume by themselves once there is "
-        "room. Nothing of this write was stored")));
+        ". Delete sessions (HTTP DELETE /v1/sessions/ID or gRPC "
+        "DeleteSession, sent to this node directly since it reports not "
+        "ready meanwhile; or 'kvd sessions rm' while no kvd runs on this "
+        "data directory) or free space on the disk; turns resume by "
+        "themselves once there is room. Nothing of this write was stored")));
   }
 
   rocksdb::WriteOptions WriteOpts() const {
@@ -346,12 +347,13 @@ struct SessionDb::Impl {
         absl::MutexLock lock(&mu);
         needs_resume = true;
       }
-      if (s.IsCorruption()) {
-        // A flush or compaction read a damaged file: RocksDB now refuses
-        // every write until it is reopened, and the next compaction of that
-        // file stops it again. Only salvaging the sessions helps.
-        // Says nothing of the session: readiness probes show it
-        // unauthenticated.
+      if (s.IsCorruption() ||
+          FromRocks(s, "").code() == absl::StatusCode::kDataLoss) {
+        // A flush or compaction read a damaged file (or found one gone):
+        // RocksDB now refuses every write until it is reopened, and the
+        // next compaction of that file stops it again. Only salvaging the
+        // sessions helps. Says nothing of the session: readiness probes
+        // show it unauthenticated.
         const absl::Status failure = absl::DataLossError(absl::StrCat(
             "the session database at ", options.path,
             " stopped taking writes because one of its files is damaged (",
@@ -375,6 +377,13 @@ struct SessionDb::Impl {
   }
 
   absl::Status MaybeResume() {
+    {
+      absl::MutexLock lock(&mu);
+      if (!needs_resume) return absl::OkStatus();
+    }
+    // One Resume at a time: two at once make the second Busy, which would
+    // read as a disk still full (readiness probes call this too).
+    absl::MutexLock resuming(&resume_mu);
     {
       absl::MutexLock lock(&mu);
       if (!needs_resume) return absl::OkStatus();
@@ -713,12 +722,11 @@ absl::StatusOr<SessionDb::Salvaged> SessionDb::LoadForSalvage(
   absl::StatusOr<SessionCheckpoint> tokens =
       Load(tenant, session, Parts::kManifestAndTokens);
   if (!tokens.ok()) {
-    return absl::DataLossError(absl::StrCat("session ", Name(tenant, session),
-                                            " cannot be salvaged: its residual "
-                                            "checkpoint is damaged (",
-                                            whole.status().message(),
-                                            ") and so are its token ids (",
-                                            tokens.status().message(), ")"));
+    return absl::DataLossError(absl::StrCat(
+        "session ", Name(tenant, session),
+        " cannot be salvaged: it does not load (", whole.status().message(),
+        "), and its manifest and token ids alone do not either (",
+        tokens.status().message(), ")"));
   }
   KVD_ASSIGN_OR_RETURN(SessionCheckpoint only, TokensOnly(*tokens));
   return Salvaged{std::move(only), whole.status()};
@@ -771,37 +779,46 @@ absl::Status SessionDb::DeleteSession(absl::string_view tenant,
                                       absl::string_view session) {
   KVD_RETURN_IF_ERROR(ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(ValidateName("session id", session));
-  absl::ReaderMutexLock commit(&impl_->commit_mu);
-  std::string value;
-  rocksdb::Status s =
-      impl_->db->Get(rocksdb::ReadOptions(), impl_->cfs[kManifests],
-                     SessionKey(tenant, session), &value);
-  if (s.IsNotFound()) {
-    return absl::NotFoundError(
-        absl::StrCat("tenant ", tenant, " has no stored session ", session));
-  }
-  KVD_RETURN_IF_ERROR(impl_->FromRocks(s, "reading a manifest to delete"));
-  v1::SessionManifest old;
-  const int64_t old_bytes = old.ParseFromString(value) ? old.stored_bytes() : 0;
   const std::string prefix = ChunkPrefix(tenant, session);
   const std::string end = PrefixUpperBound(prefix);
-  rocksdb::WriteBatch batch;
-  batch.Delete(impl_->cfs[kManifests], SessionKey(tenant, session));
-  batch.DeleteRange(impl_->cfs[kTokens], prefix, end);
-  batch.DeleteRange(impl_->cfs[kResiduals], prefix, end);
-  // No free-space check: deleting is how a full disk gets its space back,
-  // and the reserve keeps room for it. A RocksDB stopped by a full disk
-  // refuses this write too, and the error says how much to free.
-  (void)impl_->MaybeResume();
-  s = impl_->db->Write(impl_->WriteOpts(), &batch);
-  KVD_RETURN_IF_ERROR(impl_->FromRocks(
-      s, absl::StrCat("deleting session ", Name(tenant, session))));
-  impl_->Unreserve(std::string(tenant), old_bytes);
+  {
+    absl::ReaderMutexLock commit(&impl_->commit_mu);
+    std::string value;
+    rocksdb::Status s =
+        impl_->db->Get(rocksdb::ReadOptions(), impl_->cfs[kManifests],
+                       SessionKey(tenant, session), &value);
+    if (s.IsNotFound()) {
+      return absl::NotFoundError(
+          absl::StrCat("tenant ", tenant, " has no stored session ", session));
+    }
+    KVD_RETURN_IF_ERROR(impl_->FromRocks(s, "reading a manifest to delete"));
+    v1::SessionManifest old;
+    const int64_t old_bytes =
+        old.ParseFromString(value) ? old.stored_bytes() : 0;
+    rocksdb::WriteBatch batch;
+    batch.Delete(impl_->cfs[kManifests], SessionKey(tenant, session));
+    batch.DeleteRange(impl_->cfs[kTokens], prefix, end);
+    batch.DeleteRange(impl_->cfs[kResiduals], prefix, end);
+    // No free-space check: deleting is how a full disk gets its space back,
+    // and the reserve keeps room for it. A RocksDB stopped by a full disk
+    // refuses this write too, and the error says how much to free.
+    (void)impl_->MaybeResume();
+    s = impl_->db->Write(impl_->WriteOpts(), &batch);
+    KVD_RETURN_IF_ERROR(impl_->FromRocks(
+        s, absl::StrCat("deleting session ", Name(tenant, session))));
+    impl_->Unreserve(std::string(tenant), old_bytes);
+  }
   if (!impl_->CheckRoom(0, "").ok()) {
-    // Short of space: compact the session's keys away now, so the tables
-    // and the blob files that held only this session's rows are freed,
-    // instead of waiting for a compaction that may need the space first.
+    // Short of space: compact the session's keys away now (outside the
+    // commit lock, beside automatic compactions), so table space and the
+    // blob files that held only deleted rows are freed, instead of waiting
+    // for a compaction that may need the space first. No blob garbage
+    // collection here: it would copy live rows into new files, which needs
+    // the very space that is missing.
     rocksdb::CompactRangeOptions compact;
+    compact.exclusive_manual_compaction = false;
+    compact.blob_garbage_collection_policy =
+        rocksdb::BlobGarbageCollectionPolicy::kDisable;
     compact.bottommost_level_compaction =
         rocksdb::BottommostLevelCompaction::kForce;
     const rocksdb::Slice begin_key(prefix), end_key(end);

@@ -115,6 +115,10 @@ TEST(SessionDbDiskFull, FailsCleanlyAndRecoversWhenSpaceReturns) {
   o.path = TestDir("full");
   o.durability = Durability::kSync;
   o.file_system = fs;
+  // A large disk, as the real one may not be: the advice's sizes follow it.
+  o.disk_space = [](const std::string&) -> absl::StatusOr<DiskSpace> {
+    return DiskSpace{int64_t{100} << 30, int64_t{50} << 30};
+  };
   auto opened = SessionDb::Open(o);
   ASSERT_TRUE(opened.ok()) << opened.status();
   SessionDb& db = **opened;
@@ -122,6 +126,10 @@ TEST(SessionDbDiskFull, FailsCleanlyAndRecoversWhenSpaceReturns) {
   SyntheticSession& a = sessions[0];
   SyntheticSession& b = sessions[1];
   ASSERT_TRUE(db.CommitTurn(a.AppendTurn(6)).ok());
+  SyntheticSessionOptions c_options;
+  c_options.session = "c";
+  SyntheticSession c(c_options);
+  ASSERT_TRUE(db.CommitTurn(c.AppendTurn(4)).ok());
   const v1::SessionManifest committed = b.manifest();
 
   fs->SetBudget(100);  // less than one turn's WAL record
@@ -136,7 +144,14 @@ TEST(SessionDbDiskFull, FailsCleanlyAndRecoversWhenSpaceReturns) {
   EXPECT_GT(fs->no_space_errors(), 0);
   // Readiness says so while RocksDB cannot write.
   EXPECT_TRUE(IsDiskFull(db.WriteHealth())) << db.WriteHealth();
-  EXPECT_EQ(db.TenantBytes("acme"), a.manifest().stored_bytes());
+  // A delete needs a write too: while RocksDB is stopped it is refused as a
+  // full disk that says how much to free (HTTP 507), not as "retry" (503).
+  const absl::Status del = db.DeleteSession("acme", "c");
+  EXPECT_EQ(del.code(), absl::StatusCode::kResourceExhausted) << del;
+  EXPECT_TRUE(IsDiskFull(del)) << del;
+  EXPECT_THAT(del.message(), HasSubstr("free at least"));
+  EXPECT_EQ(db.TenantBytes("acme"),
+            a.manifest().stored_bytes() + c.manifest().stored_bytes());
   ExpectLoadsAs(db, a);  // reads still work while the disk is full
   EXPECT_EQ(db.GetManifest("acme", "b").status().code(),
             absl::StatusCode::kNotFound);
@@ -153,6 +168,7 @@ TEST(SessionDbDiskFull, FailsCleanlyAndRecoversWhenSpaceReturns) {
   }
   ASSERT_TRUE(retry.ok()) << retry;
   EXPECT_TRUE(db.WriteHealth().ok()) << db.WriteHealth();
+  EXPECT_TRUE(db.DeleteSession("acme", "c").ok());
   ASSERT_TRUE(db.CommitTurn(a.AppendTurn(2)).ok());
   ExpectLoadsAs(db, a);
   ExpectLoadsAs(db, b);
@@ -163,6 +179,8 @@ TEST(SessionDbDiskFull, FailsCleanlyAndRecoversWhenSpaceReturns) {
   ExpectLoadsAs(**reopened, b);
   EXPECT_EQ((*reopened)->TenantBytes("acme"),
             a.manifest().stored_bytes() + b.manifest().stored_bytes());
+  EXPECT_EQ((*reopened)->GetManifest("acme", "c").status().code(),
+            absl::StatusCode::kNotFound);
   (void)committed;
 }
 

@@ -192,8 +192,11 @@ absl::Status Run(const Args& args) {
   sigwait(&stop, &sig);
   std::fprintf(stderr, "kvd serve: %s, stopping\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM");
-  if (http) http->Stop();
+  // gRPC first: its generations stop and leave the admission queue the two
+  // front ends share, so HTTP requests queued behind them are not kept
+  // waiting while HTTP stops.
   if (grpc) grpc->Shutdown();
+  if (http) http->Stop();
   return rt->store().Flush();
 }
 
