@@ -15,6 +15,7 @@
 #include "ops/kvdirect/residual_store.h"
 #include "services/engine/session_chunks.h"
 #include "storage/checkpoint/codec.h"
+#include "storage/checkpoint/ownership.h"
 
 namespace kvd::engine {
 namespace {
@@ -245,6 +246,9 @@ absl::StatusOr<v1::SessionManifest> SessionEngine::NewManifest(
   m.set_format_version(storage::kCheckpointFormatVersion);
   m.set_tenant(tenant);
   m.set_session_id(session);
+  m.set_owner_node(options_.node_id);
+  m.set_epoch(storage::kFirstEpoch);
+  m.set_role(v1::SESSION_ROLE_PRIMARY);
   *m.mutable_model() = identity_;
   m.set_policy(options_.policy.Name());
   for (int64_t l : ops::CheckpointLayers(options_.policy, c.n_layers))
@@ -310,11 +314,24 @@ absl::Status SessionEngine::ImportSession(
         absent.message(), "; delete it first or import under another name"));
   }
   KVD_RETURN_IF_ERROR(absent);
-  return store_->PutSession(checkpoint);
+  // An import is a change of owner: a primary of this node, one epoch past
+  // the exported copy.
+  storage::SessionCheckpoint mine;
+  mine.Reset(storage::ImportedBy(checkpoint.manifest(), options_.node_id),
+             checkpoint.chunks());
+  return store_->PutSession(mine);
+}
+
+absl::Status SessionEngine::CheckMayCommit(
+    const v1::SessionManifest& stored) const {
+  v1::SessionManifest mine = stored;
+  mine.set_owner_node(options_.node_id);
+  return storage::CheckTurnFence(stored, mine);
 }
 
 absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
     const Key& key, bool create_if_missing, TurnResult* result) {
+  std::shared_ptr<Active> hot;
   {
     absl::MutexLock lock(&mu_);
     auto it = hot_.find(key);
@@ -325,8 +342,31 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
       // not see it idle between here and the turn.
       active->in_turn++;
       stats_.restores_by_path[StatePathName(StatePath::kHot)]++;
-      return active;
+      hot = std::move(active);
     }
+  }
+  if (hot != nullptr) {
+    // Hot state is trusted only while the stored manifest is the one it was
+    // committed under: the session may have been released, adopted or
+    // replaced meanwhile (its owner, epoch or turns differ then).
+    absl::StatusOr<v1::SessionManifest> stored =
+        store_->GetManifest(key.first, key.second);
+    absl::Status same = stored.status();
+    if (same.ok()) same = CheckMayCommit(*stored);
+    if (same.ok() &&
+        (storage::EpochOf(*stored) != storage::EpochOf(hot->committed) ||
+         stored->token_count() != hot->committed.token_count())) {
+      same = absl::AbortedError(absl::StrCat(
+          SessionName(key.first, key.second),
+          " changed under this node's hot state; nothing was written, retry "
+          "the turn"));
+    }
+    if (!same.ok()) {
+      SetInTurn(*hot, false);
+      Drop(key);
+      return same;
+    }
+    return hot;
   }
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::shared_ptr<Active>> active =
@@ -383,6 +423,7 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
         std::move(*tokens_only));
   }
   const v1::SessionManifest& m = checkpoint->manifest();
+  KVD_RETURN_IF_ERROR(CheckMayCommit(m));
   KVD_RETURN_IF_ERROR(storage::CheckCompatible(m.model(), identity_, session));
   if (absl::Status same = storage::SameNumerics(m.model(), identity_);
       !same.ok() && fallback.empty()) {
@@ -511,22 +552,7 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
                      SessionName(request.tenant, request.session), " later"));
   }
   const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
-  if (request.fail_if_busy) {
-    // TryLock may fail spuriously on a free mutex ("with high probability"
-    // it succeeds), so a few tries before calling the session busy.
-    bool locked = false;
-    for (int attempt = 0; attempt < 3 && !locked; ++attempt) {
-      locked = session_mu->TryLock();
-    }
-    if (!locked) {
-      return absl::AbortedError(absl::StrCat(
-          SessionName(request.tenant, request.session),
-          " is busy: another turn of it (or its deletion or import) is "
-          "running; send the next turn when that has finished"));
-    }
-  } else {
-    session_mu->Lock();
-  }
+  KVD_RETURN_IF_ERROR(LockForTurn(key, session_mu.get(), request.fail_if_busy));
   struct Unlock {
     absl::Mutex* mu;
     ~Unlock() { mu->Unlock(); }
@@ -596,6 +622,10 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   tokens.insert(tokens.end(), turn_tokens.begin(), turn_tokens.end());
   tokens.insert(tokens.end(), gen->tokens.begin(), gen->tokens.end());
   v1::SessionManifest next = a.committed;
+  next.set_format_version(storage::kCheckpointFormatVersion);
+  next.set_owner_node(options_.node_id);
+  next.set_epoch(storage::EpochOf(a.committed));
+  next.set_role(v1::SESSION_ROLE_PRIMARY);
   // Every residual is rewritten: under this node's numerics from now on.
   if (a.rewrite_all) *next.mutable_model() = identity_;
   next.set_token_count(tokens.size());
@@ -634,6 +664,126 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   return result;
 }
 
+absl::Status SessionEngine::LockForTurn(const Key& key, absl::Mutex* session_mu,
+                                        bool fail_if_busy) {
+  const absl::Time deadline = absl::Now() + options_.frozen_turn_wait;
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto thawed = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !frozen_.contains(key);
+      };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&thawed), deadline)) {
+        return absl::AbortedError(absl::StrCat(
+            SessionName(key.first, key.second),
+            " is being moved to another node (frozen for longer than ",
+            absl::FormatDuration(options_.frozen_turn_wait),
+            "); nothing was run, retry the turn"));
+      }
+    }
+    if (fail_if_busy) {
+      // TryLock may fail spuriously on a free mutex ("with high
+      // probability" it succeeds), so a few tries before calling it busy.
+      bool locked = false;
+      for (int attempt = 0; attempt < 3 && !locked; ++attempt) {
+        locked = session_mu->TryLock();
+      }
+      if (!locked) {
+        return absl::AbortedError(absl::StrCat(
+            SessionName(key.first, key.second),
+            " is busy: another turn of it (or its deletion or import) is "
+            "running; send the next turn when that has finished"));
+      }
+    } else {
+      session_mu->Lock();
+    }
+    // Freeze takes the session's mutex too, so it can only have frozen the
+    // session between the wait above and this lock: then wait again.
+    {
+      absl::MutexLock lock(&mu_);
+      if (!frozen_.contains(key)) return absl::OkStatus();
+    }
+    session_mu->Unlock();
+  }
+}
+
+absl::StatusOr<SessionEngine::FrozenSession> SessionEngine::Freeze(
+    const std::string& tenant, const std::string& session) {
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  const Key key(tenant, session);
+  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  // Waits for a running turn: its commit is part of what is frozen.
+  absl::MutexLock session_lock(session_mu.get());
+  KVD_ASSIGN_OR_RETURN(v1::SessionManifest m,
+                       store_->GetManifest(tenant, session));
+  KVD_RETURN_IF_ERROR(CheckMayCommit(m));
+  absl::MutexLock lock(&mu_);
+  frozen_.insert(key);
+  return FrozenSession{static_cast<uint64_t>(m.turn_ends_size()),
+                       m.token_count(), storage::EpochOf(m), m.owner_node()};
+}
+
+void SessionEngine::Unfreeze(const std::string& tenant,
+                             const std::string& session) {
+  absl::MutexLock lock(&mu_);
+  frozen_.erase(Key(tenant, session));
+}
+
+absl::Status SessionEngine::ChangeOwner(const Key& key,
+                                        const std::string& owner,
+                                        uint64_t epoch, v1::SessionRole role) {
+  KVD_ASSIGN_OR_RETURN(v1::SessionManifest m,
+                       store_->GetManifest(key.first, key.second));
+  storage::TurnUpdate update;
+  update.manifest = std::move(m);
+  update.manifest.set_format_version(storage::kCheckpointFormatVersion);
+  update.manifest.set_owner_node(owner);
+  update.manifest.set_epoch(epoch);
+  update.manifest.set_role(role);
+  update.manifest.set_updated_unix_ms(NowMs());
+  update.ownership_change = true;
+  // Hot state belongs to the old ownership; the next turn restores.
+  Drop(key);
+  return store_->CommitTurn(update);
+}
+
+absl::Status SessionEngine::Release(const std::string& tenant,
+                                    const std::string& session,
+                                    const std::string& new_owner,
+                                    uint64_t new_epoch) {
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  const Key key(tenant, session);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!frozen_.contains(key)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          SessionName(tenant, session),
+          " is not frozen: Freeze it first, so no turn commits while it is "
+          "handed over"));
+    }
+  }
+  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  absl::Status released;
+  {
+    absl::MutexLock session_lock(session_mu.get());
+    released = ChangeOwner(key, new_owner, new_epoch, v1::SESSION_ROLE_REPLICA);
+  }
+  if (released.ok()) Unfreeze(tenant, session);  // held turns now see it moved
+  return released;
+}
+
+absl::Status SessionEngine::Adopt(const std::string& tenant,
+                                  const std::string& session, uint64_t epoch) {
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  const Key key(tenant, session);
+  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  absl::MutexLock session_lock(session_mu.get());
+  return ChangeOwner(key, options_.node_id, epoch, v1::SESSION_ROLE_PRIMARY);
+}
+
 absl::StatusOr<GenerateResult> SessionEngine::Complete(
     const GenerateRequest& request, const ops::Tokenizer& tokenizer,
     const DeltaCallback& on_delta) {
@@ -656,15 +806,20 @@ absl::StatusOr<v1::SessionManifest> SessionEngine::GetSession(
     const std::string& tenant, const std::string& session) {
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
-  absl::StatusOr<v1::SessionManifest> m =
-      store_->db().GetManifest(tenant, session);
+  // DRAM first: under memory commits it holds turns RocksDB has not seen.
+  absl::StatusOr<v1::SessionManifest> m = store_->GetManifest(tenant, session);
   if (m.status().code() == absl::StatusCode::kNotFound) {
-    // A kMemory session may not have reached the database yet.
-    absl::StatusOr<storage::TieredStore::Loaded> loaded =
-        store_->Load(tenant, session);
-    if (loaded.ok()) return loaded->checkpoint->manifest();
     return absl::NotFoundError(
         absl::StrCat(SessionName(tenant, session), " not found"));
+  }
+  if (m.ok() && storage::IsReplica(*m)) {
+    return absl::NotFoundError(
+        absl::StrCat(SessionName(tenant, session),
+                     " is not live here: this node holds a "
+                     "replica copy; its primary is ",
+                     m->owner_node().empty()
+                         ? "a standalone node"
+                         : absl::StrCat("node '", m->owner_node(), "'")));
   }
   return m;
 }

@@ -48,9 +48,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "ops/kvdirect/checkpoint_policy.h"
 #include "ops/kvdirect/residual_kv_source.h"
 #include "ops/model/model_backend.h"
@@ -99,6 +101,12 @@ struct SessionEngineOptions {
   int64_t kv_pool_block_rows = ops::KvBlockPool::kDefaultBlockRows;
   // Continuous batching: batch size, queue bound, prefill budget per step.
   SchedulerOptions scheduler;
+  // The node this engine commits as (the manifest's owner_node; "" = a
+  // standalone node). Sessions another node owns are refused (ABORTED).
+  std::string node_id;
+  // How long a turn waits for a frozen session (Freeze) to be released or
+  // unfrozen before it is ABORTED.
+  absl::Duration frozen_turn_wait = absl::Seconds(30);
 };
 
 struct TurnRequest {
@@ -225,10 +233,44 @@ class SessionEngine {
                                           const ops::Tokenizer& tokenizer,
                                           const DeltaCallback& on_delta);
 
-  // Committed state of a session without restoring it: its manifest.
-  // NOT_FOUND if unknown.
+  // Committed state of a session without restoring it: its latest manifest
+  // (DRAM's before RocksDB's). NOT_FOUND if unknown, and for a replica copy,
+  // which is not a live session here.
   absl::StatusOr<v1::SessionManifest> GetSession(const std::string& tenant,
                                                  const std::string& session);
+
+  // ---- Handing a session to another node (ownership: fencing epochs) ----
+  //
+  //   KVD_ASSIGN_OR_RETURN(FrozenSession f, engine.Freeze("acme", "c1"));
+  //   ... copy the checkpoint to the new owner ...
+  //   KVD_RETURN_IF_ERROR(engine.Release("acme", "c1", "n2", f.epoch + 1));
+  //   // on n2:   engine.Adopt("acme", "c1", f.epoch + 1);
+
+  struct FrozenSession {
+    uint64_t turns = 0;      // committed turns
+    int64_t tokens = 0;      // committed tokens
+    uint64_t epoch = 0;      // the epoch it is frozen at
+    std::string owner_node;  // its owner ("" = standalone)
+  };
+  // Lets a running turn of the session finish, then holds its next turns
+  // (they wait up to frozen_turn_wait) until Release or Unfreeze: the
+  // committed state stays put while a move copies it. NOT_FOUND if unknown;
+  // ABORTED if this node does not own it.
+  absl::StatusOr<FrozenSession> Freeze(const std::string& tenant,
+                                       const std::string& session);
+  // Lets held turns run again (a move that was given up).
+  void Unfreeze(const std::string& tenant, const std::string& session);
+  // Hands a frozen session to `new_owner` at `new_epoch` (> its epoch): the
+  // copy here becomes a replica (unlisted, refusing turns), its hot state is
+  // dropped, and held turns are ABORTED with where the session went.
+  // FAILED_PRECONDITION unless frozen; ABORTED for a stale epoch.
+  absl::Status Release(const std::string& tenant, const std::string& session,
+                       const std::string& new_owner, uint64_t new_epoch);
+  // Makes this node (options.node_id) the session's primary at `epoch`:
+  // above the stored epoch, or equal to it when the stored copy already
+  // names this node (it was released to it). ABORTED for a stale epoch.
+  absl::Status Adopt(const std::string& tenant, const std::string& session,
+                     uint64_t epoch);
 
   // Whether the session's K/V are in memory (its next turn needs no restore).
   bool IsHot(const std::string& tenant, const std::string& session) const;
@@ -294,6 +336,17 @@ class SessionEngine {
   void Drop(const Key& key);
   // The mutex that serializes the session's turns (created on first use).
   std::shared_ptr<absl::Mutex> SessionMutex(const Key& key);
+  // Takes the session's mutex for a turn once the session is not frozen
+  // (waiting up to frozen_turn_wait); ABORTED when busy and `fail_if_busy`,
+  // or still frozen.
+  absl::Status LockForTurn(const Key& key, absl::Mutex* session_mu,
+                           bool fail_if_busy);
+  // ABORTED (nothing done) unless `stored` lets this node commit turns:
+  // a primary at the epoch and owner this engine would write.
+  absl::Status CheckMayCommit(const v1::SessionManifest& stored) const;
+  // Writes an ownership change of the session's stored manifest.
+  absl::Status ChangeOwner(const Key& key, const std::string& owner,
+                           uint64_t epoch, v1::SessionRole role);
   void CountRestore(StatePath path);
 
   const ops::ModelBackend& model_;
@@ -307,6 +360,8 @@ class SessionEngine {
   // Most recently used first.
   std::list<Key> lru_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Key, std::shared_ptr<Active>> hot_ ABSL_GUARDED_BY(mu_);
+  // Frozen sessions (Freeze): their turns wait.
+  absl::flat_hash_set<Key> frozen_ ABSL_GUARDED_BY(mu_);
   // One mutex per session that has a turn in flight or hot state, so turns
   // of one session never interleave.
   absl::flat_hash_map<Key, std::shared_ptr<absl::Mutex>> session_mu_

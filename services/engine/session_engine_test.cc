@@ -18,6 +18,7 @@
 #include "ops/model/testing/tiny_model.h"
 #include "rocksdb/db.h"
 #include "services/engine/testing/engine_fixture.h"
+#include "storage/checkpoint/ownership.h"
 #include "storage/rocksdb/keys.h"
 
 namespace kvd::engine {
@@ -65,8 +66,10 @@ class SessionEngineTest : public testing::EngineTest {
     store_ = std::move(*store);
   }
 
-  void NewEngine(const Variant& v, const v1::ModelIdentity& identity) {
+  void NewEngine(const Variant& v, const v1::ModelIdentity& identity,
+                 const std::string& node_id = "") {
     SessionEngineOptions o;
+    o.node_id = node_id;
     o.policy = *ops::ParseCheckpointPolicy(v.policy);
     o.hot_budget = v.hot_budget;
     o.chunk_tokens = 16;
@@ -276,6 +279,120 @@ TEST_P(SessionEngineTest, SalvagedTokensOnlySessionContinuesBitIdentically) {
     ASSERT_TRUE(after.ok()) << after.status();
     EXPECT_EQ(after->manifest().length(), after->manifest().token_count() - 1);
   }
+}
+
+// Handing a session to another node: Freeze holds its turns, Release makes
+// the copy here a replica (unlisted, refusing turns, the held turn told so),
+// and the new owner's Adopt continues the conversation bit-identically.
+TEST_P(SessionEngineTest, FreezeReleaseAdoptContinuesBitIdentically) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
+  const Transcript reference = Converse(v, nullptr);
+  int between = 0;
+  const Transcript got = Converse(v, [&] {
+    if (++between != 2) return;  // after two turns
+    absl::StatusOr<SessionEngine::FrozenSession> frozen =
+        engine_->Freeze("acme", "chat-1");
+    ASSERT_TRUE(frozen.ok()) << frozen.status();
+    EXPECT_EQ(frozen->turns, 2u);
+    EXPECT_EQ(frozen->epoch, storage::kFirstEpoch);
+    // A turn sent now waits for the move, then learns where it went.
+    absl::Status held;
+    std::thread turn([&] {
+      TurnRequest r = Request(2, 4);
+      held = engine_->RunTurn(r, *tokenizer_, nullptr).status();
+    });
+    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(
+        engine_->Release("acme", "chat-1", "node-b", frozen->epoch + 1).ok());
+    turn.join();
+    EXPECT_EQ(held.code(), absl::StatusCode::kAborted) << held;
+    EXPECT_NE(held.message().find("replica"), std::string::npos) << held;
+    EXPECT_EQ(engine_->GetSession("acme", "chat-1").status().code(),
+              absl::StatusCode::kNotFound);
+    absl::StatusOr<storage::SessionListPage> page =
+        store_->List("acme", "", 10);
+    ASSERT_TRUE(page.ok());
+    EXPECT_TRUE(page->sessions.empty());
+    // Node b opens the store and adopts the session at the new epoch; its
+    // turns continue from there.
+    OpenStore();
+    NewEngine(v, identity_, "node-b");
+    ASSERT_TRUE(engine_->Adopt("acme", "chat-1", frozen->epoch + 1).ok());
+    absl::StatusOr<v1::SessionManifest> m =
+        engine_->GetSession("acme", "chat-1");
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->owner_node(), "node-b");
+    EXPECT_EQ(m->epoch(), 2u);
+    EXPECT_EQ(m->turn_ends_size(), 2);
+  });
+  ExpectSameBits(reference, got);
+  // The old owner (a standalone engine) cannot commit to it any more.
+  OpenStore();
+  NewEngine(v, identity_);
+  Transcript t;
+  absl::StatusOr<TurnResult> stale = Turn(4, &t);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(stale.status().message().find("moved"), std::string::npos)
+      << stale.status();
+}
+
+// Freeze lets a running turn finish (its commit is part of the frozen
+// state) before it returns.
+TEST_P(SessionEngineTest, FreezeWaitsForTheRunningTurn) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
+  OpenStore();
+  NewEngine(v, identity_);
+  ASSERT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
+  Gate gate;
+  TurnRequest r = Request(0, 4);
+  HoldAtFirstStep(r, &gate);
+  std::thread turn(
+      [&] { EXPECT_TRUE(engine_->RunTurn(r, *tokenizer_, nullptr).ok()); });
+  while (!gate.entered) absl::SleepFor(absl::Milliseconds(1));
+  std::atomic<bool> frozen_returned{false};
+  absl::StatusOr<SessionEngine::FrozenSession> frozen;
+  std::thread freezer([&] {
+    frozen = engine_->Freeze("acme", "chat-1");
+    frozen_returned = true;
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(frozen_returned);  // the turn still runs
+  gate.open = true;
+  turn.join();
+  freezer.join();
+  ASSERT_TRUE(frozen.ok()) << frozen.status();
+  EXPECT_EQ(frozen->turns, 1u);
+  engine_->Unfreeze("acme", "chat-1");
+  Transcript t;
+  EXPECT_TRUE(Turn(1, &t).ok());
+}
+
+// Hot state is trusted only while the stored manifest is the one it was
+// committed under: when the session moved behind the engine's back (a
+// newer epoch stored), the next turn is refused and writes nothing.
+TEST_P(SessionEngineTest, HotStateOfAMovedSessionIsNotUsed) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
+  OpenStore();
+  NewEngine(v, identity_);
+  ASSERT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
+  Transcript t;
+  ASSERT_TRUE(Turn(0, &t).ok());
+  ASSERT_TRUE(engine_->IsHot("acme", "chat-1"));
+  absl::StatusOr<v1::SessionManifest> m = store_->GetManifest("acme", "chat-1");
+  ASSERT_TRUE(m.ok());
+  storage::TurnUpdate move;
+  move.manifest = *m;
+  move.manifest.set_owner_node("elsewhere");
+  move.manifest.set_epoch(2);
+  move.ownership_change = true;
+  ASSERT_TRUE(store_->CommitTurn(move).ok());
+  absl::StatusOr<TurnResult> r = Turn(1, &t);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(r.status().message().find("moved"), std::string::npos)
+      << r.status();
+  EXPECT_FALSE(engine_->IsHot("acme", "chat-1"));
+  EXPECT_EQ(store_->GetManifest("acme", "chat-1")->token_count(),
+            m->token_count());
 }
 
 TEST_P(SessionEngineTest, CheckpointOfAnotherModelIsRefused) {

@@ -52,7 +52,10 @@ grpc::Status GrpcHealthV1::Watch(
       request->service().empty() || services_.count(request->service()) > 0;
   bool first = true;
   HealthCheckResponse::ServingStatus last = HealthCheckResponse::UNKNOWN;
-  while (!ctx->IsCancelled()) {
+  for (;;) {
+    // Read before the status: a shutdown that lands after this read is sent
+    // on the next round, so the last message is always NOT_SERVING.
+    const bool ending = shut_down_.load() || ctx->IsCancelled();
     const HealthCheckResponse::ServingStatus now =
         known ? Status() : HealthCheckResponse::SERVICE_UNKNOWN;
     if (first || now != last) {
@@ -62,7 +65,7 @@ grpc::Status GrpcHealthV1::Watch(
       first = false;
       last = now;
     }
-    if (shut_down_.load()) break;
+    if (ending) break;
     absl::SleepFor(poll_);
   }
   return grpc::Status::OK;

@@ -570,6 +570,28 @@ TEST_F(GrpcServiceTest, CancelByRequestIdAndDeadline) {
   EXPECT_EQ(s.turns(), 0);
 }
 
+// A session that moved to another node is ABORTED over gRPC too, saying
+// so, with nothing written.
+TEST_F(GrpcServiceTest, TurnOfASessionThatMovedIsAborted) {
+  Start(KeyStore());
+  ASSERT_TRUE(Create("moved").ok());
+  ASSERT_TRUE(Generate(Raw("moved", "hi", 2)).status.ok());
+  absl::StatusOr<v1::SessionManifest> m =
+      runtime_->store().GetManifest("local", "moved");
+  ASSERT_TRUE(m.ok()) << m.status();
+  storage::TurnUpdate move;
+  move.manifest = *m;
+  move.manifest.set_owner_node("elsewhere");
+  move.manifest.set_epoch(2);
+  move.ownership_change = true;
+  ASSERT_TRUE(runtime_->store().CommitTurn(move).ok());
+  Reply r = Generate(Raw("moved", " more", 2));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("moved"));
+  EXPECT_EQ(runtime_->store().GetManifest("local", "moved")->token_count(),
+            m->token_count());
+}
+
 // One admission control for both front ends: a slot the HTTP side holds is
 // one gRPC cannot take, and the refusal carries gRPC's retry pushback.
 TEST_F(GrpcServiceTest, AdmissionIsSharedAndRefusalsCarryRetryPushback) {

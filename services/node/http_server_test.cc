@@ -860,5 +860,34 @@ TEST_F(HttpServerTest, FullDiskRefusesTurnsButDeletesAndRecoversByItself) {
   EXPECT_EQ(keep->turn_ends_size(), 2);
 }
 
+// A session that moved to another node (a newer epoch stored) is refused
+// with 409 saying so, and nothing of the turn is written.
+TEST_F(HttpServerTest, TurnOfASessionThatMovedIs409) {
+  std::unique_ptr<HttpServer> server = Start(smol_);
+  auto turn = [&] {
+    return Post(server->port(), "/v1/chat/completions",
+                {{"model", smol_->model_id()},
+                 {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                 {"max_tokens", 2},
+                 {"temperature", 0},
+                 {"session_id", "moved-1"}});
+  };
+  ASSERT_EQ(turn().status, 200);
+  absl::StatusOr<v1::SessionManifest> m =
+      smol_->store().GetManifest("local", "moved-1");
+  ASSERT_TRUE(m.ok()) << m.status();
+  storage::TurnUpdate move;
+  move.manifest = *m;
+  move.manifest.set_owner_node("elsewhere");
+  move.manifest.set_epoch(2);
+  move.ownership_change = true;
+  ASSERT_TRUE(smol_->store().CommitTurn(move).ok());
+  const Reply refused = turn();
+  EXPECT_EQ(refused.status, 409) << refused.body;
+  EXPECT_THAT(refused.body, HasSubstr("moved"));
+  EXPECT_EQ(smol_->store().GetManifest("local", "moved-1")->token_count(),
+            m->token_count());
+}
+
 }  // namespace
 }  // namespace kvd::node

@@ -170,7 +170,9 @@ absl::StatusOr<GenerationOutcome> RunGeneration(
     engine::TurnRequest turn;
     turn.tenant = job.tenant;
     turn.session = job.session;
-    turn.create_if_missing = true;  // stored only once its first turn commits
+    // Stored only once its first turn commits; a node that creates sessions
+    // only explicitly answers an unknown one with 404.
+    turn.create_if_missing = runtime.create_sessions_on_first_use();
     // A waiting turn would hold its admission slot while it waits.
     turn.fail_if_busy = true;
     turn.generate = std::move(g);

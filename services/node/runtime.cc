@@ -40,6 +40,7 @@ absl::StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Open(
     const NodeOptions& options, const std::function<void(int, int)>& progress) {
   std::unique_ptr<NodeRuntime> rt(new NodeRuntime());
   rt->model_path_ = options.model_path;
+  rt->create_sessions_on_first_use_ = options.create_sessions_on_first_use;
   KVD_ASSIGN_OR_RETURN(rt->store_, OpenStore(options));
   ops::LoadOptions load;
   load.precision = options.precision;

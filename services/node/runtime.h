@@ -54,6 +54,11 @@ struct NodeOptions {
   // Return memory malloc keeps free to the kernel every few seconds
   // (memory_trimmer.h), so resident memory tracks the budgets above.
   bool trim_free_memory = true;
+  // Whether a turn for an unknown session starts it (HTTP's session_id, as
+  // users of a standalone server expect), or is NOT_FOUND until the session
+  // is created (CreateSession): a node in a cluster creates only what the
+  // directory assigned to it.
+  bool create_sessions_on_first_use = true;
   // Test hook: the data disk's size and free space, as the session database
   // sees them (storage::SessionDbOptions::disk_space); null = the real disk.
   std::function<absl::StatusOr<storage::DiskSpace>(const std::string&)>
@@ -88,6 +93,9 @@ class NodeRuntime {
   const std::string& model_id() const { return model_id_; }
   const std::string& model_path() const { return model_path_; }
   double load_seconds() const { return load_seconds_; }
+  bool create_sessions_on_first_use() const {
+    return create_sessions_on_first_use_;
+  }
   // Null when NodeOptions::trim_free_memory is off.
   const MemoryTrimmer* memory_trimmer() const { return trimmer_.get(); }
 
@@ -103,6 +111,7 @@ class NodeRuntime {
   std::unique_ptr<MemoryTrimmer> trimmer_;
   std::string model_id_, model_path_;
   double load_seconds_ = 0;
+  bool create_sessions_on_first_use_ = true;
 };
 
 }  // namespace kvd::node

@@ -100,8 +100,21 @@ code="$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer wrong' 
   "http://127.0.0.1:$PORT/metrics")"
 [[ "$code" == 401 ]] || fail "/metrics with a wrong key: $code, want 401"
 curl -s -H 'Authorization: Bearer s3cret' "http://127.0.0.1:$PORT/metrics" |
-  grep -q '^kvd_http_requests_total' || fail "/metrics with the key has no metrics"
+  grep -q '# TYPE kvd_http_requests_total' || fail "/metrics with the key has no metrics"
 kill -TERM "$PID"; wait "$PID"
+
+# --create-sessions explicit (a node in a cluster): a turn for an unknown session is 404, not a
+# new session.
+start "$TEST_TMPDIR/serve5.log" --create-sessions explicit --node-id n1
+body="$(curl -s -w '\n%{http_code}' "http://127.0.0.1:$PORT/v1/chat/completions" \
+  -H 'content-type: application/json' \
+  -d '{"model":"smollm2","session_id":"new-one","max_tokens":2,
+       "messages":[{"role":"user","content":"Hi"}]}')"
+[[ "$(tail -1 <<< "$body")" == 404 && "$body" == *"create it first"* ]] ||
+  fail "--create-sessions explicit: $body"
+kill -TERM "$PID"; wait "$PID"
+out="$("$KVD" serve --create-sessions sometimes --http-port 0 --grpc-port -1 2>&1)"; rc=$?
+[[ $rc == 1 && "$out" == *"--create-sessions"* ]] || fail "bad --create-sessions: exit $rc: $out"
 
 out="$("$KVD" serve --http-read-timeout 0 --http-port 0 --grpc-port -1 2>&1)"; rc=$?
 [[ $rc == 1 && "$out" == *"--http-read-timeout"* ]] || fail "bad --http-read-timeout: exit $rc: $out"

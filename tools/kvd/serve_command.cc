@@ -53,6 +53,10 @@ void DeclareFlags(Args& a) {
   a.Flag("http-read-timeout", "10",
          "seconds an HTTP connection may stay silent while kvd waits for its "
          "request (or the rest of it) before it is closed");
+  a.Flag("create-sessions", "on-first-use",
+         "on-first-use: an HTTP turn for an unknown session_id starts it; "
+         "explicit: it is 404 until the session is created (gRPC "
+         "CreateSession), as a node in a cluster does");
   a.Flag("tls-cert", "", "PEM certificate: serve HTTPS and gRPC over TLS");
   a.Flag("tls-key", "", "PEM private key for --tls-cert");
   DeclareModelFlags(a);
@@ -133,8 +137,21 @@ absl::Status Run(const Args& args) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
-  KVD_ASSIGN_OR_RETURN(std::unique_ptr<node::NodeRuntime> rt,
-                       OpenSessionRuntime(args, /*show_progress=*/true));
+  KVD_ASSIGN_OR_RETURN(
+      std::unique_ptr<node::NodeRuntime> rt,
+      OpenSessionRuntime(args, /*show_progress=*/true,
+                         [&args](node::NodeOptions& o) -> absl::Status {
+                           const std::string mode = args.Get("create-sessions");
+                           if (mode != "on-first-use" && mode != "explicit") {
+                             return absl::InvalidArgumentError(absl::StrCat(
+                                 "--create-sessions must be on-first-use or "
+                                 "explicit, not '",
+                                 mode, "'"));
+                           }
+                           o.create_sessions_on_first_use =
+                               mode == "on-first-use";
+                           return absl::OkStatus();
+                         }));
   const std::string host = args.Get("host");
   auto metrics = std::make_shared<node::Metrics>();
   // One admission control for both front ends: --max-inflight bounds the

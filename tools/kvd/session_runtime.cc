@@ -56,6 +56,10 @@ void DeclareSessionFlags(Args& a) {
          "K/V block pool shared by every running and hot session (MiB); a "
          "full pool demotes idle sessions to their checkpoints, then refuses "
          "work with RESOURCE_EXHAUSTED / 429. 0 = no limit");
+  a.Flag("node-id", "",
+         "this node's name as the owner of the sessions it commits (a "
+         "cluster sets it); empty = a standalone node. A session owned by "
+         "another node is refused (it moved), never overwritten");
 }
 
 absl::StatusOr<node::NodeOptions> NodeOptionsFromFlags(const Args& args) {
@@ -110,6 +114,10 @@ absl::Status AddModelAndSessionFlags(const Args& args, node::NodeOptions& o) {
     return absl::InvalidArgumentError(
         "--chunk-tokens must be between 1 and 65536");
   }
+  o.engine.node_id = args.Get("node-id");
+  if (!o.engine.node_id.empty()) {
+    KVD_RETURN_IF_ERROR(storage::ValidateName("--node-id", o.engine.node_id));
+  }
   KVD_ASSIGN_OR_RETURN(o.model_path, ResolveModel(args.Get("model")));
   // The name clients send as "model": what the user called it (smollm2,
   // gemma3, or the file name without its directory and extension).
@@ -131,8 +139,10 @@ absl::StatusOr<std::unique_ptr<storage::TieredStore>> OpenStore(
 }
 
 absl::StatusOr<std::unique_ptr<node::NodeRuntime>> OpenSessionRuntime(
-    const Args& args, bool show_progress) {
+    const Args& args, bool show_progress,
+    const std::function<absl::Status(node::NodeOptions&)>& adjust) {
   KVD_ASSIGN_OR_RETURN(node::NodeOptions o, NodeOptionsFromFlags(args));
+  if (adjust) KVD_RETURN_IF_ERROR(adjust(o));
   KVD_RETURN_IF_ERROR(AddModelAndSessionFlags(args, o));
   KVD_ASSIGN_OR_RETURN(o.backend, BackendRequestFromFlag(args));
   KVD_ASSIGN_OR_RETURN(o.tensor_parallel, TensorParallelFromFlags(args));

@@ -11,6 +11,7 @@
 #ifndef KVD_TOOLS_KVD_SESSION_RUNTIME_H_
 #define KVD_TOOLS_KVD_SESSION_RUNTIME_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -39,9 +40,11 @@ absl::StatusOr<std::unique_ptr<storage::TieredStore>> OpenStore(
     const Args& args);
 
 // Loads the model (with a progress bar if `show_progress`) and opens the
-// store.
+// store. `adjust` (may be empty) sees the options first: a command's own
+// flags.
 absl::StatusOr<std::unique_ptr<node::NodeRuntime>> OpenSessionRuntime(
-    const Args& args, bool show_progress);
+    const Args& args, bool show_progress,
+    const std::function<absl::Status(node::NodeOptions&)>& adjust = nullptr);
 
 }  // namespace kvd::cli
 
