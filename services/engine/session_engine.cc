@@ -326,7 +326,14 @@ absl::Status SessionEngine::CheckMayCommit(
     const v1::SessionManifest& stored) const {
   v1::SessionManifest mine = stored;
   mine.set_owner_node(options_.node_id);
-  return storage::CheckTurnFence(stored, mine);
+  absl::Status fence = storage::CheckTurnFence(stored, mine);
+  if (fence.ok()) return fence;
+  return absl::Status(
+      fence.code(), absl::StrCat(fence.message(), " (this node is ",
+                                 options_.node_id.empty()
+                                     ? std::string("standalone")
+                                     : absl::StrCat("'", options_.node_id, "'"),
+                                 ": kvd --node-id)"));
 }
 
 absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
@@ -673,7 +680,17 @@ absl::Status SessionEngine::LockForTurn(const Key& key, absl::Mutex* session_mu,
       auto thawed = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return !frozen_.contains(key);
       };
-      if (!mu_.AwaitWithDeadline(absl::Condition(&thawed), deadline)) {
+      if (fail_if_busy && !thawed()) {
+        // A server's turn must not hold its admission slot through a move.
+        return absl::AbortedError(absl::StrCat(
+            SessionName(key.first, key.second),
+            " is being moved to another node; nothing was run, retry the "
+            "turn shortly"));
+      }
+      stats_.turns_held_frozen += !thawed();
+      const bool thawed_in_time =
+          mu_.AwaitWithDeadline(absl::Condition(&thawed), deadline);
+      if (!thawed_in_time) {
         return absl::AbortedError(absl::StrCat(
             SessionName(key.first, key.second),
             " is being moved to another node (frozen for longer than ",
@@ -713,15 +730,30 @@ absl::StatusOr<SessionEngine::FrozenSession> SessionEngine::Freeze(
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   const Key key(tenant, session);
   const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
-  // Waits for a running turn: its commit is part of what is frozen.
-  absl::MutexLock session_lock(session_mu.get());
-  KVD_ASSIGN_OR_RETURN(v1::SessionManifest m,
-                       store_->GetManifest(tenant, session));
-  KVD_RETURN_IF_ERROR(CheckMayCommit(m));
-  absl::MutexLock lock(&mu_);
-  frozen_.insert(key);
-  return FrozenSession{static_cast<uint64_t>(m.turn_ends_size()),
-                       m.token_count(), storage::EpochOf(m), m.owner_node()};
+  {
+    // Frozen first, so turns that come now wait instead of taking the
+    // session's mutex ahead of this call again and again.
+    absl::MutexLock lock(&mu_);
+    if (!frozen_.insert(key).second) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(SessionName(tenant, session), " is frozen already"));
+    }
+  }
+  absl::StatusOr<v1::SessionManifest> m;
+  {
+    // Waits for a running turn: its commit is part of what is frozen.
+    absl::MutexLock session_lock(session_mu.get());
+    m = store_->GetManifest(tenant, session);
+    if (m.ok()) {
+      if (absl::Status mine = CheckMayCommit(*m); !mine.ok()) m = mine;
+    }
+  }
+  if (!m.ok()) {
+    Unfreeze(tenant, session);
+    return m.status();
+  }
+  return FrozenSession{static_cast<uint64_t>(m->turn_ends_size()),
+                       m->token_count(), storage::EpochOf(*m), m->owner_node()};
 }
 
 void SessionEngine::Unfreeze(const std::string& tenant,
@@ -745,7 +777,9 @@ absl::Status SessionEngine::ChangeOwner(const Key& key,
   update.ownership_change = true;
   // Hot state belongs to the old ownership; the next turn restores.
   Drop(key);
-  return store_->CommitTurn(update);
+  // Never left in DRAM alone (memory commits): after a crash this node must
+  // not come back as the owner it handed the session away from.
+  return store_->CommitTurn(update, storage::CommitMode::kWriteThrough);
 }
 
 absl::Status SessionEngine::Release(const std::string& tenant,
@@ -755,19 +789,23 @@ absl::Status SessionEngine::Release(const std::string& tenant,
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   const Key key(tenant, session);
+  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  absl::Status released;
   {
-    absl::MutexLock lock(&mu_);
-    if (!frozen_.contains(key)) {
+    // Under the session's mutex, which a turn holds from its frozen check
+    // to its commit: frozen here means no turn committed since Freeze.
+    absl::MutexLock session_lock(session_mu.get());
+    bool frozen = false;
+    {
+      absl::MutexLock lock(&mu_);
+      frozen = frozen_.contains(key);
+    }
+    if (!frozen) {
       return absl::FailedPreconditionError(absl::StrCat(
           SessionName(tenant, session),
           " is not frozen: Freeze it first, so no turn commits while it is "
           "handed over"));
     }
-  }
-  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
-  absl::Status released;
-  {
-    absl::MutexLock session_lock(session_mu.get());
     released = ChangeOwner(key, new_owner, new_epoch, v1::SESSION_ROLE_REPLICA);
   }
   if (released.ok()) Unfreeze(tenant, session);  // held turns now see it moved
@@ -906,6 +944,33 @@ std::shared_ptr<absl::Mutex> SessionEngine::SessionMutex(const Key& key) {
   return m;
 }
 
+absl::StatusOr<storage::SessionListPage> SessionEngine::ListSessions(
+    const std::string& tenant, const std::string& page_token,
+    int64_t page_size) {
+  return store_->List(tenant, page_token, page_size);
+}
+
+absl::StatusOr<std::shared_ptr<const storage::SessionCheckpoint>>
+SessionEngine::ExportSession(const std::string& tenant,
+                             const std::string& session) {
+  KVD_RETURN_IF_ERROR(GetSession(tenant, session).status());
+  KVD_ASSIGN_OR_RETURN(storage::TieredStore::Loaded loaded,
+                       store_->Load(tenant, session));
+  return loaded.checkpoint;
+}
+
+void SessionEngine::Prefetch(const std::string& tenant,
+                             const std::string& session) {
+  if (!storage::ValidateName("tenant", tenant).ok() ||
+      !storage::ValidateName("session id", session).ok() ||
+      IsHot(tenant, session)) {
+    return;
+  }
+  store_->Prefetch(tenant, session);
+}
+
+absl::Status SessionEngine::WriteHealth() { return store_->db().WriteHealth(); }
+
 void SessionEngine::Suspend(const std::string& tenant,
                             const std::string& session) {
   Drop({tenant, session});
@@ -916,6 +981,15 @@ absl::Status SessionEngine::DeleteSession(const std::string& tenant,
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   const Key key(tenant, session);
+  {
+    absl::MutexLock lock(&mu_);
+    if (frozen_.contains(key)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          SessionName(tenant, session),
+          " is being moved to another node; delete it where it lands, or "
+          "give up the move first"));
+    }
+  }
   const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
   absl::MutexLock session_lock(session_mu.get());
   Drop(key);

@@ -173,6 +173,8 @@ struct EngineStats {
   // Times a restore (rebuild or re-prefill) released the model between two
   // units of work so running sequences could take a step.
   int64_t restore_pauses = 0;
+  // Turns that found their session frozen (a move) and waited.
+  int64_t turns_held_frozen = 0;
   SchedulerStats scheduler;  // running / waiting sequences, steps, tokens
 };
 
@@ -253,9 +255,12 @@ class SessionEngine {
     std::string owner_node;  // its owner ("" = standalone)
   };
   // Lets a running turn of the session finish, then holds its next turns
-  // (they wait up to frozen_turn_wait) until Release or Unfreeze: the
-  // committed state stays put while a move copies it. NOT_FOUND if unknown;
-  // ABORTED if this node does not own it.
+  // until Release or Unfreeze: the committed state stays put while a move
+  // copies it. Turns that must not wait (TurnRequest::fail_if_busy, a
+  // server's) are ABORTED at once, the others wait up to frozen_turn_wait.
+  // NOT_FOUND if unknown; ABORTED if this node does not own it;
+  // FAILED_PRECONDITION if frozen already. A frozen session cannot be
+  // deleted.
   absl::StatusOr<FrozenSession> Freeze(const std::string& tenant,
                                        const std::string& session);
   // Lets held turns run again (a move that was given up).
@@ -271,6 +276,25 @@ class SessionEngine {
   // names this node (it was released to it). ABORTED for a stale epoch.
   absl::Status Adopt(const std::string& tenant, const std::string& session,
                      uint64_t epoch);
+
+  // ---- The rest of the session facade: front ends (HTTP, gRPC, kvd chat)
+  // reach stored sessions only through the engine, so tiers, ownership and
+  // hot state are judged in one place. ----
+
+  // Live sessions of the tenant (replicas left out), DRAM's newest first.
+  absl::StatusOr<storage::SessionListPage> ListSessions(
+      const std::string& tenant, const std::string& page_token,
+      int64_t page_size);
+  // The session's committed checkpoint, for an export: its latest turn from
+  // whichever tier holds it. NOT_FOUND if unknown or only a replica here.
+  absl::StatusOr<std::shared_ptr<const storage::SessionCheckpoint>>
+  ExportSession(const std::string& tenant, const std::string& session);
+  // Starts loading a cold session's checkpoint into the DRAM tier (a client
+  // is about to send a turn) and returns at once; nothing for a hot,
+  // unknown or badly named one.
+  void Prefetch(const std::string& tenant, const std::string& session);
+  // Why turns cannot commit now (SessionDb::WriteHealth); OK when they can.
+  absl::Status WriteHealth();
 
   // Whether the session's K/V are in memory (its next turn needs no restore).
   bool IsHot(const std::string& tenant, const std::string& session) const;

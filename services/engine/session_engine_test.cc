@@ -295,13 +295,24 @@ TEST_P(SessionEngineTest, FreezeReleaseAdoptContinuesBitIdentically) {
     ASSERT_TRUE(frozen.ok()) << frozen.status();
     EXPECT_EQ(frozen->turns, 2u);
     EXPECT_EQ(frozen->epoch, storage::kFirstEpoch);
-    // A turn sent now waits for the move, then learns where it went.
+    // A server's turn is refused at once (it must not hold its slot)...
+    TurnRequest busy = Request(2, 4);
+    busy.fail_if_busy = true;
+    const absl::Status refused =
+        engine_->RunTurn(busy, *tokenizer_, nullptr).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kAborted) << refused;
+    EXPECT_NE(refused.message().find("being moved"), std::string::npos);
+    // ...another waits for the move, then learns where it went.
     absl::Status held;
     std::thread turn([&] {
       TurnRequest r = Request(2, 4);
       held = engine_->RunTurn(r, *tokenizer_, nullptr).status();
     });
-    absl::SleepFor(absl::Milliseconds(50));
+    while (engine_->stats().turns_held_frozen < 1) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    EXPECT_EQ(engine_->DeleteSession("acme", "chat-1").code(),
+              absl::StatusCode::kFailedPrecondition);
     ASSERT_TRUE(
         engine_->Release("acme", "chat-1", "node-b", frozen->epoch + 1).ok());
     turn.join();
@@ -362,9 +373,18 @@ TEST_P(SessionEngineTest, FreezeWaitsForTheRunningTurn) {
   freezer.join();
   ASSERT_TRUE(frozen.ok()) << frozen.status();
   EXPECT_EQ(frozen->turns, 1u);
-  engine_->Unfreeze("acme", "chat-1");
+  // The next turn is held until the move is given up, then commits.
   Transcript t;
-  EXPECT_TRUE(Turn(1, &t).ok());
+  absl::StatusOr<TurnResult> next;
+  std::thread held([&] { next = Turn(1, &t); });
+  while (engine_->stats().turns_held_frozen < 1) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(engine_->GetSession("acme", "chat-1")->turn_ends_size(), 1);
+  engine_->Unfreeze("acme", "chat-1");
+  held.join();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->turn, 2u);
 }
 
 // Hot state is trusted only while the stored manifest is the one it was
@@ -386,8 +406,11 @@ TEST_P(SessionEngineTest, HotStateOfAMovedSessionIsNotUsed) {
   move.manifest.set_epoch(2);
   move.ownership_change = true;
   ASSERT_TRUE(store_->CommitTurn(move).ok());
+  const int64_t steps_before = engine_->stats().scheduler.steps;
   absl::StatusOr<TurnResult> r = Turn(1, &t);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  // Refused before anything ran, not at the commit.
+  EXPECT_EQ(engine_->stats().scheduler.steps, steps_before);
   EXPECT_NE(r.status().message().find("moved"), std::string::npos)
       << r.status();
   EXPECT_FALSE(engine_->IsHot("acme", "chat-1"));

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "ops/tokenizer/unicode.h"
+#include "services/engine/chat_turn.h"
 
 namespace kvd::node {
 
@@ -159,26 +160,17 @@ absl::StatusOr<std::vector<int32_t>> TurnTokens(
   if (request.messages_size() == 0) {
     return tokenizer.EncodePrompt(request.prompt(), first);
   }
-  std::string text;
-  if (first) {
-    std::vector<ops::ChatMessage> messages;
-    for (const v1::ChatMessage& m : request.messages()) {
-      messages.push_back({m.role(), m.content()});
-    }
-    KVD_ASSIGN_OR_RETURN(text, tmpl->Render(messages, true));
-  } else {
-    if (request.messages_size() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "session already holds the conversation; send only the new "
-          "message (got ",
-          request.messages_size(), ")"));
-    }
-    const v1::ChatMessage& m = request.messages(0);
-    KVD_ASSIGN_OR_RETURN(
-        text, tmpl->RenderFollowUp({m.role(), m.content()},
-                                   tokenizer.IsEog(session_tokens.back())));
+  if (!first && request.messages_size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session already holds the conversation; send only the new "
+        "message (got ",
+        request.messages_size(), ")"));
   }
-  return tokenizer.EncodePrompt(text, first);
+  std::vector<ops::ChatMessage> messages;
+  for (const v1::ChatMessage& m : request.messages()) {
+    messages.push_back({m.role(), m.content()});
+  }
+  return engine::ChatTurnTokens(*tmpl, tokenizer, messages, session_tokens);
 }
 
 void SetLogprobs(const ops::Tokenizer& tokenizer,

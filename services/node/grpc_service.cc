@@ -128,7 +128,8 @@ grpc::Status SessionsService::ListSessions(
   absl::StatusOr<int> page_size = PageSize(request->page_size());
   if (!page_size.ok()) return ToGrpcStatus(page_size.status());
   absl::StatusOr<storage::SessionListPage> page =
-      runtime_->store().List(*tenant, request->page_token(), *page_size);
+      runtime_->engine().ListSessions(*tenant, request->page_token(),
+                                      *page_size);
   if (!page.ok()) return ToGrpcStatus(page.status());
   for (const v1::SessionManifest& m : page->sessions) {
     *response->add_sessions() = SessionFromManifest(m);
@@ -280,9 +281,8 @@ grpc::Status SessionsService::Generate(
   // A cold session starts loading into the DRAM tier now, overlapping any
   // wait for a slot, the session or the batch; a request refused as busy
   // leaves it warm for the client's retry.
-  if (!request->session_id().empty() &&
-      !runtime_->engine().IsHot(*tenant, request->session_id())) {
-    runtime_->store().Prefetch(*tenant, request->session_id());
+  if (!request->session_id().empty()) {
+    runtime_->engine().Prefetch(*tenant, request->session_id());
   }
   // A queued call leaves the queue when its client cancels, its deadline
   // passes or the node stops.
@@ -341,11 +341,10 @@ grpc::Status SessionsService::ExportSession(
   absl::Status name =
       storage::ValidateName("session id", request->session_id());
   if (!name.ok()) return ToGrpcStatus(name);
-  absl::StatusOr<storage::TieredStore::Loaded> loaded =
-      runtime_->store().Load(*tenant, request->session_id());
+  absl::StatusOr<std::shared_ptr<const storage::SessionCheckpoint>> loaded =
+      runtime_->engine().ExportSession(*tenant, request->session_id());
   if (!loaded.ok()) return ToGrpcStatus(loaded.status());
-  absl::StatusOr<std::string> bytes =
-      storage::SerializeSessionFile(*loaded->checkpoint);
+  absl::StatusOr<std::string> bytes = storage::SerializeSessionFile(**loaded);
   if (!bytes.ok()) return ToGrpcStatus(bytes.status());
   const size_t step = std::max<int64_t>(1, options_.export_chunk_bytes);
   for (size_t at = 0; at == 0 || at < bytes->size(); at += step) {
@@ -354,8 +353,7 @@ grpc::Status SessionsService::ExportSession(
     }
     v1::ExportSessionResponse msg;
     if (at == 0) {
-      *msg.mutable_session() =
-          SessionFromManifest(loaded->checkpoint->manifest());
+      *msg.mutable_session() = SessionFromManifest((*loaded)->manifest());
     }
     msg.set_chunk(bytes->substr(at, step));
     if (!writer->Write(msg)) {
@@ -413,7 +411,7 @@ grpc::Status HealthService::Check(grpc::ServerContext* ctx,
                                   v1::HealthResponse* response) {
   // A node whose database refuses writes (a damaged file) cannot commit
   // turns: not serving, so callers go elsewhere.
-  const bool writable = runtime_->store().db().WriteHealth().ok();
+  const bool writable = runtime_->engine().WriteHealth().ok();
   response->set_status(serving_.load() && writable
                            ? v1::HealthResponse::SERVING
                            : v1::HealthResponse::NOT_SERVING);
@@ -501,7 +499,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
   auto health = std::make_unique<HealthService>(runtime);
   // The standard health service judges as kvd.v1.Health does.
   auto health_v1 = std::make_unique<GrpcHealthV1>(
-      [runtime] { return runtime->store().db().WriteHealth().ok(); },
+      [runtime] { return runtime->engine().WriteHealth().ok(); },
       std::set<std::string>{"kvd.v1.Sessions", "kvd.v1.Health"});
   // Server reflection (grpcurl, grpc_cli, Postman) lists the services and
   // their messages; the plugin registers itself with every builder.

@@ -379,7 +379,7 @@ void HttpServerImpl::Routes() {
     }
     // Turns cannot commit while the database refuses writes (a damaged
     // file, a full disk): not ready, with the reason and what to do.
-    if (absl::Status w = runtime_->store().db().WriteHealth(); !w.ok()) {
+    if (absl::Status w = runtime_->engine().WriteHealth(); !w.ok()) {
       res.status = 503;
       res.set_content(absl::StrCat("storage: ", w.message(), "\n"),
                       "text/plain");
@@ -490,9 +490,8 @@ void HttpServerImpl::HandleChat(const httplib::Request& req,
     return SendError(res, s);
   // A cold session starts loading into the DRAM tier now, while the request
   // may still wait for a slot; its turn then restores from memory.
-  if (!job->session.empty() &&
-      !runtime_->engine().IsHot(job->tenant, job->session)) {
-    runtime_->store().Prefetch(job->tenant, job->session);
+  if (!job->session.empty()) {
+    runtime_->engine().Prefetch(job->tenant, job->session);
   }
   absl::StatusOr<Admission::Permit> permit =
       admission_->Acquire([this] { return stopping_.load(); });
@@ -700,7 +699,8 @@ void HttpServerImpl::HandleSessions(const httplib::Request& req,
     }
   }
   absl::StatusOr<storage::SessionListPage> page =
-      runtime_->store().List(*tenant, req.get_param_value("page_token"), limit);
+      runtime_->engine().ListSessions(*tenant,
+                                      req.get_param_value("page_token"), limit);
   if (!page.ok()) return SendError(res, page.status());
   res.set_content(SessionListJson(page->sessions, page->next_page_token),
                   "application/json");
@@ -741,11 +741,10 @@ void HttpServerImpl::HandleExport(const httplib::Request& req,
   if (absl::Status s = ValidateSessionId(id, "session_id"); !s.ok()) {
     return SendError(res, s);
   }
-  absl::StatusOr<storage::TieredStore::Loaded> loaded =
-      runtime_->store().Load(*tenant, id);
+  absl::StatusOr<std::shared_ptr<const storage::SessionCheckpoint>> loaded =
+      runtime_->engine().ExportSession(*tenant, id);
   if (!loaded.ok()) return SendError(res, loaded.status());
-  absl::StatusOr<std::string> bytes =
-      storage::SerializeSessionFile(*loaded->checkpoint);
+  absl::StatusOr<std::string> bytes = storage::SerializeSessionFile(**loaded);
   if (!bytes.ok()) return SendError(res, bytes.status());
   res.set_header("Content-Disposition",
                  absl::StrCat("attachment; filename=\"", id, ".kvds\""));

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "ops/sampler/sampler.h"
+#include "services/engine/chat_turn.h"
 
 namespace kvd::node {
 namespace {
@@ -21,33 +22,15 @@ uint64_t RandomSeed() {
 absl::StatusOr<std::vector<int32_t>> ChatTokens(
     const NodeRuntime& runtime, const GenerationJob& job,
     absl::Span<const int32_t> session_tokens, bool estimate) {
-  const ops::ChatTemplate& tmpl = *runtime.chat_template();
-  const ops::Tokenizer& tok = runtime.tokenizer();
-  const bool first = session_tokens.empty();
-  std::string text;
-  if (first) {
-    std::vector<ops::ChatMessage> messages;
-    for (const OpenAiMessage& m : job.messages) {
-      messages.push_back({m.role, m.content});
-    }
-    absl::StatusOr<std::string> r = tmpl.Render(messages, true);
-    if (!r.ok()) return RequestError("messages", r.status().message());
-    text = *std::move(r);
-  } else {
-    // A session's later turn: only the new (last) message; the rest of the
-    // conversation is in the session. Whether the previous reply ended with
-    // end-of-turn decides whether the template must close it first.
-    const OpenAiMessage& last = job.messages.back();
-    // An estimate must not undercount: the default max_tokens is sized from
-    // it, and the exact check under the session's lock refuses what the
-    // estimate let through (the 2 tokens that close a reply did that).
-    const bool reply_closed = !estimate && tok.IsEog(session_tokens.back());
-    absl::StatusOr<std::string> r =
-        tmpl.RenderFollowUp({last.role, last.content}, reply_closed);
-    if (!r.ok()) return RequestError("messages", r.status().message());
-    text = *std::move(r);
+  std::vector<ops::ChatMessage> messages;
+  for (const OpenAiMessage& m : job.messages) {
+    messages.push_back({m.role, m.content});
   }
-  return tok.EncodePrompt(text, first);
+  absl::StatusOr<std::vector<int32_t>> tokens =
+      engine::ChatTurnTokens(*runtime.chat_template(), runtime.tokenizer(),
+                             messages, session_tokens, estimate);
+  if (!tokens.ok()) return RequestError("messages", tokens.status().message());
+  return tokens;
 }
 
 absl::Status PrepareGeneration(NodeRuntime& runtime, int64_t default_max_tokens,

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "services/engine/chat_turn.h"
 #include "tools/kvd/chat_client.h"
 #include "tools/kvd/commands.h"
 #include "tools/kvd/sampling_flags.h"
@@ -85,23 +86,14 @@ void DeclareFlags(Args& a) {
 absl::StatusOr<std::vector<int32_t>> TurnTokens(
     const node::NodeRuntime& rt, const Args& args, const std::string& message,
     absl::Span<const int32_t> session_tokens) {
-  const bool first = session_tokens.empty();
   if (args.Has("raw") || !rt.chat_template().has_value()) {
-    return rt.tokenizer().EncodePrompt(message, first);
+    return rt.tokenizer().EncodePrompt(message, session_tokens.empty());
   }
-  std::string text;
-  if (first) {
-    std::vector<ops::ChatMessage> messages;
-    if (args.Has("system")) messages.push_back({"system", args.Get("system")});
-    messages.push_back({"user", message});
-    KVD_ASSIGN_OR_RETURN(text, rt.chat_template()->Render(messages, true));
-  } else {
-    KVD_ASSIGN_OR_RETURN(
-        text,
-        rt.chat_template()->RenderFollowUp(
-            {"user", message}, rt.tokenizer().IsEog(session_tokens.back())));
-  }
-  return rt.tokenizer().EncodePrompt(text, first);
+  std::vector<ops::ChatMessage> messages;
+  if (args.Has("system")) messages.push_back({"system", args.Get("system")});
+  messages.push_back({"user", message});
+  return engine::ChatTurnTokens(*rt.chat_template(), rt.tokenizer(), messages,
+                                session_tokens);
 }
 
 absl::Status RunTurn(node::NodeRuntime& rt, const Args& args,

@@ -15,6 +15,7 @@
 #include "base/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "storage/checkpoint/codec.h"
+#include "storage/checkpoint/ownership.h"
 #include "storage/checkpoint/session_file.h"
 #include "tools/kvd/commands.h"
 #include "tools/kvd/session_runtime.h"
@@ -179,7 +180,10 @@ absl::Status Import(storage::TieredStore& store, const std::string& tenant,
         "'; remove it first (kvd sessions rm) or import under another name"));
   }
   std::map<storage::ChunkId, std::string> chunks = cp.chunks();
-  cp.Reset(std::move(m), std::move(chunks));
+  // As a node's import (SessionEngine::ImportSession): a new primary, one
+  // epoch on; unowned, since this tool is no node (the first node to commit
+  // a turn to it takes it).
+  cp.Reset(storage::ImportedBy(m, ""), std::move(chunks));
   KVD_RETURN_IF_ERROR(store.PutSession(cp));
   std::fprintf(stderr, "imported %s as session '%s' (%lld tokens)\n",
                file.c_str(), cp.manifest().session_id().c_str(),
