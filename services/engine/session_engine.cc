@@ -300,7 +300,7 @@ absl::Status SessionEngine::CreateSession(
 }
 
 absl::Status SessionEngine::ImportSession(
-    const storage::SessionCheckpoint& checkpoint) {
+    storage::SessionCheckpoint checkpoint) {
   const std::string& tenant = checkpoint.manifest().tenant();
   const std::string& session = checkpoint.manifest().session_id();
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
@@ -316,10 +316,9 @@ absl::Status SessionEngine::ImportSession(
   KVD_RETURN_IF_ERROR(absent);
   // An import is a change of owner: a primary of this node, one epoch past
   // the exported copy.
-  storage::SessionCheckpoint mine;
-  mine.Reset(storage::ImportedBy(checkpoint.manifest(), options_.node_id),
-             checkpoint.chunks());
-  return store_->PutSession(mine);
+  checkpoint.ReplaceManifest(
+      storage::ImportedBy(checkpoint.manifest(), options_.node_id));
+  return store_->PutSession(checkpoint);
 }
 
 absl::Status SessionEngine::CheckMayCommit(

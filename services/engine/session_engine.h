@@ -217,7 +217,8 @@ class SessionEngine {
   // ParseSessionFile, and named for its tenant) as a new session.
   // ALREADY_EXISTS if the tenant has one by that name, including one whose
   // first turn is running right now.
-  absl::Status ImportSession(const storage::SessionCheckpoint& checkpoint);
+  // Taken by value: move a parsed import in, and its chunks are not copied.
+  absl::Status ImportSession(storage::SessionCheckpoint checkpoint);
 
   // Restores the session if needed, runs the turn, commits it. NOT_FOUND for
   // an unknown session (or another tenant's) unless create_if_missing;

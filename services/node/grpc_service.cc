@@ -344,23 +344,26 @@ grpc::Status SessionsService::ExportSession(
   absl::StatusOr<std::shared_ptr<const storage::SessionCheckpoint>> loaded =
       runtime_->engine().ExportSession(*tenant, request->session_id());
   if (!loaded.ok()) return ToGrpcStatus(loaded.status());
-  absl::StatusOr<std::string> bytes = storage::SerializeSessionFile(**loaded);
-  if (!bytes.ok()) return ToGrpcStatus(bytes.status());
-  const size_t step = std::max<int64_t>(1, options_.export_chunk_bytes);
-  for (size_t at = 0; at == 0 || at < bytes->size(); at += step) {
-    if (ctx->IsCancelled()) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "export cancelled");
-    }
-    v1::ExportSessionResponse msg;
-    if (at == 0) {
-      *msg.mutable_session() = SessionFromManifest((*loaded)->manifest());
-    }
-    msg.set_chunk(bytes->substr(at, step));
-    if (!writer->Write(msg)) {
-      return grpc::Status(grpc::StatusCode::CANCELLED,
-                          "client went away during export");
-    }
+  // Streamed as it is written: beyond the checkpoint (which the tiers hold
+  // anyway) only one message's bytes are in memory.
+  bool first = true;
+  absl::Status sent = storage::WriteSessionPieces(
+      **loaded,
+      static_cast<size_t>(std::max<int64_t>(1, options_.export_chunk_bytes)),
+      [&](absl::string_view piece) {
+        if (ctx->IsCancelled()) return false;
+        v1::ExportSessionResponse msg;
+        if (first)
+          *msg.mutable_session() = SessionFromManifest((*loaded)->manifest());
+        first = false;
+        msg.set_chunk(std::string(piece));
+        return writer->Write(msg);
+      });
+  if (absl::IsCancelled(sent)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "export cancelled, or the client went away");
   }
+  if (!sent.ok()) return ToGrpcStatus(sent);
   return grpc::Status::OK;
 }
 
@@ -370,23 +373,32 @@ grpc::Status SessionsService::ImportSession(
     v1::Session* response) {
   absl::StatusOr<std::string> tenant = Tenant(ctx);
   if (!tenant.ok()) return ToGrpcStatus(tenant.status());
-  std::string bytes, name;
+  // Parsed as the messages arrive: beyond the checkpoint being built, only
+  // one message is held (a 4 GiB file is never buffered whole).
+  std::string name;
+  int64_t received = 0;
+  bool first = true, over_limit = false;
   v1::ImportSessionRequest msg;
-  bool first = true;
-  while (reader->Read(&msg)) {
-    if (first) name = msg.session_id();
-    first = false;
-    if (static_cast<int64_t>(bytes.size() + msg.chunk().size()) >
-        options_.max_import_bytes) {
-      return grpc::Status(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          absl::StrCat("session file exceeds this node's import limit of ",
-                       options_.max_import_bytes, " bytes"));
-    }
-    bytes += msg.chunk();
+  absl::StatusOr<storage::SessionCheckpoint> cp = storage::ReadSessionPieces(
+      [&](std::string* piece) {
+        if (!reader->Read(&msg)) return false;
+        if (first) name = msg.session_id();
+        first = false;
+        received += static_cast<int64_t>(msg.chunk().size());
+        if (received > options_.max_import_bytes) {
+          over_limit = true;
+          return false;
+        }
+        *piece = std::move(*msg.mutable_chunk());
+        return true;
+      },
+      "imported session file");
+  if (over_limit) {
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("session file exceeds this node's import limit of ",
+                     options_.max_import_bytes, " bytes"));
   }
-  absl::StatusOr<storage::SessionCheckpoint> cp =
-      storage::ParseSessionFile(bytes, "imported session file");
   if (!cp.ok()) return ToGrpcStatus(cp.status());
   v1::SessionManifest m = cp->manifest();
   m.set_tenant(*tenant);
@@ -396,11 +408,10 @@ grpc::Status SessionsService::ImportSession(
   absl::Status compatible = storage::CheckCompatible(
       m.model(), runtime_->engine().identity(), m.session_id());
   if (!compatible.ok()) return ToGrpcStatus(compatible);
-  std::map<storage::ChunkId, std::string> chunks = cp->chunks();
-  cp->Reset(m, std::move(chunks));
+  cp->ReplaceManifest(m);
   // The engine checks that the name is free under the session's lock, so an
   // import cannot race a first turn that is starting the same session.
-  absl::Status put = runtime_->engine().ImportSession(*cp);
+  absl::Status put = runtime_->engine().ImportSession(*std::move(cp));
   if (!put.ok()) return ToGrpcStatus(put);
   *response = SessionFromManifest(m);
   return grpc::Status::OK;

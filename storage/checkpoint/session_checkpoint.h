@@ -68,6 +68,11 @@ class SessionCheckpoint {
   // Replaces everything (a load from a lower tier or an import).
   void Reset(v1::SessionManifest manifest,
              std::map<ChunkId, std::string> chunks);
+  // Replaces the manifest and keeps the chunks (an import renamed or
+  // re-owned), without copying them.
+  void ReplaceManifest(v1::SessionManifest manifest) {
+    manifest_ = std::move(manifest);
+  }
 
   bool empty() const { return manifest_.session_id().empty(); }
   // Bytes held: chunk values plus the manifest's serialized size.

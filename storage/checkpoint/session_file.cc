@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <utility>
 
@@ -104,6 +105,37 @@ class FdSink : public Sink {
  private:
   int fd_;
   int errno_ = 0;
+};
+
+// Hands the file on in pieces of at most `piece_bytes` (a gRPC stream's
+// messages), holding one piece at a time.
+class PieceSink : public Sink {
+ public:
+  PieceSink(size_t piece_bytes,
+            const std::function<bool(absl::string_view)>& emit)
+      : piece_bytes_(std::max<size_t>(piece_bytes, 1)), emit_(emit) {}
+  bool Finish() { return piece_.empty() || Emit(); }
+
+ protected:
+  bool Write(absl::string_view bytes) override {
+    while (!bytes.empty()) {
+      const size_t take = std::min(bytes.size(), piece_bytes_ - piece_.size());
+      piece_.append(bytes.data(), take);
+      bytes.remove_prefix(take);
+      if (piece_.size() == piece_bytes_ && !Emit()) return false;
+    }
+    return true;
+  }
+
+ private:
+  bool Emit() {
+    const bool ok = emit_(piece_);
+    piece_.clear();
+    return ok;
+  }
+  const size_t piece_bytes_;
+  const std::function<bool(absl::string_view)>& emit_;
+  std::string piece_;
 };
 
 template <typename T>
@@ -223,6 +255,48 @@ class StreamSource : public Source {
 
  private:
   std::istream* in_;
+};
+
+// Pulls the file's bytes piece by piece from `next` (a gRPC stream's
+// messages), holding only the current piece.
+class PieceSource : public Source {
+ public:
+  explicit PieceSource(const std::function<bool(std::string*)>& next)
+      : next_(next) {}
+  bool AtEnd() override { return !Fill(); }
+
+ protected:
+  bool ReadInto(uint64_t n, std::string* out) override {
+    while (n > 0) {
+      if (!Fill()) return false;
+      const size_t take =
+          static_cast<size_t>(std::min<uint64_t>(n, piece_.size() - at_));
+      out->append(piece_.data() + at_, take);
+      at_ += take;
+      n -= take;
+    }
+    return true;
+  }
+
+ private:
+  // True when unread bytes are at hand.
+  bool Fill() {
+    while (at_ == piece_.size()) {
+      if (done_) return false;
+      piece_.clear();
+      at_ = 0;
+      if (!next_(&piece_)) {
+        done_ = true;
+        piece_.clear();
+        return false;
+      }
+    }
+    return true;
+  }
+  const std::function<bool(std::string*)>& next_;
+  std::string piece_;
+  size_t at_ = 0;
+  bool done_ = false;
 };
 
 template <typename T>
@@ -467,6 +541,18 @@ absl::Status WriteSessionStream(const SessionCheckpoint& cp,
   return absl::OkStatus();
 }
 
+absl::Status WriteSessionPieces(
+    const SessionCheckpoint& cp, size_t piece_bytes,
+    const std::function<bool(absl::string_view piece)>& emit) {
+  absl::Status s = CheckWritable(cp);
+  if (!s.ok()) return s;
+  PieceSink sink(piece_bytes, emit);
+  if (!Emit(cp, sink) || !sink.Finish()) {
+    return absl::CancelledError("the receiver of the session file went away");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteSessionFile(const SessionCheckpoint& cp,
                               const std::string& path) {
   absl::Status s = CheckWritable(cp);
@@ -523,6 +609,13 @@ absl::StatusOr<SessionCheckpoint> ParseSessionFile(absl::string_view bytes,
 absl::StatusOr<SessionCheckpoint> ReadSessionStream(std::istream& in,
                                                     absl::string_view where) {
   StreamSource src(&in);
+  return Parser(&src, where).Parse();
+}
+
+absl::StatusOr<SessionCheckpoint> ReadSessionPieces(
+    const std::function<bool(std::string* piece)>& next,
+    absl::string_view where) {
+  PieceSource src(next);
   return Parser(&src, where).Parse();
 }
 

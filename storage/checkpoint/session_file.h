@@ -33,6 +33,7 @@
 #define KVD_STORAGE_CHECKPOINT_SESSION_FILE_H_
 
 #include <cstdint>
+#include <functional>
 #include <istream>
 #include <ostream>
 #include <string>
@@ -65,6 +66,12 @@ absl::Status WriteSessionStream(const SessionCheckpoint& checkpoint,
                                 std::ostream& out);
 absl::StatusOr<std::string> SerializeSessionFile(
     const SessionCheckpoint& checkpoint);
+// The same bytes handed to `emit` in pieces of at most `piece_bytes` (a gRPC
+// stream's messages) without building the whole file: memory beyond the
+// checkpoint is one piece. CANCELLED once `emit` returns false.
+absl::Status WriteSessionPieces(
+    const SessionCheckpoint& checkpoint, size_t piece_bytes,
+    const std::function<bool(absl::string_view piece)>& emit);
 
 // Reads and checks a file written by WriteSessionFile. Errors name the file
 // (or `where` for streams) and what is wrong: INVALID_ARGUMENT if it is not a
@@ -76,6 +83,12 @@ absl::StatusOr<SessionCheckpoint> ReadSessionStream(std::istream& in,
                                                     absl::string_view where);
 absl::StatusOr<SessionCheckpoint> ParseSessionFile(absl::string_view bytes,
                                                    absl::string_view where);
+// Reads a file that arrives in pieces: `next` replaces *piece with the next
+// one, or returns false at the end. Only the current piece is held beyond
+// the checkpoint being built, so a streamed import never buffers the file.
+absl::StatusOr<SessionCheckpoint> ReadSessionPieces(
+    const std::function<bool(std::string* piece)>& next,
+    absl::string_view where);
 
 // The checks ReadSessionFile makes on a checkpoint's contents (manifest and
 // chunk set; see above), for callers that assemble one by other means.

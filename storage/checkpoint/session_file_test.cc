@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint/codec.h"
@@ -168,6 +169,55 @@ TEST(SessionFileTest, EveryTruncationIsRefused) {
     auto s = ReadSessionStream(in, "cut");
     ASSERT_FALSE(s.ok()) << "stream accepted the first " << n << " bytes";
     EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss) << n;
+  }
+}
+
+// In pieces (a gRPC stream's messages): the same bytes out, the same
+// checkpoint back, whatever the piece size; and a stream cut at any byte is
+// refused as the whole-file reader refuses it.
+TEST(SessionFileTest, PiecesCarryTheSameFile) {
+  const SessionCheckpoint cp = Checkpoint();
+  const std::string whole = *SerializeSessionFile(cp);
+  for (size_t piece_bytes : {size_t{1}, size_t{7}, size_t{4096}}) {
+    std::vector<std::string> pieces;
+    ASSERT_TRUE(WriteSessionPieces(cp, piece_bytes, [&](absl::string_view p) {
+                  EXPECT_LE(p.size(), piece_bytes);
+                  pieces.emplace_back(p);
+                  return true;
+                }).ok());
+    EXPECT_EQ(absl::StrJoin(pieces, ""), whole) << piece_bytes;
+    size_t next = 0;
+    absl::StatusOr<SessionCheckpoint> back = ReadSessionPieces(
+        [&](std::string* p) {
+          if (next == pieces.size()) return false;
+          *p = pieces[next++];
+          return true;
+        },
+        "pieces");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->manifest().SerializeAsString(),
+              cp.manifest().SerializeAsString());
+    EXPECT_EQ(back->chunks(), cp.chunks());
+  }
+  // A receiver that goes away stops the writer.
+  int calls = 0;
+  EXPECT_EQ(WriteSessionPieces(cp, 16, [&](absl::string_view) {
+              return ++calls < 3;
+            }).code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(calls, 3);
+  for (size_t n = 0; n < whole.size(); n += 5) {
+    bool given = false;
+    absl::StatusOr<SessionCheckpoint> cut = ReadSessionPieces(
+        [&](std::string* p) {
+          if (given) return false;
+          given = true;
+          *p = whole.substr(0, n);
+          return true;
+        },
+        "cut");
+    ASSERT_FALSE(cut.ok()) << "accepted the first " << n << " bytes";
+    EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << n;
   }
 }
 
