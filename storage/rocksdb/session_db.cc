@@ -47,6 +47,9 @@ const char kFormatValue[] = "kvd-session-db/1";
 // and manifests stay in the LSM.
 constexpr uint64_t kMinBlobBytes = 4096;
 
+// A new session's import is written in batches of about this many bytes.
+constexpr size_t kImportBatchBytes = 8 << 20;
+
 bool Supported(rocksdb::CompressionType type) {
   for (rocksdb::CompressionType t : rocksdb::GetSupportedCompressions()) {
     if (t == type) return true;
@@ -589,6 +592,14 @@ absl::Status SessionDb::CommitTurn(const TurnUpdate& update) {
 absl::Status SessionDb::PutSession(const SessionCheckpoint& checkpoint) {
   const v1::SessionManifest& m = checkpoint.manifest();
   KVD_RETURN_IF_ERROR(ValidateManifestForWrite(m));
+  bool is_new = false;
+  {
+    absl::ReaderMutexLock commit(&impl_->commit_mu);
+    absl::StatusOr<std::optional<v1::SessionManifest>> old =
+        impl_->ReadManifest(m.tenant(), m.session_id());
+    is_new = old.ok() && !old->has_value();
+  }
+  if (is_new) return PutNewSession(checkpoint);
   const std::string prefix = ChunkPrefix(m.tenant(), m.session_id());
   const std::string end = PrefixUpperBound(prefix);
   rocksdb::WriteBatch batch;
@@ -611,6 +622,59 @@ absl::Status SessionDb::PutSession(const SessionCheckpoint& checkpoint) {
   // A damaged old manifest must not block replacing it.
   const int64_t old_bytes = old.ok() && *old ? (*old)->stored_bytes() : 0;
   return impl_->CommitBatch(m, old_bytes, &batch, "importing");
+}
+
+absl::Status SessionDb::PutNewSession(const SessionCheckpoint& checkpoint) {
+  const v1::SessionManifest& m = checkpoint.manifest();
+  const std::string name = Name(m.tenant(), m.session_id());
+  // Every chunk checked and counted before anything is written.
+  int64_t payload_bytes = 0, value_bytes = 0;
+  for (const auto& [id, value] : checkpoint.chunks()) {
+    KVD_ASSIGN_OR_RETURN(const int64_t bytes,
+                         impl_->CheckChunkForWrite(m, id, value));
+    payload_bytes += bytes;
+    value_bytes += static_cast<int64_t>(value.size());
+  }
+  if (m.stored_bytes() != payload_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session ", name, ": the manifest says ", m.stored_bytes(),
+        " stored bytes but its chunks hold ", payload_bytes,
+        "; the session file is damaged or was edited: export it again"));
+  }
+  KVD_RETURN_IF_ERROR(impl_->MaybeResume());
+  KVD_RETURN_IF_ERROR(
+      impl_->CheckRoom(value_bytes, absl::StrCat("importing session ", name)));
+  // The chunks in bounded batches, then the manifest, the commit record: a
+  // crash between leaves chunks no manifest accounts for, which Load
+  // ignores and SweepOrphans removes. So an import holds one batch of
+  // chunks in memory beyond the checkpoint, not a copy of all of them.
+  const std::string prefix = ChunkPrefix(m.tenant(), m.session_id());
+  auto clean_up = [&] {
+    rocksdb::WriteBatch undo;
+    undo.DeleteRange(impl_->cfs[kTokens], prefix, PrefixUpperBound(prefix));
+    undo.DeleteRange(impl_->cfs[kResiduals], prefix, PrefixUpperBound(prefix));
+    (void)impl_->db->Write(impl_->WriteOpts(), &undo);
+  };
+  rocksdb::WriteBatch batch;
+  for (const auto& [id, value] : checkpoint.chunks()) {
+    const Cf cf = id.layer == kTokenLayer ? kTokens : kResiduals;
+    batch.Put(impl_->cfs[cf], ChunkKey(m.tenant(), m.session_id(), id), value);
+    if (batch.GetDataSize() < kImportBatchBytes) continue;
+    const absl::Status s =
+        impl_->FromRocks(impl_->db->Write(impl_->WriteOpts(), &batch),
+                         absl::StrCat("importing session ", name));
+    if (!s.ok()) {
+      clean_up();
+      return s;
+    }
+    batch.Clear();
+  }
+  batch.Put(impl_->cfs[kManifests], SessionKey(m.tenant(), m.session_id()),
+            m.SerializeAsString());
+  absl::ReaderMutexLock commit(&impl_->commit_mu);
+  const absl::Status s = impl_->CommitBatch(m, 0, &batch, "importing");
+  if (!s.ok()) clean_up();
+  return s;
 }
 
 absl::StatusOr<v1::SessionManifest> SessionDb::GetManifest(

@@ -113,8 +113,12 @@ class SessionDb {
   // the turn is durable per Durability. The manifest's stored_bytes is
   // trusted for quotas (the engine computes it).
   absl::Status CommitTurn(const TurnUpdate& update);
-  // Replaces a whole session at once (import): one atomic batch that first
-  // deletes any existing keys of the session.
+  // Replaces a whole session (import). Over an existing session: one atomic
+  // batch that first deletes its keys. A new session is written in bounded
+  // batches of chunks and then its manifest (the commit record), so an
+  // import costs memory for one batch, not a copy of the session; until the
+  // manifest lands nothing of it is visible, and a failure removes what was
+  // written.
   absl::Status PutSession(const SessionCheckpoint& checkpoint);
 
   // NOT_FOUND if the tenant has no such session.
@@ -194,6 +198,7 @@ class SessionDb {
   SessionDb& operator=(const SessionDb&) = delete;
 
  private:
+  absl::Status PutNewSession(const SessionCheckpoint& checkpoint);
   struct Impl;
   explicit SessionDb(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

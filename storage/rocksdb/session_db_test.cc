@@ -473,6 +473,32 @@ TEST_F(SessionDbTest, PutSessionReplacesAWholeSession) {
 
 // An imported file's manifest must not under- or over-state what its chunks
 // store: quotas and per-tenant totals trust stored_bytes.
+// A new session larger than one import batch is written in several
+// batches, chunks first and the manifest last, and reads back whole.
+TEST_F(SessionDbTest, LargeImportOfANewSessionRoundTrips) {
+  SyntheticSessionOptions o;
+  o.session = "big";
+  o.row_bytes = 16384;
+  o.chunk_tokens = 64;
+  SyntheticSession s(o);
+  SessionCheckpoint cp;
+  ASSERT_TRUE(cp.Apply(s.AppendTurn(576)).ok());
+  ASSERT_GT(cp.bytes(), int64_t{16} << 20);  // two or more batches
+  ASSERT_TRUE(db_->PutSession(cp).ok());
+  ExpectLoadsAsCommitted(s);
+  EXPECT_EQ(db_->TenantBytes("acme"), s.manifest().stored_bytes());
+  // A misstated size is refused before anything is written.
+  SessionCheckpoint bad;
+  v1::SessionManifest m = cp.manifest();
+  m.set_session_id("bad");
+  m.set_stored_bytes(1);
+  std::map<ChunkId, std::string> chunks;  // none: they would name "big"
+  bad.Reset(m, chunks);
+  EXPECT_EQ(db_->PutSession(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(db_->GetManifest("acme", "bad").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_F(SessionDbTest, PutSessionRefusesAManifestThatMisstatesItsBytes) {
   SyntheticSession s;
   ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(12)).ok());
