@@ -15,6 +15,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "storage/checkpoint/codec.h"
 #include "storage/checkpoint/crc32c.h"
 
@@ -23,6 +24,7 @@ namespace {
 
 constexpr char kChunkTag = 'C';
 constexpr char kEndTag = 'E';
+constexpr char kEraseTag = 'X';  // turn streams only: a chunk no longer kept
 // Reads grow a buffer at most this much ahead of the bytes actually
 // received, so a length field cannot make us allocate what is not there.
 constexpr size_t kReadStepBytes = 1 << 20;
@@ -553,6 +555,43 @@ absl::Status WriteSessionPieces(
   return absl::OkStatus();
 }
 
+absl::Status WriteTurnUpdatePieces(
+    const TurnUpdate& update, size_t piece_bytes,
+    const std::function<bool(absl::string_view piece)>& emit) {
+  KVD_RETURN_IF_ERROR(ValidateManifestForWrite(update.manifest));
+  PieceSink sink(piece_bytes, emit);
+  const std::string manifest = update.manifest.SerializeAsString();
+  bool ok =
+      sink.Append(kTurnStreamMagic) &&
+      sink.Append(LittleEndian<uint32_t>(kTurnStreamVersion)) &&
+      sink.Append(LittleEndian<uint32_t>(update.manifest.format_version())) &&
+      sink.Append(LittleEndian<uint8_t>(update.ownership_change)) &&
+      sink.Append(LittleEndian<uint64_t>(manifest.size())) &&
+      sink.Append(manifest);
+  for (const auto& [id, value] : update.put) {
+    ok = ok &&
+         sink.Append(absl::StrCat(absl::string_view(&kChunkTag, 1),
+                                  LittleEndian<int64_t>(id.layer),
+                                  LittleEndian<int64_t>(id.index),
+                                  LittleEndian<uint64_t>(value.size()))) &&
+         sink.Append(value);
+  }
+  for (const ChunkId& id : update.erase) {
+    ok = ok && sink.Append(absl::StrCat(absl::string_view(&kEraseTag, 1),
+                                        LittleEndian<int64_t>(id.layer),
+                                        LittleEndian<int64_t>(id.index)));
+  }
+  ok = ok &&
+       sink.Append(absl::StrCat(
+           absl::string_view(&kEndTag, 1),
+           LittleEndian<uint64_t>(update.put.size() + update.erase.size()))) &&
+       sink.Append(LittleEndian<uint32_t>(sink.crc())) && sink.Finish();
+  if (!ok) {
+    return absl::CancelledError("the receiver of the turn update went away");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteSessionFile(const SessionCheckpoint& cp,
                               const std::string& path) {
   absl::Status s = CheckWritable(cp);
@@ -617,6 +656,122 @@ absl::StatusOr<SessionCheckpoint> ReadSessionPieces(
     absl::string_view where) {
   PieceSource src(next);
   return Parser(&src, where).Parse();
+}
+
+absl::StatusOr<TurnUpdate> ReadTurnUpdatePieces(
+    const std::function<bool(std::string* piece)>& next,
+    absl::string_view where) {
+  PieceSource src(next);
+  const std::string at(where);
+  auto truncated = [&](absl::string_view what) {
+    return absl::DataLossError(
+        absl::StrCat(at, " ends inside ", what, " (after ", src.consumed(),
+                     " bytes); nothing of it was applied"));
+  };
+  auto corrupt = [&](absl::string_view what) {
+    return absl::DataLossError(
+        absl::StrCat(at, ": ", what, "; nothing of it was applied"));
+  };
+  auto read_int = [&](auto* v) {
+    std::string bytes;
+    if (!src.Read(sizeof(*v), &bytes)) return false;
+    *v = FromLittleEndian<std::decay_t<decltype(*v)>>(bytes);
+    return true;
+  };
+  std::string magic;
+  if (!src.Read(kTurnStreamMagic.size(), &magic))
+    return truncated("the header");
+  if (magic != kTurnStreamMagic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(at, " is not a kvd turn update stream"));
+  }
+  uint32_t version = 0, format_version = 0;
+  uint8_t ownership = 0;
+  uint64_t manifest_bytes = 0;
+  if (!read_int(&version) || !read_int(&format_version) ||
+      !read_int(&ownership) || !read_int(&manifest_bytes)) {
+    return truncated("the header");
+  }
+  if (version != kTurnStreamVersion ||
+      format_version < kOldestCheckpointFormatVersion ||
+      format_version > kCheckpointFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        at, " has turn stream version ", version, " and checkpoint format ",
+        format_version, "; this kvd reads stream version ", kTurnStreamVersion,
+        " with formats ", kOldestCheckpointFormatVersion, " to ",
+        kCheckpointFormatVersion));
+  }
+  if (ownership > 1) return corrupt("the ownership flag is not 0 or 1");
+  if (manifest_bytes > kMaxSessionFileManifestBytes) {
+    return corrupt(
+        absl::StrCat("manifest length ", manifest_bytes, " exceeds the limit"));
+  }
+  std::string manifest_data;
+  if (!src.Read(manifest_bytes, &manifest_data))
+    return truncated("the manifest");
+  TurnUpdate update;
+  update.ownership_change = ownership == 1;
+  if (!update.manifest.ParseFromString(manifest_data)) {
+    return corrupt("the manifest does not parse");
+  }
+  if (update.manifest.format_version() != format_version) {
+    return corrupt("the header and the manifest disagree on the format");
+  }
+  if (absl::Status s = ValidateManifest(update.manifest); !s.ok()) {
+    return corrupt(s.message());
+  }
+  const v1::SessionManifest& m = update.manifest;
+  uint64_t records = 0;
+  for (;;) {
+    std::string tag;
+    if (!src.Read(1, &tag)) return truncated("a record or the trailer");
+    if (tag[0] == kEndTag) break;
+    ChunkId id;
+    if (!read_int(&id.layer) || !read_int(&id.index)) {
+      return truncated("a record header");
+    }
+    ++records;
+    if (tag[0] == kEraseTag) {
+      update.erase.push_back(id);
+      continue;
+    }
+    if (tag[0] != kChunkTag) {
+      return corrupt(absl::StrCat("unknown record tag 0x",
+                                  absl::Hex(static_cast<uint8_t>(tag[0]))));
+    }
+    uint64_t value_bytes = 0;
+    if (!read_int(&value_bytes)) return truncated("a chunk record header");
+    if (value_bytes > kMaxSessionFileChunkBytes) {
+      return corrupt(absl::StrCat(ChunkName(id), " claims ", value_bytes,
+                                  " bytes, over the limit"));
+    }
+    std::string value;
+    if (!src.Read(value_bytes, &value)) return truncated(ChunkName(id));
+    KVD_ASSIGN_OR_RETURN(DecodedChunk chunk, DecodeChunk(value, at));
+    const v1::ChunkHeader& h = chunk.header;
+    const bool residual = id.layer != kTokenLayer;
+    if (h.layer() != id.layer || h.chunk_index() != id.index ||
+        (residual &&
+         (h.dtype() != m.dtype() || h.row_bytes() != m.row_bytes() ||
+          std::find(m.layers().begin(), m.layers().end(), id.layer) ==
+              m.layers().end()))) {
+      return corrupt(
+          absl::StrCat(ChunkName(id), " does not fit the update's manifest"));
+    }
+    update.put.emplace_back(id, std::move(value));
+  }
+  uint64_t count = 0;
+  if (!read_int(&count)) return truncated("the trailer");
+  const uint32_t expected = src.crc();
+  uint32_t crc = 0;
+  if (!read_int(&crc)) return truncated("the trailer");
+  if (count != records) {
+    return corrupt(absl::StrCat("the trailer counts ", count, " records, ",
+                                records, " came"));
+  }
+  if (crc != expected) return corrupt("the stream's CRC32C does not match");
+  if (!src.AtEnd()) return corrupt("bytes follow the trailer");
+  return update;
 }
 
 absl::StatusOr<SessionCheckpoint> ReadSessionFile(const std::string& path) {

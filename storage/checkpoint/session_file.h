@@ -83,6 +83,23 @@ absl::StatusOr<SessionCheckpoint> ReadSessionStream(std::istream& in,
                                                     absl::string_view where);
 absl::StatusOr<SessionCheckpoint> ParseSessionFile(absl::string_view bytes,
                                                    absl::string_view where);
+// One turn's update (TurnUpdate) as the same kind of record stream, so a
+// replica can be sent exactly a turn's delta: "KVDTURN\0", u32 stream
+// version, u32 checkpoint format version, u8 ownership_change, the manifest
+// (u64 n + bytes), 'C' chunk records as in the file, 'X' records (i64 layer,
+// i64 index) for chunks no longer kept, then 'E', u64 record count and the
+// CRC32C of everything before it. Reading checks every record (each chunk
+// decodes, names its id and fits the manifest's layout) and the trailer, and
+// a stream cut or damaged anywhere is DATA_LOSS: nothing of it is applied.
+inline constexpr absl::string_view kTurnStreamMagic{"KVDTURN\0", 8};
+inline constexpr uint32_t kTurnStreamVersion = 1;
+absl::Status WriteTurnUpdatePieces(
+    const TurnUpdate& update, size_t piece_bytes,
+    const std::function<bool(absl::string_view piece)>& emit);
+absl::StatusOr<TurnUpdate> ReadTurnUpdatePieces(
+    const std::function<bool(std::string* piece)>& next,
+    absl::string_view where);
+
 // Reads a file that arrives in pieces: `next` replaces *piece with the next
 // one, or returns false at the end. Only the current piece is held beyond
 // the checkpoint being built, so a streamed import never buffers the file.

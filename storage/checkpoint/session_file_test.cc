@@ -201,10 +201,10 @@ TEST(SessionFileTest, PiecesCarryTheSameFile) {
   }
   // A receiver that goes away stops the writer.
   int calls = 0;
-  EXPECT_EQ(WriteSessionPieces(cp, 16, [&](absl::string_view) {
-              return ++calls < 3;
-            }).code(),
-            absl::StatusCode::kCancelled);
+  EXPECT_EQ(
+      WriteSessionPieces(cp, 16, [&](absl::string_view) { return ++calls < 3; })
+          .code(),
+      absl::StatusCode::kCancelled);
   EXPECT_EQ(calls, 3);
   for (size_t n = 0; n < whole.size(); n += 5) {
     bool given = false;
@@ -219,6 +219,54 @@ TEST(SessionFileTest, PiecesCarryTheSameFile) {
     ASSERT_FALSE(cut.ok()) << "accepted the first " << n << " bytes";
     EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << n;
   }
+}
+
+// A turn's update travels as the same kind of record stream: what comes
+// out is what went in, and a stream cut or flipped anywhere is refused
+// whole.
+TEST(SessionFileTest, TurnUpdateStreamRoundTripsAndRefusesDamage) {
+  const SessionCheckpoint cp = Checkpoint();
+  TurnUpdate update;
+  update.manifest = cp.manifest();
+  for (const auto& [id, value] : cp.chunks()) {
+    if (id.index == 1) update.put.emplace_back(id, value);
+  }
+  update.erase.push_back(ChunkId{0, 0});
+  update.ownership_change = true;
+  std::string whole;
+  ASSERT_TRUE(WriteTurnUpdatePieces(update, 5, [&](absl::string_view p) {
+                whole.append(p.data(), p.size());
+                return true;
+              }).ok());
+  auto read = [](const std::string& bytes) {
+    bool given = false;
+    return ReadTurnUpdatePieces(
+        [&](std::string* p) {
+          if (given) return false;
+          given = true;
+          *p = bytes;
+          return true;
+        },
+        "turn");
+  };
+  absl::StatusOr<TurnUpdate> back = read(whole);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->manifest.SerializeAsString(),
+            update.manifest.SerializeAsString());
+  EXPECT_EQ(back->put, update.put);
+  EXPECT_EQ(back->erase, update.erase);
+  EXPECT_TRUE(back->ownership_change);
+  for (size_t n = 0; n < whole.size(); ++n) {
+    absl::StatusOr<TurnUpdate> cut = read(whole.substr(0, n));
+    ASSERT_FALSE(cut.ok()) << "accepted the first " << n << " bytes";
+    EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << n;
+  }
+  for (size_t i = 0; i < whole.size(); ++i) {
+    std::string bad = whole;
+    bad[i] = static_cast<char>(bad[i] ^ 0x40);
+    EXPECT_FALSE(read(bad).ok()) << "byte " << i;
+  }
+  EXPECT_FALSE(read(whole + "x").ok());
 }
 
 TEST(SessionFileTest, EveryFlippedByteIsRefused) {
