@@ -69,7 +69,7 @@ class KvSource {
 };
 
 // Experiment-only: the eviction baselines KV-Direct is measured against
-// (ops/kvdirect/eviction.h; the product never evicts lossily). Restricts
+// (tools/experiments/eviction.h; the product never evicts lossily). Restricts
 // which cached positions attention visits, per layer and K/V head, and can
 // report the softmax weights the score-based baselines (H2O, TOVA, SnapKV)
 // rank keys by. A query attends to the kept positions that its sliding window

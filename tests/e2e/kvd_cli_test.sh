@@ -140,6 +140,20 @@ out="$("$KVD" sessions --data-dir "$nowhere" show x 2>&1)"; rc=$?
 expect_contains "sessions show in a missing dir" "$out" "check --data-dir"
 [[ ! -e "$nowhere" ]] || fail "reading $nowhere created it"
 
+# Ownership on the kvd chat path: a session owned by node a (--node-id a) is not written by a
+# process of another node, or a standalone one; nothing of the refused turn is stored.
+"$KVD" chat --data-dir "$data" --node-id a --session owned --max-tokens 2 "Hi" >/dev/null 2>&1 \
+  || fail "kvd chat --node-id a exited $?"
+before="$("$KVD" sessions --data-dir "$data" show owned 2>&1)"
+expect_contains "owned session" "$before" '"owner_node": "a"'
+for other in "--node-id b" ""; do
+  out="$("$KVD" chat --data-dir "$data" $other --session owned --max-tokens 2 "Again" 2>&1)"; rc=$?
+  [[ $rc == 1 ]] || fail "turn of a session owned by a from '${other:-standalone}': exit $rc"
+  expect_contains "turn from '${other:-standalone}'" "$out" "owned by node 'a'"
+done
+after="$("$KVD" sessions --data-dir "$data" show owned 2>&1)"
+[[ "$before" == "$after" ]] || fail "a refused turn changed the session: $after"
+
 if ((failures)); then
   echo "$failures failure(s)"
   exit 1

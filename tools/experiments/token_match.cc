@@ -1,5 +1,5 @@
 // Token match and KL of K/V budget policies against the full cache (the
-// KV-Direct paper's experiment; ops/kvdirect/experiment.h describes the
+// KV-Direct paper's experiment; tools/experiments/experiment.h describes the
 // protocol). For each model and each multi-turn conversation of the prompts
 // file, rendered with the model's chat template, it runs every policy at
 // every budget and writes one CSV row per (model, prompt, policy, budget) and
@@ -39,9 +39,9 @@
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "ops/chat/chat_template.h"
-#include "ops/kvdirect/experiment.h"
 #include "ops/model/model.h"
 #include "ops/tokenizer/gguf_tokenizer.h"
+#include "tools/experiments/experiment.h"
 #include "tools/kvd/args.h"
 
 namespace kvd {
@@ -56,7 +56,7 @@ struct Flags {
   int64_t max_prompts = 1000;
   int threads = 2;
   std::string csv, markdown;
-  ops::TokenMatchOptions options;
+  experiments::TokenMatchOptions options;
 };
 
 absl::StatusOr<std::vector<int64_t>> ParseInts(const std::string& s) {
@@ -208,8 +208,8 @@ absl::Status Run(const Flags& flags) {
       lengths.push_back(ids.size());
       std::fprintf(stderr, "%s / %s: %zu prompt tokens\n",
                    ModelName(path).c_str(), conv.name.c_str(), ids.size());
-      ops::TokenMatchOptions options = flags.options;
-      options.on_result = [&](const ops::TokenMatchResult& r) {
+      experiments::TokenMatchOptions options = flags.options;
+      options.on_result = [&](const experiments::TokenMatchResult& r) {
         std::fprintf(
             stderr,
             "  %-14s B=%-5lld match %5.1f%%  prefix %3lld  KL %.4g  (%.1f s)\n",
@@ -217,9 +217,9 @@ absl::Status Run(const Flags& flags) {
             100.0 * r.match_fraction(),
             static_cast<long long>(r.identical_prefix), r.mean_kl, r.seconds);
       };
-      KVD_ASSIGN_OR_RETURN(ops::TokenMatchRun run,
-                           ops::RunTokenMatch(*model, ids, options));
-      for (const ops::TokenMatchResult& r : run.results) {
+      KVD_ASSIGN_OR_RETURN(experiments::TokenMatchRun run,
+                           experiments::RunTokenMatch(*model, ids, options));
+      for (const experiments::TokenMatchResult& r : run.results) {
         csv << absl::StrFormat(
             "%s,%s,%s,%s,%d,%s,%d,%d,%d,%.2f,%d,%d,%.6g,%.6g,%.2f\n",
             ModelName(path), flags.precision, mode, conv.name,

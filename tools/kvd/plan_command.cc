@@ -1,9 +1,9 @@
 // `kvd plan`: the rebuild planner's table for one model, session length and
-// storage tier (ops/kvdirect/planner.h), from the loaded model's measured
+// storage tier (services/planner/planner.h), from the loaded model's measured
 // rebuild paths (RecomputeKv per row, ForwardLayers per row and attention
 // pair) or, with --flops-only, calibrated GEMM and attention rates
-// (ops/kvdirect/calibration.h), optionally next to rebuild times measured on
-// this machine with the real model (--measure).
+// (services/planner/calibration.h), optionally next to rebuild times measured
+// on this machine with the real model (--measure).
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -15,11 +15,11 @@
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/cpu_features.h"
-#include "ops/kvdirect/calibration.h"
-#include "ops/kvdirect/planner.h"
 #include "ops/kvdirect/rebuild.h"
 #include "ops/kvdirect/residual_store.h"
 #include "ops/model/model.h"
+#include "services/planner/calibration.h"
+#include "services/planner/planner.h"
 #include "tools/kvd/args.h"
 #include "tools/kvd/commands.h"
 #include "tools/kvd/model_source.h"
@@ -45,9 +45,8 @@ constexpr Tier kTiers[] = {
 };
 
 // The storage tier's read bandwidth and where the figure came from.
-absl::StatusOr<std::pair<double, std::string>> Bandwidth(const Args& args,
-                                                         ops::Calibration* cal,
-                                                         bool* cal_changed) {
+absl::StatusOr<std::pair<double, std::string>> Bandwidth(
+    const Args& args, planner::Calibration* cal, bool* cal_changed) {
   if (args.Has("bandwidth")) {
     KVD_ASSIGN_OR_RETURN(double b, args.GetDouble("bandwidth"));
     if (!(b > 0)) return absl::InvalidArgumentError("--bandwidth must be > 0");
@@ -55,10 +54,11 @@ absl::StatusOr<std::pair<double, std::string>> Bandwidth(const Args& args,
   }
   if (args.Has("bandwidth-dir")) {
     const std::string dir = args.Get("bandwidth-dir");
-    const ops::StorageRate* s = ops::FindStorage(*cal, dir);
+    const planner::StorageRate* s = planner::FindStorage(*cal, dir);
     if (s == nullptr) {
-      KVD_ASSIGN_OR_RETURN(ops::StorageRate r,
-                           ops::MeasureReadBandwidth(dir, kBandwidthFileBytes));
+      KVD_ASSIGN_OR_RETURN(
+          planner::StorageRate r,
+          planner::MeasureReadBandwidth(dir, kBandwidthFileBytes));
       cal->storage.push_back(r);
       *cal_changed = true;
       s = &cal->storage.back();
@@ -85,7 +85,7 @@ absl::StatusOr<std::pair<double, std::string>> Bandwidth(const Args& args,
 // (budget all) from the in-memory checkpoint. Seconds per estimate; kv is 0.
 absl::StatusOr<std::vector<double>> MeasureRebuilds(
     const ops::Model& model, int64_t tokens,
-    const std::vector<ops::PolicyEstimate>& estimates) {
+    const std::vector<planner::PolicyEstimate>& estimates) {
   const ops::ModelConfig& c = model.config();
   std::mt19937 rng(1);
   std::vector<int32_t> ids(tokens);
@@ -106,7 +106,7 @@ absl::StatusOr<std::vector<double>> MeasureRebuilds(
     KVD_RETURN_IF_ERROR(store.status());
   }
   std::vector<double> seconds;
-  for (const ops::PolicyEstimate& e : estimates) {
+  for (const planner::PolicyEstimate& e : estimates) {
     if (e.policy.kind == ops::CheckpointPolicy::Kind::kKv) {
       seconds.push_back(0);
       continue;
@@ -140,10 +140,11 @@ absl::Status Run(const Args& args) {
                        ops::Model::Load(path, options));
   const ops::ModelConfig& config = model->config();
 
-  ops::Calibration cal;
+  planner::Calibration cal;
   const std::string cal_path = args.Get("calibration");
   if (!cal_path.empty()) {
-    absl::StatusOr<ops::Calibration> read = ops::ReadCalibrationFile(cal_path);
+    absl::StatusOr<planner::Calibration> read =
+        planner::ReadCalibrationFile(cal_path);
     if (read.ok()) {
       cal = *read;
     } else if (!absl::IsNotFound(read.status())) {
@@ -152,25 +153,25 @@ absl::Status Run(const Args& args) {
   }
   KVD_ASSIGN_OR_RETURN(
       bool cal_changed,
-      ops::EnsureModelRates(config, precision, model->pool(), {}, &cal));
+      planner::EnsureModelRates(config, precision, model->pool(), {}, &cal));
   if (!args.Has("flops-only")) {
-    ops::CalibrationOptions path_options;
+    planner::CalibrationOptions path_options;
     path_options.path_block = kBlock;
     // Attention's cost per pair may grow with the context (K/V rows falling
     // out of cache): time the far block at the session's length.
     path_options.path_context = std::max<int64_t>(2 * kBlock, tokens);
-    KVD_ASSIGN_OR_RETURN(bool measured_paths,
-                         ops::EnsureModelPathRates(*model, path_options, &cal));
+    KVD_ASSIGN_OR_RETURN(bool measured_paths, planner::EnsureModelPathRates(
+                                                  *model, path_options, &cal));
     cal_changed |= measured_paths;
   }
   KVD_ASSIGN_OR_RETURN(auto bandwidth, Bandwidth(args, &cal, &cal_changed));
   if (cal_changed && !cal_path.empty()) {
-    KVD_RETURN_IF_ERROR(ops::WriteCalibrationFile(cal, cal_path));
+    KVD_RETURN_IF_ERROR(planner::WriteCalibrationFile(cal, cal_path));
   }
   const int pool_threads = model->pool()->num_threads();
-  KVD_ASSIGN_OR_RETURN(ops::RebuildRates rates,
-                       ops::RatesAt(cal, config, precision, pool_threads,
-                                    std::min(kBlock, tokens), tokens));
+  KVD_ASSIGN_OR_RETURN(planner::RebuildRates rates,
+                       planner::RatesAt(cal, config, precision, pool_threads,
+                                        std::min(kBlock, tokens), tokens));
   if (args.Has("flops-only")) {
     // Ignore path figures a calibration file may hold.
     rates.recompute_s_per_row = 0;
@@ -178,7 +179,7 @@ absl::Status Run(const Args& args) {
     rates.layer_s_per_attention_pair = 0;
   }
 
-  ops::PlanRequest request;
+  planner::PlanRequest request;
   request.config = config;
   request.precision = precision;
   request.tokens = tokens;
@@ -192,7 +193,8 @@ absl::Status Run(const Args& args) {
                          ops::ParseCheckpointPolicy(name));
     request.candidates.push_back(p);
   }
-  KVD_ASSIGN_OR_RETURN(ops::RebuildPlan plan, ops::PlanRebuild(request));
+  KVD_ASSIGN_OR_RETURN(planner::RebuildPlan plan,
+                       planner::PlanRebuild(request));
 
   std::vector<double> measured;
   if (args.Has("measure")) {
@@ -234,7 +236,7 @@ absl::Status Run(const Args& args) {
   std::printf("|---|---|---|---|---|---|---|---|%s---|\n",
               measured.empty() ? "" : "---|---|---|");
   for (size_t i = 0; i < plan.estimates.size(); ++i) {
-    const ops::PolicyEstimate& e = plan.estimates[i];
+    const planner::PolicyEstimate& e = plan.estimates[i];
     std::string extra;
     if (!measured.empty()) {
       const double total = request.overlap_read_and_compute

@@ -1,8 +1,4 @@
-#include "ops/kvdirect/calibration.h"
-
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
+#include "services/planner/calibration.h"
 
 #include <algorithm>
 #include <chrono>
@@ -18,8 +14,15 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
 #include "nlohmann/json.hpp"
+#include "storage/probe/disk_bandwidth.h"
 
-namespace kvd::ops {
+namespace kvd::planner {
+
+using ops::KvCache;
+using ops::Model;
+using ops::ModelConfig;
+using ops::Precision;
+using ops::PrecisionName;
 
 namespace {
 
@@ -56,21 +59,6 @@ double Rate(double flops_per_call, double min_seconds, Fn fn) {
 absl::Status Errno(absl::string_view what, const std::string& path) {
   return absl::UnknownError(absl::StrCat("calibration: ", what, " ", path, ": ",
                                          std::strerror(errno)));
-}
-
-// Pages of an open file resident in the page cache.
-int64_t ResidentPages(int fd, int64_t bytes) {
-  void* map = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
-  if (map == MAP_FAILED) return -1;
-  const int64_t page = sysconf(_SC_PAGESIZE);
-  std::vector<unsigned char> vec((bytes + page - 1) / page);
-  int64_t resident = -1;
-  if (mincore(map, bytes, vec.data()) == 0) {
-    resident = 0;
-    for (unsigned char v : vec) resident += v & 1;
-  }
-  munmap(map, bytes);
-  return resident;
 }
 
 template <typename T>
@@ -456,46 +444,17 @@ absl::StatusOr<double> MeasureAttentionFlops(absl::string_view kv,
 
 absl::StatusOr<StorageRate> MeasureReadBandwidth(const std::string& directory,
                                                  int64_t file_bytes) {
-  constexpr int64_t kBuffer = 8 << 20;
-  if (file_bytes < kBuffer) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("calibration: a bandwidth file of ", file_bytes,
-                     " bytes is too small to time; use at least ", kBuffer));
-  }
-  std::string path = directory + "/kvd-calibration-XXXXXX";
-  const int fd = mkstemp(path.data());
-  if (fd < 0) return Errno("cannot create a file in", directory);
-  std::vector<char> buffer(kBuffer);
-  for (int64_t i = 0; i < kBuffer; ++i) buffer[i] = static_cast<char>(i * 31);
-  absl::Status status;
-  for (int64_t done = 0; done < file_bytes && status.ok();) {
-    const int64_t n = std::min(kBuffer, file_bytes - done);
-    const ssize_t w = write(fd, buffer.data(), n);
-    if (w <= 0) status = Errno("cannot write", path);
-    done += w;
+  absl::StatusOr<storage::DiskReadBandwidth> b =
+      storage::MeasureDiskReadBandwidth(directory, file_bytes);
+  if (!b.ok()) {
+    return absl::Status(b.status().code(),
+                        absl::StrCat("calibration: ", b.status().message()));
   }
   StorageRate rate;
   rate.directory = directory;
-  rate.file_bytes = file_bytes;
-  if (status.ok() && fsync(fd) != 0) status = Errno("cannot sync", path);
-  if (status.ok()) {
-    posix_fadvise(fd, 0, file_bytes, POSIX_FADV_DONTNEED);
-    rate.cache_dropped = ResidentPages(fd, file_bytes) == 0;
-    const Clock::time_point t0 = Clock::now();
-    int64_t total = 0;
-    while (total < file_bytes) {
-      const ssize_t r = pread(fd, buffer.data(), kBuffer, total);
-      if (r <= 0) {
-        status = Errno("cannot read back", path);
-        break;
-      }
-      total += r;
-    }
-    rate.bytes_per_s = total / std::max(Since(t0), 1e-9);
-  }
-  close(fd);
-  unlink(path.c_str());
-  if (!status.ok()) return status;
+  rate.file_bytes = b->file_bytes;
+  rate.bytes_per_s = b->bytes_per_s;
+  rate.cache_dropped = b->cache_dropped;
   return rate;
 }
 
@@ -683,4 +642,4 @@ const StorageRate* FindStorage(const Calibration& calibration,
   return nullptr;
 }
 
-}  // namespace kvd::ops
+}  // namespace kvd::planner

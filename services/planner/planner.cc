@@ -1,4 +1,4 @@
-#include "ops/kvdirect/planner.h"
+#include "services/planner/planner.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kvd::ops {
+namespace kvd::planner {
+
+using ops::BytesPerToken;
+using ops::CheckpointPolicy;
+using ops::ComputeBytesPerToken;
+using ops::ModelConfig;
 
 namespace {
 
@@ -269,4 +274,4 @@ absl::StatusOr<RebuildPlan> PlanRebuild(const PlanRequest& r) {
   return plan;
 }
 
-}  // namespace kvd::ops
+}  // namespace kvd::planner

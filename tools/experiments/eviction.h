@@ -48,8 +48,8 @@
 //
 // Thread-safety: OnWeights may run concurrently (Forward's attention tasks);
 // everything else belongs to one thread. Copies are independent.
-#ifndef KVD_OPS_KVDIRECT_EVICTION_H_
-#define KVD_OPS_KVDIRECT_EVICTION_H_
+#ifndef KVD_TOOLS_EXPERIMENTS_EVICTION_H_
+#define KVD_TOOLS_EXPERIMENTS_EVICTION_H_
 
 #include <cstdint>
 #include <string>
@@ -61,7 +61,7 @@
 #include "absl/types/span.h"
 #include "ops/model/model.h"
 
-namespace kvd::ops {
+namespace kvd::experiments {
 
 enum class EvictionMethod { kWindow, kStreamingLlm, kH2o, kTova, kSnapKv };
 
@@ -82,10 +82,10 @@ struct EvictionOptions {
   int64_t snapkv_kernel = 7;         // snapkv: K, odd, > 0
 };
 
-class EvictionPolicy : public KeySelection {
+class EvictionPolicy : public ops::KeySelection {
  public:
   // INVALID_ARGUMENT for a parameter outside its range.
-  static absl::StatusOr<EvictionPolicy> Create(const ModelConfig& config,
+  static absl::StatusOr<EvictionPolicy> Create(const ops::ModelConfig& config,
                                                const EvictionOptions& options);
 
   const EvictionOptions& options() const { return options_; }
@@ -121,7 +121,8 @@ class EvictionPolicy : public KeySelection {
     absl::Mutex mu;
   };
 
-  EvictionPolicy(const ModelConfig& config, const EvictionOptions& options);
+  EvictionPolicy(const ops::ModelConfig& config,
+                 const EvictionOptions& options);
   void Evict();
   void EvictLayer(int64_t layer);
   // Keeps the `keep` highest-scored of `set` (ascending result); ties keep the
@@ -149,11 +150,11 @@ class EvictionPolicy : public KeySelection {
 // policy->BeginStep, Model::Forward of `tokens` for one sequence with the
 // policy as its KeySelection, policy->EndStep. FAILED_PRECONDITION if the
 // cache and the policy disagree about the length.
-absl::Status ForwardWithEviction(const Model& model, KvCache* cache,
+absl::Status ForwardWithEviction(const ops::Model& model, ops::KvCache* cache,
                                  absl::Span<const int32_t> tokens,
-                                 LogitsMode logits, EvictionPolicy* policy,
-                                 ForwardOutput* out);
+                                 ops::LogitsMode logits, EvictionPolicy* policy,
+                                 ops::ForwardOutput* out);
 
-}  // namespace kvd::ops
+}  // namespace kvd::experiments
 
-#endif  // KVD_OPS_KVDIRECT_EVICTION_H_
+#endif  // KVD_TOOLS_EXPERIMENTS_EVICTION_H_

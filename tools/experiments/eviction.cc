@@ -1,4 +1,4 @@
-#include "ops/kvdirect/eviction.h"
+#include "tools/experiments/eviction.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,14 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kvd::ops {
+namespace kvd::experiments {
+
+using ops::ForwardOutput;
+using ops::KvCache;
+using ops::LogitsMode;
+using ops::Model;
+using ops::ModelConfig;
+using ops::SequenceStep;
 
 absl::StatusOr<EvictionMethod> ParseEvictionMethod(absl::string_view name) {
   if (name == "window") return EvictionMethod::kWindow;
@@ -278,4 +285,4 @@ absl::Status ForwardWithEviction(const Model& model, KvCache* cache,
   return absl::OkStatus();
 }
 
-}  // namespace kvd::ops
+}  // namespace kvd::experiments

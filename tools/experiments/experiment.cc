@@ -1,4 +1,4 @@
-#include "ops/kvdirect/experiment.h"
+#include "tools/experiments/experiment.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,7 +12,20 @@
 #include "ops/kvdirect/residual_kv_source.h"
 #include "ops/kvdirect/residual_store.h"
 
-namespace kvd::ops {
+namespace kvd::experiments {
+
+using ops::CheckpointLayers;
+using ops::CheckpointPolicy;
+using ops::ForwardOutput;
+using ops::KeySelection;
+using ops::KvCache;
+using ops::LogitsMode;
+using ops::Model;
+using ops::ModelConfig;
+using ops::ParseCheckpointPolicy;
+using ops::ResidualKvSource;
+using ops::ResidualStore;
+using ops::SequenceStep;
 namespace {
 
 constexpr char kKvDirect[] = "kv-direct";
@@ -259,4 +272,4 @@ absl::StatusOr<TokenMatchRun> RunTokenMatch(const Model& model,
   return run;
 }
 
-}  // namespace kvd::ops
+}  // namespace kvd::experiments

@@ -3,19 +3,25 @@
 // threshold -- and RatesAt interpolates as documented (figures by hand).
 // The model-path figures are timed on a tiny model: positive, reused from the
 // file, and what the planner's choice follows.
-#include "ops/kvdirect/calibration.h"
+#include "services/planner/calibration.h"
 
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 
 #include "gtest/gtest.h"
-#include "ops/kvdirect/planner.h"
 #include "ops/model/model.h"
 #include "ops/model/testing/tiny_model.h"
+#include "services/planner/planner.h"
 
-namespace kvd::ops {
+namespace kvd::planner {
 namespace {
+
+using ops::CheckpointPolicy;
+using ops::LoadOptions;
+using ops::Model;
+using ops::ModelConfig;
+using ops::Precision;
 
 bool Sane(double x) { return std::isfinite(x) && x > 0; }
 
@@ -229,8 +235,9 @@ TEST(Calibration, ModelPathJsonRoundTripAndBadEntries) {
 // The real paths of a tiny model: the figures are positive, measured once,
 // reach the planner through RatesAt, and steer its choice.
 TEST(Calibration, ModelPathsOnATinyModelSteerThePlanner) {
-  testing::TinyModelSpec spec;
-  absl::StatusOr<std::string> path = testing::WriteTinyModel(spec, TempDir());
+  ops::testing::TinyModelSpec spec;
+  absl::StatusOr<std::string> path =
+      ops::testing::WriteTinyModel(spec, TempDir());
   ASSERT_TRUE(path.ok()) << path.status();
   LoadOptions load;
   load.precision = Precision::kBf16;
@@ -319,4 +326,4 @@ TEST(Calibration, ModelPathsOnATinyModelSteerThePlanner) {
 }
 
 }  // namespace
-}  // namespace kvd::ops
+}  // namespace kvd::planner

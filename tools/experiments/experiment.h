@@ -33,8 +33,8 @@
 //
 // Thread-safety: uses the model's pool; one call at a time per model is the
 // sensible use (it is slow: 1 + policies x budgets decodes of N steps).
-#ifndef KVD_OPS_KVDIRECT_EXPERIMENT_H_
-#define KVD_OPS_KVDIRECT_EXPERIMENT_H_
+#ifndef KVD_TOOLS_EXPERIMENTS_EXPERIMENT_H_
+#define KVD_TOOLS_EXPERIMENTS_EXPERIMENT_H_
 
 #include <cstdint>
 #include <functional>
@@ -43,10 +43,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "ops/kvdirect/eviction.h"
 #include "ops/model/model.h"
+#include "tools/experiments/eviction.h"
 
-namespace kvd::ops {
+namespace kvd::experiments {
 
 struct TokenMatchOptions {
   // "kv-direct" or an eviction method name (ParseEvictionMethod).
@@ -93,7 +93,7 @@ struct TokenMatchRun {
 // INVALID_ARGUMENT for a prompt under 2 tokens, an unknown policy, a negative
 // budget, or prompt + steps beyond the context; INTERNAL if the observing
 // prefill's K/V differ from the reference's (a bug in the selection path).
-absl::StatusOr<TokenMatchRun> RunTokenMatch(const Model& model,
+absl::StatusOr<TokenMatchRun> RunTokenMatch(const ops::Model& model,
                                             absl::Span<const int32_t> prompt,
                                             const TokenMatchOptions& options);
 
@@ -101,6 +101,6 @@ absl::StatusOr<TokenMatchRun> RunTokenMatch(const Model& model,
 // values, computed in double. Exactly 0 for identical rows.
 double KlDivergence(const float* p_logits, const float* q_logits, int64_t n);
 
-}  // namespace kvd::ops
+}  // namespace kvd::experiments
 
-#endif  // KVD_OPS_KVDIRECT_EXPERIMENT_H_
+#endif  // KVD_TOOLS_EXPERIMENTS_EXPERIMENT_H_

@@ -9,7 +9,7 @@
 //    header, not from a model's attention.
 // Plus: attention visits exactly the kept positions and the step's own, and
 // reports weights that sum to 1; bad selections are refused.
-#include "ops/kvdirect/eviction.h"
+#include "tools/experiments/eviction.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,19 +22,29 @@
 #include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
 
-namespace kvd::ops {
+namespace kvd::experiments {
 namespace {
+
+using ops::ForwardOutput;
+using ops::KeySelection;
+using ops::KvCache;
+using ops::LoadOptions;
+using ops::LogitsMode;
+using ops::Model;
+using ops::ModelConfig;
+using ops::Precision;
+using ops::SequenceStep;
 
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 
 std::unique_ptr<Model> LoadTiny(const std::string& family,
                                 Precision precision) {
-  testing::TinyModelSpec spec;
+  ops::testing::TinyModelSpec spec;
   spec.family = family;
   if (family == "gemma3") spec.n_layers = 6;  // 5 local + 1 global
   absl::StatusOr<std::string> path =
-      testing::WriteTinyModel(spec, ::testing::TempDir());
+      ops::testing::WriteTinyModel(spec, ::testing::TempDir());
   EXPECT_TRUE(path.ok()) << path.status();
   LoadOptions opts;
   opts.precision = precision;
@@ -44,7 +54,7 @@ std::unique_ptr<Model> LoadTiny(const std::string& family,
   return std::move(*model);
 }
 
-using Case = testing::FamilyCase;
+using Case = ops::testing::FamilyCase;
 
 class FullBudget : public ::testing::TestWithParam<Case> {};
 
@@ -55,8 +65,8 @@ TEST_P(FullBudget, EveryMethodEqualsTheFullCacheBitForBit) {
   // Prefill of 45 + 30 tokens (crossing chunk boundaries and, for gemma3,
   // the window of 8), then 40 greedy tokens: 115 positions.
   std::vector<std::vector<int32_t>> steps = {
-      testing::RandomTokens(45, 1, c.vocab_size),
-      testing::RandomTokens(30, 2, c.vocab_size)};
+      ops::testing::RandomTokens(45, 1, c.vocab_size),
+      ops::testing::RandomTokens(30, 2, c.vocab_size)};
   constexpr int kDecode = 40;
   std::vector<std::vector<float>> reference;
   {
@@ -104,7 +114,7 @@ INSTANTIATE_TEST_SUITE_P(Families, FullBudget,
                                            Case{"qwen2", Precision::kF32},
                                            Case{"gemma3", Precision::kF32},
                                            Case{"gemma3", Precision::kBf16}),
-                         testing::FamilyCaseName);
+                         ops::testing::FamilyCaseName);
 
 // A config for driving a policy by hand: one layer, `kv_heads` K/V heads of
 // `group` query heads each.
@@ -293,7 +303,7 @@ TEST(KeySelectionHook, AttentionVisitsKeptAndOwnPositions) {
   std::unique_ptr<Model> model = LoadTiny("llama", Precision::kF32);
   const ModelConfig& c = model->config();
   KvCache cache = model->NewCache();
-  std::vector<int32_t> prompt = testing::RandomTokens(40, 3, c.vocab_size);
+  std::vector<int32_t> prompt = ops::testing::RandomTokens(40, 3, c.vocab_size);
   SequenceStep pre{&cache, prompt, LogitsMode::kNone, 0};
   ForwardOutput out, full;
   ASSERT_TRUE(model->Forward({&pre, 1}, &out).ok());
@@ -322,7 +332,7 @@ TEST(KeySelectionHook, BadSelectionsAreRefusedBeforeAnyWrite) {
   std::unique_ptr<Model> model = LoadTiny("llama", Precision::kF32);
   KvCache cache = model->NewCache();
   std::vector<int32_t> prompt =
-      testing::RandomTokens(10, 4, model->config().vocab_size);
+      ops::testing::RandomTokens(10, 4, model->config().vocab_size);
   SequenceStep pre{&cache, prompt, LogitsMode::kNone, 0};
   ForwardOutput out;
   ASSERT_TRUE(model->Forward({&pre, 1}, &out).ok());
@@ -340,4 +350,4 @@ TEST(KeySelectionHook, BadSelectionsAreRefusedBeforeAnyWrite) {
 }
 
 }  // namespace
-}  // namespace kvd::ops
+}  // namespace kvd::experiments

@@ -11,15 +11,23 @@
 //   MLP (3 GEMMs)     2 x 64 x 128 x 3             = 49152 FLOPs
 //   attention         4 x q_dim = 256 FLOPs per (query, visible key) pair
 // Rates: K/V projection 1e9, other GEMMs 2e9, attention 0.5e9 FLOP/s.
-#include "ops/kvdirect/planner.h"
+#include "services/planner/planner.h"
 
 #include <cmath>
 #include <limits>
 
 #include "gtest/gtest.h"
 
-namespace kvd::ops {
+namespace kvd::planner {
 namespace {
+
+using ops::BytesPerToken;
+using ops::CheckpointPolicy;
+using ops::ComputeBytesPerToken;
+using ops::LayerConfig;
+using ops::ModelConfig;
+using ops::ParseCheckpointPolicy;
+using ops::Precision;
 
 ModelConfig Toy(int64_t n_kv_heads) {
   ModelConfig c;
@@ -333,4 +341,4 @@ TEST(Planner, MeasuredPathCostsReplaceTheFlopCount) {
 }
 
 }  // namespace
-}  // namespace kvd::ops
+}  // namespace kvd::planner

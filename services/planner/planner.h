@@ -28,8 +28,8 @@
 //   const PolicyEstimate& best = plan.estimates[plan.chosen];
 //
 // Thread-safety: pure functions on values.
-#ifndef KVD_OPS_KVDIRECT_PLANNER_H_
-#define KVD_OPS_KVDIRECT_PLANNER_H_
+#ifndef KVD_SERVICES_PLANNER_PLANNER_H_
+#define KVD_SERVICES_PLANNER_PLANNER_H_
 
 #include <cstdint>
 #include <vector>
@@ -38,7 +38,7 @@
 #include "ops/kvdirect/checkpoint_policy.h"
 #include "ops/model/model_config.h"
 
-namespace kvd::ops {
+namespace kvd::planner {
 
 // Measured compute rates, FLOP/s (a multiply-add counts 2), at the row count
 // the rebuild runs its GEMMs with (calibration.h measures them).
@@ -56,8 +56,8 @@ struct RebuildRates {
 };
 
 struct PlanRequest {
-  ModelConfig config;
-  Precision precision = Precision::kBf16;
+  ops::ModelConfig config;
+  ops::Precision precision = ops::Precision::kBf16;
   int64_t tokens = 0;  // session length T, >= 1
   // Sustained read bandwidth of the tier holding the checkpoint, bytes/s.
   double read_bytes_per_s = 0;
@@ -74,11 +74,11 @@ struct PlanRequest {
   // layer.
   bool kv_only_segment_tails = false;
   // Policies to consider; empty: DefaultCandidates(config.n_layers).
-  std::vector<CheckpointPolicy> candidates;
+  std::vector<ops::CheckpointPolicy> candidates;
 };
 
 struct PolicyEstimate {
-  CheckpointPolicy policy;
+  ops::CheckpointPolicy policy;
   int64_t bytes_at_rest = 0;   // the whole session, token ids included
   double bytes_per_token = 0;  // bytes_at_rest / T
   int64_t bytes_read = 0;
@@ -99,19 +99,19 @@ struct RebuildPlan {
 };
 
 // kv, kv-direct, stride:k for k in {2, 3, 4, 6, 8, 12} below n_layers, tokens.
-std::vector<CheckpointPolicy> DefaultCandidates(int64_t n_layers);
+std::vector<ops::CheckpointPolicy> DefaultCandidates(int64_t n_layers);
 
 // The cost of one policy (fits_budget filled in against the request's
 // budget). INVALID_ARGUMENT for a bad request (T < 1, T beyond the context,
 // a non-positive or non-finite bandwidth or rate, a negative or non-finite
 // measured cost, a config without layers).
-absl::StatusOr<PolicyEstimate> EstimateRebuild(const PlanRequest& request,
-                                               const CheckpointPolicy& policy);
+absl::StatusOr<PolicyEstimate> EstimateRebuild(
+    const PlanRequest& request, const ops::CheckpointPolicy& policy);
 
 // Every candidate's estimate and the choice. RESOURCE_EXHAUSTED if no
 // candidate fits the budget (the message names the smallest one).
 absl::StatusOr<RebuildPlan> PlanRebuild(const PlanRequest& request);
 
-}  // namespace kvd::ops
+}  // namespace kvd::planner
 
-#endif  // KVD_OPS_KVDIRECT_PLANNER_H_
+#endif  // KVD_SERVICES_PLANNER_PLANNER_H_

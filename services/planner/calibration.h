@@ -30,8 +30,8 @@
 //
 // Thread-safety: the measurements use the given pool, so one at a time per
 // pool; the rest are pure functions.
-#ifndef KVD_OPS_KVDIRECT_CALIBRATION_H_
-#define KVD_OPS_KVDIRECT_CALIBRATION_H_
+#ifndef KVD_SERVICES_PLANNER_CALIBRATION_H_
+#define KVD_SERVICES_PLANNER_CALIBRATION_H_
 
 #include <cstdint>
 #include <string>
@@ -40,11 +40,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/cpu/thread_pool.h"
-#include "ops/kvdirect/planner.h"
 #include "ops/model/model.h"
 #include "ops/model/model_config.h"
+#include "services/planner/planner.h"
 
-namespace kvd::ops {
+namespace kvd::planner {
 
 struct GemmRate {
   std::string weights;  // "fp32" or "bf16" (PrecisionName)
@@ -150,8 +150,9 @@ absl::StatusOr<double> MeasureAttentionFlops(absl::string_view kv,
                                              double min_seconds);
 // Writes a file of `file_bytes` in `directory`, syncs it, asks the kernel to
 // drop it from the page cache, reads it back sequentially timing the read,
-// and deletes it. INVALID_ARGUMENT / the OS error if the directory is not
-// writable.
+// and deletes it (storage::MeasureDiskReadBandwidth,
+// storage/probe/disk_bandwidth.h), and records the figure under `directory`.
+// INVALID_ARGUMENT / the OS error if the directory is not writable.
 absl::StatusOr<StorageRate> MeasureReadBandwidth(const std::string& directory,
                                                  int64_t file_bytes);
 
@@ -159,8 +160,8 @@ absl::StatusOr<StorageRate> MeasureReadBandwidth(const std::string& directory,
 // d_model; the rest: d_ff x d_model) at options.ms and its attention, unless
 // `calibration` already has them for pool->num_threads(). Returns whether it
 // measured anything (then the caller may write the file back).
-absl::StatusOr<bool> EnsureModelRates(const ModelConfig& config,
-                                      Precision precision,
+absl::StatusOr<bool> EnsureModelRates(const ops::ModelConfig& config,
+                                      ops::Precision precision,
                                       kernels::cpu::ThreadPool* pool,
                                       const CalibrationOptions& options,
                                       Calibration* calibration);
@@ -172,7 +173,7 @@ absl::StatusOr<bool> EnsureModelRates(const ModelConfig& config,
 // planning for T tokens passes path_context = T: the attention pair cost
 // grows with the context (longer K/V rows fall out of cache).
 // Takes well under a second for SmolLM2 on 2 cores.
-absl::StatusOr<bool> EnsureModelPathRates(const Model& model,
+absl::StatusOr<bool> EnsureModelPathRates(const ops::Model& model,
                                           const CalibrationOptions& options,
                                           Calibration* calibration);
 
@@ -184,14 +185,14 @@ absl::StatusOr<bool> EnsureModelPathRates(const Model& model,
 // FAILED_PRECONDITION if the calibration lacks the model's GEMM or attention
 // shapes for `threads`.
 absl::StatusOr<RebuildRates> RatesAt(const Calibration& calibration,
-                                     const ModelConfig& config,
-                                     Precision precision, int threads,
+                                     const ops::ModelConfig& config,
+                                     ops::Precision precision, int threads,
                                      int64_t m, int64_t keys);
 
 // The stored storage entry for `directory`, or null.
 const StorageRate* FindStorage(const Calibration& calibration,
                                absl::string_view directory);
 
-}  // namespace kvd::ops
+}  // namespace kvd::planner
 
-#endif  // KVD_OPS_KVDIRECT_CALIBRATION_H_
+#endif  // KVD_SERVICES_PLANNER_CALIBRATION_H_

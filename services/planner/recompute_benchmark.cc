@@ -10,7 +10,7 @@
 //                   from the page cache (posix_fadvise DONTNEED) just before.
 // n = seqs x chunk rows. The pools are 256 MiB (8x this machine's 32 MiB L3)
 // and every iteration reads at the next offset, so rows come from DRAM.
-//   bazel run -c opt //ops/kvdirect:recompute_benchmark
+//   bazel run -c opt //services/planner:recompute_benchmark
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -29,8 +29,12 @@
 #include "kernels/cpu/thread_pool.h"
 #include "ops/model/model.h"
 
-namespace kvd::ops {
+namespace kvd::planner {
 namespace {
+
+using ops::Model;
+using ops::ModelConfig;
+using ops::Precision;
 
 namespace cpu = kernels::cpu;
 
@@ -278,4 +282,4 @@ BENCHMARK(BM_ReadDram)->Apply(WithThreads);
 BENCHMARK(BM_ReadDisk)->Apply(OneThread);
 
 }  // namespace
-}  // namespace kvd::ops
+}  // namespace kvd::planner

@@ -20,7 +20,7 @@
 // K/V projection's shape with 1024 rows, the size of a recompute round (the
 // best of three).
 //
-//   bazel run -c opt //ops/kvdirect:decode_benchmark --
+//   bazel run -c opt //services/planner:decode_benchmark --
 //   --benchmark_filter=bf16 2>&1 | tee /tmp/decode.txt
 // Prints one Markdown row per benchmark on stderr besides the counters.
 #include <algorithm>
@@ -36,15 +36,31 @@
 #include "base/model_dir.h"
 #include "base/status_macros.h"
 #include "benchmark/benchmark.h"
-#include "ops/kvdirect/calibration.h"
 #include "ops/kvdirect/checkpoint_policy.h"
 #include "ops/kvdirect/rebuild.h"
 #include "ops/kvdirect/residual_kv_source.h"
 #include "ops/kvdirect/residual_store.h"
 #include "ops/model/model.h"
+#include "services/planner/calibration.h"
 
-namespace kvd::ops {
+namespace kvd::planner {
 namespace {
+
+using ops::CheckpointLayers;
+using ops::CheckpointPolicy;
+using ops::ForwardOutput;
+using ops::KvCache;
+using ops::KvSource;
+using ops::LogitsMode;
+using ops::Model;
+using ops::ModelConfig;
+using ops::Precision;
+using ops::PrecisionName;
+using ops::RebuildKv;
+using ops::RebuildSpec;
+using ops::ResidualKvSource;
+using ops::ResidualStore;
+using ops::SequenceStep;
 
 constexpr char kModelFile[] = "SmolLM2-135M-Instruct.Q4_1.gguf";
 constexpr int64_t kMaxContext = 8192;
@@ -330,4 +346,4 @@ BENCHMARK(BM_Decode)
     ->Unit(benchmark::kSecond);
 
 }  // namespace
-}  // namespace kvd::ops
+}  // namespace kvd::planner

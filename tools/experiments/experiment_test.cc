@@ -6,15 +6,20 @@
 // (each policy feeds back its own tokens), kv-direct's generated sequence
 // must equal the full cache's token for token, and window-only at a tiny
 // budget must leave it.
-#include "ops/kvdirect/experiment.h"
+#include "tools/experiments/experiment.h"
 
 #include <random>
 
 #include "gtest/gtest.h"
 #include "ops/model/testing/tiny_model.h"
 
-namespace kvd::ops {
+namespace kvd::experiments {
 namespace {
+
+using ops::LoadOptions;
+using ops::Model;
+using ops::Precision;
+using ops::PrecisionName;
 
 struct Case {
   std::string family;
@@ -29,14 +34,14 @@ struct Case {
 class TokenMatch : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TokenMatch, KvDirectIsExactAndWindowIsNot) {
-  testing::TinyModelSpec spec;
+  ops::testing::TinyModelSpec spec;
   spec.family = GetParam().family;
   if (spec.family == "gemma3") {
     spec.n_layers = 6;         // 5 local layers + 1 global
     spec.sliding_window = 64;  // wider than the small budgets
   }
   absl::StatusOr<std::string> path =
-      testing::WriteTinyModel(spec, ::testing::TempDir());
+      ops::testing::WriteTinyModel(spec, ::testing::TempDir());
   ASSERT_TRUE(path.ok()) << path.status();
   LoadOptions load;
   load.precision = GetParam().precision;
@@ -82,9 +87,9 @@ INSTANTIATE_TEST_SUITE_P(Families, TokenMatch,
 // greedy tokens, see Case::tokens_differ): the sequences themselves are
 // compared, so this checks what a user would see.
 TEST(FreeRunningTokenMatch, KvDirectGeneratesTheSameTokensAndWindowDiverges) {
-  testing::TinyModelSpec spec;
+  ops::testing::TinyModelSpec spec;
   absl::StatusOr<std::string> path =
-      testing::WriteTinyModel(spec, ::testing::TempDir());
+      ops::testing::WriteTinyModel(spec, ::testing::TempDir());
   ASSERT_TRUE(path.ok()) << path.status();
   LoadOptions load;
   load.precision = Precision::kF32;
@@ -154,9 +159,9 @@ TEST(FreeRunningTokenMatch, KvDirectGeneratesTheSameTokensAndWindowDiverges) {
 }
 
 TEST(TokenMatchArgs, BadRequestsAreRefused) {
-  testing::TinyModelSpec spec;
+  ops::testing::TinyModelSpec spec;
   absl::StatusOr<std::string> path =
-      testing::WriteTinyModel(spec, ::testing::TempDir());
+      ops::testing::WriteTinyModel(spec, ::testing::TempDir());
   ASSERT_TRUE(path.ok());
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(*path, {});
   ASSERT_TRUE(model.ok());
@@ -185,4 +190,4 @@ TEST(KlDivergence, MatchesAHandComputedValue) {
 }
 
 }  // namespace
-}  // namespace kvd::ops
+}  // namespace kvd::experiments
