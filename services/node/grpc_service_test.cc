@@ -816,8 +816,15 @@ TEST_F(GrpcServiceTest, ExportImportContinuesBitIdentically) {
   v1::Session s;
   EXPECT_EQ(Get("corrupt", &s).error_code(), grpc::StatusCode::NOT_FOUND);
 
-  Reply a = Generate(Raw("orig", " continued", 24));
-  Reply b = Generate(Raw("copy", " continued", 24));
+  // Continued with every step's top-20 log-probabilities (a function of the
+  // step's logits): the streamed copy gives the same bits as the original.
+  v1::GenerateRequest cont_a = Raw("orig", " continued", 24);
+  cont_a.mutable_sampling()->set_logprobs(true);
+  cont_a.mutable_sampling()->set_top_logprobs(20);
+  v1::GenerateRequest cont_b = cont_a;
+  cont_b.set_session_id("copy");
+  Reply a = Generate(cont_a);
+  Reply b = Generate(cont_b);
   ASSERT_TRUE(a.status.ok()) << a.status.error_message();
   ASSERT_TRUE(b.status.ok()) << b.status.error_message();
   EXPECT_EQ(a.finished.state_path(), "hot");
@@ -827,6 +834,20 @@ TEST_F(GrpcServiceTest, ExportImportContinuesBitIdentically) {
             std::vector<int32_t>(b.finished.token_ids().begin(),
                                  b.finished.token_ids().end()));
   EXPECT_EQ(a.finished.session_tokens(), b.finished.session_tokens());
+  ASSERT_EQ(a.finished.logprobs_size(), 24);
+  ASSERT_EQ(b.finished.logprobs_size(), 24);
+  for (int i = 0; i < 24; ++i) {
+    const v1::TokenLogprobs& x = a.finished.logprobs(i);
+    const v1::TokenLogprobs& y = b.finished.logprobs(i);
+    ASSERT_EQ(x.top_size(), 20);
+    ASSERT_EQ(y.top_size(), 20);
+    for (int k = 0; k < 20; ++k) {
+      const float fx = x.top(k).logprob(), fy = y.top(k).logprob();
+      EXPECT_EQ(std::memcmp(&fx, &fy, sizeof(float)), 0)
+          << "step " << i << " rank " << k;
+      EXPECT_EQ(x.top(k).token_id(), y.top(k).token_id());
+    }
+  }
 
   // The same session as another node's numerics wrote it (a GPU node's):
   // accepted, and re-prefilled from its tokens on this node's numerics, so
