@@ -153,6 +153,12 @@ for other in "--node-id b" ""; do
 done
 after="$("$KVD" sessions --data-dir "$data" show owned 2>&1)"
 [[ "$before" == "$after" ]] || fail "a refused turn changed the session: $after"
+# The operator's way out (a node renamed or retired): adopt it here, one epoch on; then it
+# continues.
+out="$("$KVD" sessions --data-dir "$data" adopt owned 2>&1)" || fail "sessions adopt: $out"
+expect_contains "sessions adopt" "$out" "epoch 2"
+"$KVD" chat --data-dir "$data" --session owned --max-tokens 2 "Again" >/dev/null 2>&1 \
+  || fail "kvd chat after adopt exited $?"
 
 if ((failures)); then
   echo "$failures failure(s)"

@@ -36,7 +36,13 @@ constexpr char kSummary[] =
     "                                      read)\n"
     "  kvd sessions import FILE [NAME]     store a file's session (as NAME)\n"
     "  kvd sessions import --all DIR       what export --all wrote, each\n"
-    "                                      session into its tenant";
+    "                                      session into its tenant\n"
+    "  kvd sessions adopt NAME [--node-id ID]\n"
+    "                                      make node ID (default: a "
+    "standalone\n"
+    "                                      node) the session's owner, one "
+    "epoch\n"
+    "                                      on (a node renamed, or retired)";
 
 std::string Time(int64_t unix_ms) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms),
@@ -237,7 +243,8 @@ absl::Status Run(const Args& args) {
   const std::vector<std::string>& p = args.positional();
   if (p.empty()) {
     return absl::InvalidArgumentError(
-        "missing action: ls, show, rm, export or import (see 'kvd sessions "
+        "missing action: ls, show, rm, export, import or adopt (see 'kvd "
+        "sessions "
         "--help')");
   }
   const std::string& action = p[0];
@@ -300,8 +307,31 @@ absl::Status Run(const Args& args) {
     KVD_RETURN_IF_ERROR(need(1, "kvd sessions import FILE [NAME]"));
     return Import(*store, tenant, p[1], p.size() > 2 ? p[2] : "");
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown action '", action, "': use ls, show, rm, export or import"));
+  if (action == "adopt") {
+    KVD_RETURN_IF_ERROR(need(1, "kvd sessions adopt NAME [--node-id ID]"));
+    // Offline, as an operator's fix: no node runs on this data directory
+    // (it holds RocksDB's lock), so no turn can race the change.
+    KVD_ASSIGN_OR_RETURN(v1::SessionManifest m,
+                         store->GetManifest(tenant, p[1]));
+    storage::TurnUpdate update;
+    update.manifest = m;
+    update.manifest.set_format_version(storage::kCheckpointFormatVersion);
+    update.manifest.set_owner_node(args.Get("node-id"));
+    update.manifest.set_epoch(storage::EpochOf(m) + 1);
+    update.manifest.set_role(v1::SESSION_ROLE_PRIMARY);
+    update.ownership_change = true;
+    KVD_RETURN_IF_ERROR(store->CommitTurn(update));
+    std::fprintf(stderr, "session '%s' is now owned by %s at epoch %llu\n",
+                 p[1].c_str(),
+                 args.Get("node-id").empty()
+                     ? "a standalone node"
+                     : absl::StrCat("node '", args.Get("node-id"), "'").c_str(),
+                 static_cast<unsigned long long>(update.manifest.epoch()));
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown action '", action,
+                   "': use ls, show, rm, export, import or adopt"));
 }
 
 }  // namespace
@@ -311,10 +341,11 @@ int SessionsCommand(const std::vector<std::string>& argv) {
   args.Positional("ACTION ARGS...",
                   "ls | show NAME | rm NAME | export NAME FILE "
                   "| export --all DIR | import FILE [NAME] "
-                  "| import --all DIR");
+                  "| import --all DIR | adopt NAME");
   args.Switch("all",
               "export/import: every session of every tenant, to or from "
               "DIR/TENANT/NAME.kvds");
+  args.Flag("node-id", "", "adopt: the new owner (empty: a standalone node)");
   DeclareStoreFlags(args);
   return args.Main(argv, Run);
 }
