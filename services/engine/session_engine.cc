@@ -318,7 +318,7 @@ absl::Status SessionEngine::ImportSession(
   // the exported copy.
   checkpoint.ReplaceManifest(
       storage::ImportedBy(checkpoint.manifest(), options_.node_id));
-  return store_->PutSession(checkpoint);
+  return store_->PutSession(std::move(checkpoint));
 }
 
 absl::Status SessionEngine::CheckMayCommit(

@@ -133,7 +133,7 @@ absl::Status TieredStore::CommitTurn(const TurnUpdate& update,
   return absl::OkStatus();
 }
 
-absl::Status TieredStore::PutSession(const SessionCheckpoint& checkpoint) {
+absl::Status TieredStore::PutSession(SessionCheckpoint checkpoint) {
   const v1::SessionManifest& m = checkpoint.manifest();
   KVD_RETURN_IF_ERROR(ValidateNames(m.tenant(), m.session_id()));
   // Before the Erase, so a refused import leaves the session as it was.
@@ -141,7 +141,7 @@ absl::Status TieredStore::PutSession(const SessionCheckpoint& checkpoint) {
   // Cancel any spill of an older version first, so it cannot land on top.
   dram_.Erase(m.tenant(), m.session_id());
   KVD_RETURN_IF_ERROR(db_->PutSession(checkpoint));
-  dram_.Put(checkpoint, /*dirty=*/false);
+  dram_.Put(std::move(checkpoint), /*dirty=*/false);
   return absl::OkStatus();
 }
 

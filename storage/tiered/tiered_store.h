@@ -81,7 +81,9 @@ class TieredStore {
   absl::Status CommitTurn(const TurnUpdate& update, CommitMode mode);
 
   // Replaces a whole session (an import): RocksDB first, then DRAM.
-  absl::Status PutSession(const SessionCheckpoint& checkpoint);
+  // Taken by value: moved in, the checkpoint becomes the DRAM copy without
+  // being copied (an import then holds the session once).
+  absl::Status PutSession(SessionCheckpoint checkpoint);
 
   struct Loaded {
     std::shared_ptr<const SessionCheckpoint> checkpoint;  // never null

@@ -185,15 +185,15 @@ absl::Status Import(storage::TieredStore& store, const std::string& tenant,
         "session '", m.session_id(), "' already exists for tenant '", tenant,
         "'; remove it first (kvd sessions rm) or import under another name"));
   }
-  std::map<storage::ChunkId, std::string> chunks = cp.chunks();
   // As a node's import (SessionEngine::ImportSession): a new primary, one
   // epoch on; unowned, since this tool is no node (the first node to commit
   // a turn to it takes it).
-  cp.Reset(storage::ImportedBy(m, ""), std::move(chunks));
-  KVD_RETURN_IF_ERROR(store.PutSession(cp));
+  cp.ReplaceManifest(storage::ImportedBy(m, ""));
+  const int64_t tokens = cp.manifest().token_count();
+  const std::string stored_as = cp.manifest().session_id();
+  KVD_RETURN_IF_ERROR(store.PutSession(std::move(cp)));
   std::fprintf(stderr, "imported %s as session '%s' (%lld tokens)\n",
-               file.c_str(), cp.manifest().session_id().c_str(),
-               static_cast<long long>(cp.manifest().token_count()));
+               file.c_str(), stored_as.c_str(), static_cast<long long>(tokens));
   return absl::OkStatus();
 }
 
