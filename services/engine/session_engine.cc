@@ -817,8 +817,15 @@ absl::Status SessionEngine::Adopt(const std::string& tenant,
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   const Key key(tenant, session);
   const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
-  absl::MutexLock session_lock(session_mu.get());
-  return ChangeOwner(key, options_.node_id, epoch, v1::SESSION_ROLE_PRIMARY);
+  absl::Status adopted;
+  {
+    absl::MutexLock session_lock(session_mu.get());
+    adopted =
+        ChangeOwner(key, options_.node_id, epoch, v1::SESSION_ROLE_PRIMARY);
+  }
+  // Turns this node held for a move of its own now run here.
+  if (adopted.ok()) Unfreeze(tenant, session);
+  return adopted;
 }
 
 absl::StatusOr<GenerateResult> SessionEngine::Complete(
@@ -980,7 +987,11 @@ absl::Status SessionEngine::DeleteSession(const std::string& tenant,
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   const Key key(tenant, session);
+  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  absl::MutexLock session_lock(session_mu.get());
   {
+    // Under the session's mutex: Freeze marks the session before it takes
+    // the mutex, so a freeze cannot slip in after this check.
     absl::MutexLock lock(&mu_);
     if (frozen_.contains(key)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -989,8 +1000,6 @@ absl::Status SessionEngine::DeleteSession(const std::string& tenant,
           "give up the move first"));
     }
   }
-  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
-  absl::MutexLock session_lock(session_mu.get());
   Drop(key);
   const absl::Status s = store_->Delete(tenant, session);
   absl::MutexLock lock(&mu_);

@@ -592,6 +592,41 @@ TEST_F(GrpcServiceTest, TurnOfASessionThatMovedIsAborted) {
             m->token_count());
 }
 
+// A streamed import past the node's limit is refused while it arrives,
+// and nothing of it is stored.
+TEST_F(GrpcServiceTest, ImportPastTheLimitIsRefused) {
+  GrpcServerOptions options;
+  options.max_import_bytes = 10000;
+  Start(KeyStore(), options);
+  grpc::ClientContext ctx;
+  v1::Session out;
+  auto writer = stub_->ImportSession(&ctx, &out);
+  // A well-formed header announcing a 9000-byte manifest, so the parser
+  // keeps reading while the limit is reached.
+  std::string head(storage::kSessionFileMagic);
+  auto le = [&head](uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i)
+      head.push_back(static_cast<char>(v >> (8 * i)));
+  };
+  le(storage::kSessionFileVersion, 4);
+  le(storage::kCheckpointFormatVersion, 4);
+  le(9000, 8);
+  v1::ImportSessionRequest req;
+  req.set_session_id("big");
+  req.set_chunk(head + std::string(8000 - head.size(), 'x'));
+  EXPECT_TRUE(writer->Write(req));
+  req.clear_session_id();
+  req.set_chunk(std::string(8000, 'x'));
+  writer->Write(req);  // over the limit now
+  writer->WritesDone();
+  const grpc::Status s = writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("10000"));
+  v1::Session got;
+  EXPECT_EQ(Get("big", &got).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
 // One admission control for both front ends: a slot the HTTP side holds is
 // one gRPC cannot take, and the refusal carries gRPC's retry pushback.
 TEST_F(GrpcServiceTest, AdmissionIsSharedAndRefusalsCarryRetryPushback) {
@@ -766,7 +801,10 @@ TEST_F(GrpcServiceTest, StandardHealthServiceAnswers) {
 }
 
 TEST_F(GrpcServiceTest, ExportImportContinuesBitIdentically) {
-  Start(KeyStore());
+  // Small export messages, so the file travels as many of them.
+  GrpcServerOptions options;
+  options.export_chunk_bytes = 4096;
+  Start(KeyStore(), options);
   ASSERT_TRUE(Create("orig").ok());
   ASSERT_TRUE(Generate(Raw("orig", "The start of a story", 16)).status.ok());
 
@@ -782,9 +820,11 @@ TEST_F(GrpcServiceTest, ExportImportContinuesBitIdentically) {
       if (messages++ == 0) {
         EXPECT_EQ(msg.session().session_id(), "orig");
       }
+      EXPECT_LE(msg.chunk().size(), 4096u);
       file += msg.chunk();
     }
     ASSERT_TRUE(reader->Finish().ok());
+    EXPECT_GT(messages, 1);  // streamed as it was written
   }
   ASSERT_GT(file.size(), 16u);
 

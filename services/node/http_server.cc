@@ -744,11 +744,24 @@ void HttpServerImpl::HandleExport(const httplib::Request& req,
   absl::StatusOr<std::shared_ptr<const storage::SessionCheckpoint>> loaded =
       runtime_->engine().ExportSession(*tenant, id);
   if (!loaded.ok()) return SendError(res, loaded.status());
-  absl::StatusOr<std::string> bytes = storage::SerializeSessionFile(**loaded);
-  if (!bytes.ok()) return SendError(res, bytes.status());
+  // Checked before the first byte goes out (a status can still be sent),
+  // then streamed in 1 MiB pieces without building the whole file.
+  if (absl::Status s = storage::ValidateCheckpointContents(**loaded, id);
+      !s.ok()) {
+    return SendError(res, s);
+  }
   res.set_header("Content-Disposition",
                  absl::StrCat("attachment; filename=\"", id, ".kvds\""));
-  res.set_content(*std::move(bytes), "application/octet-stream");
+  std::shared_ptr<const storage::SessionCheckpoint> cp = *std::move(loaded);
+  res.set_chunked_content_provider(
+      "application/octet-stream", [cp](size_t, httplib::DataSink& sink) {
+        (void)storage::WriteSessionPieces(
+            *cp, 1 << 20, [&sink](absl::string_view piece) {
+              return sink.write(piece.data(), piece.size());
+            });
+        sink.done();
+        return true;
+      });
 }
 
 void HttpServerImpl::HandleMetrics(httplib::Response& res) {

@@ -89,8 +89,13 @@ absl::StatusOr<SessionCheckpoint> ParseSessionFile(absl::string_view bytes,
 // (u64 n + bytes), 'C' chunk records as in the file, 'X' records (i64 layer,
 // i64 index) for chunks no longer kept, then 'E', u64 record count and the
 // CRC32C of everything before it. Reading checks every record (each chunk
-// decodes, names its id and fits the manifest's layout) and the trailer, and
-// a stream cut or damaged anywhere is DATA_LOSS: nothing of it is applied.
+// decodes, names its id and fits the manifest's layout) and the trailer: a
+// stream cut or damaged anywhere is refused and nothing of it is applied
+// (DATA_LOSS; a damaged magic or version reads as INVALID_ARGUMENT or
+// FAILED_PRECONDITION). Record counts and sizes are bounded per record only:
+// a caller caps the whole stream through `next` (as gRPC import caps a
+// file). Whether the records make sense for the session they update (no
+// duplicates, within its positions) is the applier's check.
 inline constexpr absl::string_view kTurnStreamMagic{"KVDTURN\0", 8};
 inline constexpr uint32_t kTurnStreamVersion = 1;
 absl::Status WriteTurnUpdatePieces(

@@ -343,9 +343,18 @@ struct SessionDb::Impl {
         absl::StrCat(what, " for session ", Name(m.tenant(), m.session_id()))));
     const int64_t delta = m.stored_bytes() - old_bytes;
     KVD_RETURN_IF_ERROR(Reserve(m.tenant(), delta));
+    absl::Status written = WriteBatchFor(m, batch, what);
+    if (!written.ok()) Unreserve(m.tenant(), delta);
+    return written;
+  }
+
+  // Writes a batch of `m`'s session, keeping the books on a failure: a full
+  // disk makes later writes resume first, a damaged file stops readiness.
+  absl::Status WriteBatchFor(const v1::SessionManifest& m,
+                             rocksdb::WriteBatch* batch,
+                             absl::string_view what) {
     rocksdb::Status s = db->Write(WriteOpts(), batch);
     if (!s.ok()) {
-      Unreserve(m.tenant(), delta);
       if (s.IsNoSpace()) {
         absl::MutexLock lock(&mu);
         needs_resume = true;
@@ -646,8 +655,9 @@ absl::Status SessionDb::PutNewSession(const SessionCheckpoint& checkpoint) {
       impl_->CheckRoom(value_bytes, absl::StrCat("importing session ", name)));
   // The chunks in bounded batches, then the manifest, the commit record: a
   // crash between leaves chunks no manifest accounts for, which Load
-  // ignores and SweepOrphans removes. So an import holds one batch of
-  // chunks in memory beyond the checkpoint, not a copy of all of them.
+  // ignores and `kvd sessions sweep` (SweepOrphans) removes. So an import holds
+  // one batch of chunks in memory beyond the checkpoint, not a copy of all of
+  // them.
   const std::string prefix = ChunkPrefix(m.tenant(), m.session_id());
   auto clean_up = [&] {
     rocksdb::WriteBatch undo;
@@ -655,26 +665,34 @@ absl::Status SessionDb::PutNewSession(const SessionCheckpoint& checkpoint) {
     undo.DeleteRange(impl_->cfs[kResiduals], prefix, PrefixUpperBound(prefix));
     (void)impl_->db->Write(impl_->WriteOpts(), &undo);
   };
+  // Held from the first batch to the manifest: SweepOrphans (exclusive)
+  // would take the chunks written so far for orphans and delete them.
+  absl::ReaderMutexLock commit(&impl_->commit_mu);
+  // The tenant's quota is reserved before the first byte is written, so a
+  // refused import leaves nothing behind.
+  KVD_RETURN_IF_ERROR(impl_->Reserve(m.tenant(), m.stored_bytes()));
+  auto fail = [&](absl::Status s) {
+    impl_->Unreserve(m.tenant(), m.stored_bytes());
+    clean_up();
+    return s;
+  };
   rocksdb::WriteBatch batch;
   for (const auto& [id, value] : checkpoint.chunks()) {
     const Cf cf = id.layer == kTokenLayer ? kTokens : kResiduals;
     batch.Put(impl_->cfs[cf], ChunkKey(m.tenant(), m.session_id(), id), value);
     if (batch.GetDataSize() < kImportBatchBytes) continue;
-    const absl::Status s =
-        impl_->FromRocks(impl_->db->Write(impl_->WriteOpts(), &batch),
-                         absl::StrCat("importing session ", name));
-    if (!s.ok()) {
-      clean_up();
-      return s;
+    if (absl::Status s = impl_->WriteBatchFor(m, &batch, "importing");
+        !s.ok()) {
+      return fail(s);
     }
     batch.Clear();
   }
   batch.Put(impl_->cfs[kManifests], SessionKey(m.tenant(), m.session_id()),
             m.SerializeAsString());
-  absl::ReaderMutexLock commit(&impl_->commit_mu);
-  const absl::Status s = impl_->CommitBatch(m, 0, &batch, "importing");
-  if (!s.ok()) clean_up();
-  return s;
+  // Reserved above: the manifest's bytes count as already there.
+  const absl::Status s =
+      impl_->CommitBatch(m, m.stored_bytes(), &batch, "importing");
+  return s.ok() ? s : fail(s);
 }
 
 absl::StatusOr<v1::SessionManifest> SessionDb::GetManifest(

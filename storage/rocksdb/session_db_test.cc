@@ -114,6 +114,23 @@ class SessionDbTest : public ::testing::Test {
     }
   }
 
+  // Keys of the token and residual families starting with `prefix`, read
+  // with RocksDB directly (the database is reopened afterwards).
+  std::vector<std::string> RawKeysWithPrefix(const std::string& prefix) {
+    db_.reset();
+    std::vector<std::string> found;
+    {
+      RawDb raw(options_.path);
+      for (const char* family : {"tokens", "residuals"}) {
+        for (const std::string& k : raw.Keys(family)) {
+          if (k.rfind(prefix, 0) == 0) found.push_back(k);
+        }
+      }
+    }
+    Reopen();
+    return found;
+  }
+
   SessionDbOptions options_;
   std::unique_ptr<SessionDb> db_;
 };
@@ -487,14 +504,26 @@ TEST_F(SessionDbTest, LargeImportOfANewSessionRoundTrips) {
   ASSERT_TRUE(db_->PutSession(cp).ok());
   ExpectLoadsAsCommitted(s);
   EXPECT_EQ(db_->TenantBytes("acme"), s.manifest().stored_bytes());
-  // A misstated size is refused before anything is written.
+  // A misstated size, and an import over the tenant's quota, are refused
+  // before anything is written: no chunk of either lands.
+  SyntheticSessionOptions other = o;
+  other.session = "bad";
+  SyntheticSession b(other);
   SessionCheckpoint bad;
-  v1::SessionManifest m = cp.manifest();
-  m.set_session_id("bad");
+  ASSERT_TRUE(bad.Apply(b.AppendTurn(576)).ok());
+  v1::SessionManifest m = bad.manifest();
   m.set_stored_bytes(1);
-  std::map<ChunkId, std::string> chunks;  // none: they would name "big"
-  bad.Reset(m, chunks);
+  bad.ReplaceManifest(m);
   EXPECT_EQ(db_->PutSession(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(RawKeysWithPrefix(ChunkPrefix("acme", "bad")).empty());
+  options_.default_quota_bytes = s.manifest().stored_bytes() + 1024;
+  Reopen();
+  m.set_stored_bytes(b.manifest().stored_bytes());
+  bad.ReplaceManifest(m);
+  const absl::Status quota = db_->PutSession(bad);
+  EXPECT_EQ(quota.code(), absl::StatusCode::kResourceExhausted) << quota;
+  EXPECT_TRUE(RawKeysWithPrefix(ChunkPrefix("acme", "bad")).empty());
+  EXPECT_EQ(db_->TenantBytes("acme"), s.manifest().stored_bytes());
   EXPECT_EQ(db_->GetManifest("acme", "bad").status().code(),
             absl::StatusCode::kNotFound);
 }

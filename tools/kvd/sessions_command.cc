@@ -37,6 +37,8 @@ constexpr char kSummary[] =
     "  kvd sessions import FILE [NAME]     store a file's session (as NAME)\n"
     "  kvd sessions import --all DIR       what export --all wrote, each\n"
     "                                      session into its tenant\n"
+    "  kvd sessions sweep                  delete chunks no session accounts\n"
+    "                                      for (an import cut short)\n"
     "  kvd sessions adopt NAME [--node-id ID]\n"
     "                                      make node ID (default: a "
     "standalone\n"
@@ -243,7 +245,8 @@ absl::Status Run(const Args& args) {
   const std::vector<std::string>& p = args.positional();
   if (p.empty()) {
     return absl::InvalidArgumentError(
-        "missing action: ls, show, rm, export, import or adopt (see 'kvd "
+        "missing action: ls, show, rm, export, import, sweep or adopt (see "
+        "'kvd "
         "sessions "
         "--help')");
   }
@@ -307,6 +310,16 @@ absl::Status Run(const Args& args) {
     KVD_RETURN_IF_ERROR(need(1, "kvd sessions import FILE [NAME]"));
     return Import(*store, tenant, p[1], p.size() > 2 ? p[2] : "");
   }
+  if (action == "sweep") {
+    KVD_RETURN_IF_ERROR(need(0, "kvd sessions sweep"));
+    KVD_ASSIGN_OR_RETURN(storage::SweepStats stats, store->db().SweepOrphans());
+    std::fprintf(stderr,
+                 "checked %lld session(s); deleted %lld chunk(s) no manifest "
+                 "accounts for (an import or a move cut short)\n",
+                 static_cast<long long>(stats.sessions_checked),
+                 static_cast<long long>(stats.orphan_chunks_deleted));
+    return absl::OkStatus();
+  }
   if (action == "adopt") {
     KVD_RETURN_IF_ERROR(need(1, "kvd sessions adopt NAME [--node-id ID]"));
     // Offline, as an operator's fix: no node runs on this data directory
@@ -331,7 +344,7 @@ absl::Status Run(const Args& args) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown action '", action,
-                   "': use ls, show, rm, export, import or adopt"));
+                   "': use ls, show, rm, export, import, sweep or adopt"));
 }
 
 }  // namespace
@@ -341,7 +354,7 @@ int SessionsCommand(const std::vector<std::string>& argv) {
   args.Positional("ACTION ARGS...",
                   "ls | show NAME | rm NAME | export NAME FILE "
                   "| export --all DIR | import FILE [NAME] "
-                  "| import --all DIR | adopt NAME");
+                  "| import --all DIR | sweep | adopt NAME");
   args.Switch("all",
               "export/import: every session of every tenant, to or from "
               "DIR/TENANT/NAME.kvds");
