@@ -20,6 +20,7 @@
 #include "services/engine/testing/engine_fixture.h"
 #include "storage/checkpoint/ownership.h"
 #include "storage/rocksdb/keys.h"
+#include "storage/tiered/testing/sessions.h"
 
 namespace kvd::engine {
 namespace {
@@ -400,12 +401,9 @@ TEST_P(SessionEngineTest, HotStateOfAMovedSessionIsNotUsed) {
   ASSERT_TRUE(engine_->IsHot("acme", "chat-1"));
   absl::StatusOr<v1::SessionManifest> m = store_->GetManifest("acme", "chat-1");
   ASSERT_TRUE(m.ok());
-  storage::TurnUpdate move;
-  move.manifest = *m;
-  move.manifest.set_owner_node("elsewhere");
-  move.manifest.set_epoch(2);
-  move.ownership_change = true;
-  ASSERT_TRUE(store_->CommitTurn(move).ok());
+  ASSERT_TRUE(storage::testing::MoveSessionForTest(*store_, "acme", "chat-1",
+                                                   "elsewhere", 2)
+                  .ok());
   const int64_t steps_before = engine_->stats().scheduler.steps;
   absl::StatusOr<TurnResult> r = Turn(1, &t);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);

@@ -20,6 +20,7 @@
 #include "proto/kvd/v1/sessions.grpc.pb.h"
 #include "services/node/grpc_convert.h"
 #include "storage/checkpoint/session_file.h"
+#include "storage/tiered/testing/sessions.h"
 
 namespace kvd::node {
 namespace {
@@ -579,12 +580,9 @@ TEST_F(GrpcServiceTest, TurnOfASessionThatMovedIsAborted) {
   absl::StatusOr<v1::SessionManifest> m =
       runtime_->store().GetManifest("local", "moved");
   ASSERT_TRUE(m.ok()) << m.status();
-  storage::TurnUpdate move;
-  move.manifest = *m;
-  move.manifest.set_owner_node("elsewhere");
-  move.manifest.set_epoch(2);
-  move.ownership_change = true;
-  ASSERT_TRUE(runtime_->store().CommitTurn(move).ok());
+  ASSERT_TRUE(storage::testing::MoveSessionForTest(runtime_->store(), "local",
+                                                   "moved", "elsewhere", 2)
+                  .ok());
   Reply r = Generate(Raw("moved", " more", 2));
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_THAT(r.status.error_message(), HasSubstr("moved"));

@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "ops/model/testing/tiny_model.h"
+#include "storage/tiered/testing/sessions.h"
 
 namespace kvd::node {
 namespace {
@@ -876,12 +877,9 @@ TEST_F(HttpServerTest, TurnOfASessionThatMovedIs409) {
   absl::StatusOr<v1::SessionManifest> m =
       smol_->store().GetManifest("local", "moved-1");
   ASSERT_TRUE(m.ok()) << m.status();
-  storage::TurnUpdate move;
-  move.manifest = *m;
-  move.manifest.set_owner_node("elsewhere");
-  move.manifest.set_epoch(2);
-  move.ownership_change = true;
-  ASSERT_TRUE(smol_->store().CommitTurn(move).ok());
+  ASSERT_TRUE(storage::testing::MoveSessionForTest(smol_->store(), "local",
+                                                   "moved-1", "elsewhere", 2)
+                  .ok());
   const Reply refused = turn();
   EXPECT_EQ(refused.status, 409) << refused.body;
   EXPECT_THAT(refused.body, HasSubstr("moved"));

@@ -133,4 +133,17 @@ int InMemoryLowerTierDouble::loads() const {
   return loads_;
 }
 
+absl::Status MoveSessionForTest(TieredStore& store, const std::string& tenant,
+                                const std::string& session,
+                                const std::string& owner, uint64_t epoch) {
+  absl::StatusOr<v1::SessionManifest> m = store.GetManifest(tenant, session);
+  if (!m.ok()) return m.status();
+  TurnUpdate move;
+  move.manifest = *std::move(m);
+  move.manifest.set_owner_node(owner);
+  move.manifest.set_epoch(epoch);
+  move.ownership_change = true;
+  return store.CommitTurn(move);
+}
+
 }  // namespace kvd::storage::testing

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "storage/checkpoint/session_checkpoint.h"
 #include "storage/tiered/lower_tier.h"
+#include "storage/tiered/tiered_store.h"
 
 namespace kvd::storage::testing {
 
@@ -68,6 +69,13 @@ class InMemoryLowerTierDouble : public LowerTier {
   int stores_ = 0;
   int loads_ = 0;
 };
+
+// Moves the stored session to node `owner` at `epoch` behind the back of any
+// engine holding it, as the session's new owner would have: for tests of
+// what a node does with a session that moved away.
+absl::Status MoveSessionForTest(TieredStore& store, const std::string& tenant,
+                                const std::string& session,
+                                const std::string& owner, uint64_t epoch);
 
 }  // namespace kvd::storage::testing
 
