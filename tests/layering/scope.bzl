@@ -208,6 +208,8 @@ SCOPE = [
     "//services/cluster:etcd_client",
     "//services/cluster:etcd_client_test",
     "//services/cluster:etcd_process",
+    "//services/cluster:membership",
+    "//services/cluster:membership_test",
     "//services/engine:backend_interface_test",
     "//services/engine:chat_turn",
     "//services/engine:chat_turn_test",
