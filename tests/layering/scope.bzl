@@ -205,6 +205,8 @@ SCOPE = [
     "//proto/kvd/v1:health_proto_test",
     "//proto/kvd/v1:sessions_proto",
     "//proto/kvd/v1:sessions_proto_gen",
+    "//services/cluster:directory",
+    "//services/cluster:directory_test",
     "//services/cluster:etcd_client",
     "//services/cluster:etcd_client_test",
     "//services/cluster:etcd_process",

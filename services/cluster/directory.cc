@@ -1,0 +1,116 @@
+#include "services/cluster/directory.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace kvd::cluster {
+namespace {
+
+using nlohmann::json;
+
+std::string Encode(const DirectoryEntry& e) {
+  return json{{"owner", e.owner},
+              {"epoch", e.epoch},
+              {"replicas", e.replicas},
+              {"state", e.state}}
+      .dump();
+}
+
+absl::StatusOr<DirectoryEntry> Decode(const EtcdKeyValue& kv) {
+  const json j = json::parse(kv.value, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("owner") || !j["owner"].is_string() ||
+      !j.contains("epoch") || !j["epoch"].is_number_unsigned()) {
+    return absl::DataLossError(absl::StrCat(
+        "directory entry ", kv.key,
+        " does not parse as a session entry: ", kv.value.substr(0, 200)));
+  }
+  DirectoryEntry e;
+  e.owner = j["owner"].get<std::string>();
+  e.epoch = j["epoch"].get<uint64_t>();
+  if (j.contains("replicas") && j["replicas"].is_array()) {
+    for (const json& r : j["replicas"]) {
+      if (r.is_string()) e.replicas.push_back(r.get<std::string>());
+    }
+  }
+  if (j.contains("state") && j["state"].is_string()) {
+    e.state = j["state"].get<std::string>();
+  }
+  e.mod_revision = kv.mod_revision;
+  return e;
+}
+
+}  // namespace
+
+std::string SessionDirectory::Key(const std::string& tenant,
+                                  const std::string& session) {
+  return absl::StrCat(kSessionsPrefix, tenant, "/", session);
+}
+
+absl::StatusOr<std::optional<DirectoryEntry>> SessionDirectory::Lookup(
+    const std::string& tenant, const std::string& session) {
+  absl::StatusOr<std::optional<EtcdKeyValue>> kv =
+      etcd_->Get(Key(tenant, session));
+  if (!kv.ok()) return kv.status();
+  if (!kv->has_value()) return std::optional<DirectoryEntry>();
+  absl::StatusOr<DirectoryEntry> e = Decode(**kv);
+  if (!e.ok()) return e.status();
+  return std::optional<DirectoryEntry>(*std::move(e));
+}
+
+absl::StatusOr<DirectoryEntry> SessionDirectory::Create(
+    const std::string& tenant, const std::string& session,
+    const std::string& owner) {
+  DirectoryEntry e;
+  e.owner = owner;
+  e.epoch = 1;
+  const std::string key = Key(tenant, session);
+  absl::StatusOr<bool> won = etcd_->PutIfModRevision(key, Encode(e), 0);
+  if (!won.ok()) return won.status();
+  if (!*won) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "session '", session, "' of tenant '", tenant,
+        "' is in the directory already (placed by someone else first)"));
+  }
+  absl::StatusOr<std::optional<DirectoryEntry>> placed =
+      Lookup(tenant, session);
+  if (!placed.ok()) return placed.status();
+  if (!placed->has_value()) {
+    return absl::AbortedError(
+        absl::StrCat("session '", session,
+                     "' left the directory right after it was "
+                     "placed; look it up again"));
+  }
+  return **placed;
+}
+
+absl::StatusOr<DirectoryEntry> SessionDirectory::Move(
+    const std::string& tenant, const std::string& session,
+    const DirectoryEntry& expected, const std::string& to) {
+  DirectoryEntry next = expected;
+  next.owner = to;
+  next.epoch = expected.epoch + 1;
+  next.state = "active";
+  next.replicas.erase(
+      std::remove(next.replicas.begin(), next.replicas.end(), to),
+      next.replicas.end());
+  absl::StatusOr<bool> won = etcd_->PutIfModRevision(
+      Key(tenant, session), Encode(next), expected.mod_revision);
+  if (!won.ok()) return won.status();
+  if (!*won) {
+    return absl::AbortedError(
+        absl::StrCat("session '", session, "' of tenant '", tenant,
+                     "' changed in the directory since it was read (epoch ",
+                     expected.epoch, "); look it up again and decide"));
+  }
+  absl::StatusOr<std::optional<DirectoryEntry>> moved = Lookup(tenant, session);
+  if (!moved.ok()) return moved.status();
+  if (!moved->has_value()) {
+    return absl::AbortedError("the session left the directory after its move");
+  }
+  return **moved;
+}
+
+}  // namespace kvd::cluster

@@ -1,0 +1,64 @@
+// The cluster's session directory in etcd: /kvd/v1/sessions/TENANT/SESSION
+// -> its owner node, its fencing epoch (the manifest's, which the owner's
+// conditional commits check: storage/checkpoint/ownership.h), its replicas
+// and its state. Every change is an etcd transaction on the entry's
+// revision, so of two routers or nodes racing to place or move a session
+// exactly one wins, and a move always raises the epoch.
+//
+//   SessionDirectory dir(etcd.get());
+//   KVD_ASSIGN_OR_RETURN(DirectoryEntry e, dir.Create("acme", "c1", "n1"));
+//   KVD_ASSIGN_OR_RETURN(e, dir.Move("acme", "c1", e, "n2"));  // epoch 2
+//
+// Thread-safety: as EtcdClient.
+#ifndef KVD_SERVICES_CLUSTER_DIRECTORY_H_
+#define KVD_SERVICES_CLUSTER_DIRECTORY_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/cluster/etcd_client.h"
+
+namespace kvd::cluster {
+
+inline constexpr char kSessionsPrefix[] = "/kvd/v1/sessions/";
+
+struct DirectoryEntry {
+  std::string owner;  // node id
+  uint64_t epoch = 0;
+  std::vector<std::string> replicas;
+  std::string state = "active";  // "active", "moving"
+  int64_t mod_revision = 0;      // the entry's etcd revision, for Move
+};
+
+class SessionDirectory {
+ public:
+  explicit SessionDirectory(EtcdClient* etcd) : etcd_(etcd) {}
+
+  // The session's entry, or nullopt if the directory has none. DATA_LOSS for
+  // an entry that does not parse.
+  absl::StatusOr<std::optional<DirectoryEntry>> Lookup(
+      const std::string& tenant, const std::string& session);
+  // Assigns a new session to `owner` at epoch 1. ALREADY_EXISTS if the
+  // directory has it (someone else placed it first: Lookup and follow).
+  absl::StatusOr<DirectoryEntry> Create(const std::string& tenant,
+                                        const std::string& session,
+                                        const std::string& owner);
+  // Moves the session to `to` at `expected.epoch + 1`, if its entry is
+  // still `expected` (same revision). ABORTED if it changed meanwhile.
+  absl::StatusOr<DirectoryEntry> Move(const std::string& tenant,
+                                      const std::string& session,
+                                      const DirectoryEntry& expected,
+                                      const std::string& to);
+
+  static std::string Key(const std::string& tenant, const std::string& session);
+
+ private:
+  EtcdClient* const etcd_;
+};
+
+}  // namespace kvd::cluster
+
+#endif  // KVD_SERVICES_CLUSTER_DIRECTORY_H_

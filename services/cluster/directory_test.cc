@@ -1,0 +1,82 @@
+// The session directory against a real etcd: placing a session once, moves
+// that raise the epoch, and races where exactly one writer wins.
+#include "services/cluster/directory.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/cluster/testing/etcd_process.h"
+
+namespace kvd::cluster {
+namespace {
+
+class DirectoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    auto etcd = testing::EtcdProcess::Start(tmp != nullptr ? tmp : "/tmp");
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    etcd_ = std::move(*etcd);
+    auto client = EtcdClient::Connect({.endpoint = etcd_->endpoint()});
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(*client);
+  }
+
+  std::unique_ptr<testing::EtcdProcess> etcd_;
+  std::unique_ptr<EtcdClient> client_;
+};
+
+TEST_F(DirectoryTest, CreateOnceThenMovesRaiseTheEpoch) {
+  SessionDirectory dir(client_.get());
+  EXPECT_FALSE(dir.Lookup("acme", "c1")->has_value());
+  absl::StatusOr<DirectoryEntry> e = dir.Create("acme", "c1", "n1");
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->owner, "n1");
+  EXPECT_EQ(e->epoch, 1u);
+  EXPECT_EQ(dir.Create("acme", "c1", "n2").status().code(),
+            absl::StatusCode::kAlreadyExists);
+
+  absl::StatusOr<DirectoryEntry> moved = dir.Move("acme", "c1", *e, "n2");
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->owner, "n2");
+  EXPECT_EQ(moved->epoch, 2u);
+  // A move from the entry as it was before is stale.
+  const absl::Status stale = dir.Move("acme", "c1", *e, "n3").status();
+  EXPECT_EQ(stale.code(), absl::StatusCode::kAborted) << stale;
+  EXPECT_EQ((*dir.Lookup("acme", "c1"))->owner, "n2");
+}
+
+TEST_F(DirectoryTest, OfRacingMovesExactlyOneWins) {
+  SessionDirectory dir(client_.get());
+  absl::StatusOr<DirectoryEntry> e = dir.Create("acme", "c2", "n1");
+  ASSERT_TRUE(e.ok()) << e.status();
+  std::atomic<int> won{0}, lost{0};
+  std::vector<std::thread> racers;
+  for (int i = 0; i < 4; ++i) {
+    racers.emplace_back([&, i] {
+      absl::StatusOr<DirectoryEntry> m =
+          dir.Move("acme", "c2", *e, absl::StrCat("n", 10 + i));
+      (m.ok() ? won : lost)++;
+    });
+  }
+  for (std::thread& t : racers) t.join();
+  EXPECT_EQ(won.load(), 1);
+  EXPECT_EQ(lost.load(), 3);
+  EXPECT_EQ((*dir.Lookup("acme", "c2"))->epoch, 2u);
+}
+
+TEST_F(DirectoryTest, ADamagedEntryIsDataLoss) {
+  ASSERT_TRUE(client_->Put(SessionDirectory::Key("acme", "bad"), "{nope").ok());
+  SessionDirectory dir(client_.get());
+  EXPECT_EQ(dir.Lookup("acme", "bad").status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace kvd::cluster
