@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -311,37 +312,37 @@ T FromLittleEndian(absl::string_view bytes) {
   return static_cast<T>(u);
 }
 
-class Parser {
+// Reads the records both streams share: a header's versions, the manifest,
+// chunk records ('C'; erase records 'X' where allowed), and the trailer
+// (record count and the CRC32C of every byte before it). Lengths are
+// checked before anything is allocated; `suffix` ends every DATA_LOSS
+// message (what the reader should do).
+class RecordReader {
  public:
-  Parser(Source* src, absl::string_view where) : src_(src), where_(where) {}
+  RecordReader(Source* src, absl::string_view where, absl::string_view suffix)
+      : src_(src), where_(where), suffix_(suffix) {}
 
-  absl::StatusOr<SessionCheckpoint> Parse() {
-    std::string magic;
-    if (!src_->Read(kSessionFileMagic.size(), &magic)) {
-      return Truncated("the file header");
-    }
-    if (magic != kSessionFileMagic) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where_, " is not a kvd session file (it starts with \"",
-                       absl::CHexEscape(magic), "\", not \"",
-                       absl::CHexEscape(kSessionFileMagic),
-                       "\"); pass a file written by `kvd sessions export`"));
-    }
-    uint32_t file_version = 0, format_version = 0;
-    if (!ReadInt(&file_version) || !ReadInt(&format_version)) {
-      return Truncated("the file header");
-    }
-    if (file_version != kSessionFileVersion ||
-        format_version < kOldestCheckpointFormatVersion ||
-        format_version > kCheckpointFormatVersion) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where_, " has session file version ", file_version,
-          " and checkpoint format version ", format_version,
-          " but this kvd reads file version ", kSessionFileVersion,
-          " with checkpoint format versions ", kOldestCheckpointFormatVersion,
-          " to ", kCheckpointFormatVersion,
-          "; import it with the kvd release that exported it"));
-    }
+  template <typename T>
+  bool ReadInt(T* v) {
+    std::string bytes;
+    if (!src_->Read(sizeof(T), &bytes)) return false;
+    *v = FromLittleEndian<T>(bytes);
+    return true;
+  }
+  Source* src() { return src_; }
+  const std::string& where() const { return where_; }
+
+  absl::Status Truncated(absl::string_view what) const {
+    return absl::DataLossError(absl::StrCat(where_, " ends inside ", what,
+                                            " (after ", src_->consumed(),
+                                            " bytes)", suffix_));
+  }
+  absl::Status Corrupt(absl::string_view what) const {
+    return absl::DataLossError(absl::StrCat(where_, ": ", what, suffix_));
+  }
+
+  // The u64-length-prefixed manifest, which must be of `format_version`.
+  absl::StatusOr<v1::SessionManifest> ReadManifest(uint32_t format_version) {
     uint64_t manifest_bytes = 0;
     if (!ReadInt(&manifest_bytes)) return Truncated("the manifest length");
     if (manifest_bytes > kMaxSessionFileManifestBytes) {
@@ -362,83 +363,122 @@ class Parser {
                                   format_version, " but the manifest says ",
                                   manifest.format_version()));
     }
-    std::map<ChunkId, std::string> chunks;
+    return manifest;
+  }
+
+  // Records up to the end tag, in order; then the trailer. Chunk ids must
+  // strictly increase (each chunk once); erase records only when `on_erase`
+  // is given.
+  absl::Status ReadRecords(
+      const std::function<void(const ChunkId&, std::string)>& on_chunk,
+      const std::function<void(const ChunkId&)>& on_erase) {
+    uint64_t records = 0;
+    std::optional<ChunkId> last;
     while (true) {
       std::string tag;
-      if (!src_->Read(1, &tag)) return Truncated("a chunk or the trailer");
+      if (!src_->Read(1, &tag)) return Truncated("a record or the trailer");
       if (tag[0] == kEndTag) break;
-      if (tag[0] != kChunkTag) {
+      const bool erase = tag[0] == kEraseTag && on_erase;
+      if (tag[0] != kChunkTag && !erase) {
         return Corrupt(absl::StrCat("unknown record tag 0x",
                                     absl::Hex(static_cast<uint8_t>(tag[0])),
                                     " at byte ", src_->consumed() - 1));
       }
       ChunkId id;
-      uint64_t value_bytes = 0;
-      if (!ReadInt(&id.layer) || !ReadInt(&id.index) ||
-          !ReadInt(&value_bytes)) {
-        return Truncated("a chunk record header");
+      if (!ReadInt(&id.layer) || !ReadInt(&id.index)) {
+        return Truncated("a record header");
       }
+      ++records;
+      if (erase) {
+        on_erase(id);
+        continue;
+      }
+      uint64_t value_bytes = 0;
+      if (!ReadInt(&value_bytes)) return Truncated("a chunk record header");
       if (value_bytes > kMaxSessionFileChunkBytes) {
         return Corrupt(absl::StrCat(ChunkName(id), " claims ", value_bytes,
                                     " bytes, over the limit ",
                                     kMaxSessionFileChunkBytes));
       }
-      if (!chunks.empty() && !(chunks.rbegin()->first < id)) {
+      if (last.has_value() && !(*last < id)) {
         return Corrupt(
             absl::StrCat(ChunkName(id), " is duplicated or out of order"));
       }
+      last = id;
       std::string value;
-      if (!src_->Read(value_bytes, &value)) {
-        return Truncated(ChunkName(id));
-      }
-      chunks.emplace_hint(chunks.end(), id, std::move(value));
+      if (!src_->Read(value_bytes, &value)) return Truncated(ChunkName(id));
+      on_chunk(id, std::move(value));
     }
     uint64_t count = 0;
     if (!ReadInt(&count)) return Truncated("the trailer");
     const uint32_t want_crc = src_->crc();
     uint32_t crc = 0;
     if (!ReadInt(&crc)) return Truncated("the trailer checksum");
-    if (count != chunks.size()) {
+    if (count != records) {
       return Corrupt(absl::StrCat("the trailer counts ", count,
-                                  " chunks but the file holds ",
-                                  chunks.size()));
+                                  " records but the stream holds ", records));
     }
     if (crc != want_crc) {
-      return Corrupt(absl::StrCat("file CRC32C is ", absl::Hex(want_crc),
+      return Corrupt(absl::StrCat("CRC32C is ", absl::Hex(want_crc),
                                   " but the trailer says ", absl::Hex(crc)));
     }
     if (!src_->AtEnd()) {
       return Corrupt(absl::StrCat("unexpected bytes after the trailer (byte ",
                                   src_->consumed(), " on)"));
     }
-    SessionCheckpoint cp;
-    cp.Reset(std::move(manifest), std::move(chunks));
-    absl::Status s = ValidateCheckpointContents(cp, where_);
-    if (!s.ok()) return s;
-    return cp;
+    return absl::OkStatus();
   }
 
  private:
-  template <typename T>
-  bool ReadInt(T* v) {
-    std::string bytes;
-    if (!src_->Read(sizeof(T), &bytes)) return false;
-    *v = FromLittleEndian<T>(bytes);
-    return true;
-  }
-
-  absl::Status Truncated(absl::string_view what) const {
-    return absl::DataLossError(absl::StrCat(where_, " ends inside ", what,
-                                            " (after ", src_->consumed(),
-                                            " bytes)", kReExport));
-  }
-  absl::Status Corrupt(absl::string_view what) const {
-    return absl::DataLossError(absl::StrCat(where_, ": ", what, kReExport));
-  }
-
   Source* src_;
   std::string where_;
+  std::string suffix_;
 };
+
+absl::StatusOr<SessionCheckpoint> ParseSession(Source* src,
+                                               absl::string_view where) {
+  RecordReader r(src, where, kReExport);
+  std::string magic;
+  if (!src->Read(kSessionFileMagic.size(), &magic)) {
+    return r.Truncated("the file header");
+  }
+  if (magic != kSessionFileMagic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " is not a kvd session file (it starts with \"",
+                     absl::CHexEscape(magic), "\", not \"",
+                     absl::CHexEscape(kSessionFileMagic),
+                     "\"); pass a file written by `kvd sessions export`"));
+  }
+  uint32_t file_version = 0, format_version = 0;
+  if (!r.ReadInt(&file_version) || !r.ReadInt(&format_version)) {
+    return r.Truncated("the file header");
+  }
+  if (file_version != kSessionFileVersion ||
+      format_version < kOldestCheckpointFormatVersion ||
+      format_version > kCheckpointFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, " has session file version ", file_version,
+        " and checkpoint format version ", format_version,
+        " but this kvd reads file version ", kSessionFileVersion,
+        " with checkpoint format versions ", kOldestCheckpointFormatVersion,
+        " to ", kCheckpointFormatVersion,
+        "; import it with the kvd release that exported it"));
+  }
+  absl::StatusOr<v1::SessionManifest> manifest = r.ReadManifest(format_version);
+  if (!manifest.ok()) return manifest.status();
+  std::map<ChunkId, std::string> chunks;
+  absl::Status records = r.ReadRecords(
+      [&chunks](const ChunkId& id, std::string value) {
+        chunks.emplace_hint(chunks.end(), id, std::move(value));
+      },
+      nullptr);
+  if (!records.ok()) return records;
+  SessionCheckpoint cp;
+  cp.Reset(*std::move(manifest), std::move(chunks));
+  absl::Status s = ValidateCheckpointContents(cp, where);
+  if (!s.ok()) return s;
+  return cp;
+}
 
 // Rows a chunk at `index` holds when a stream has `count` rows.
 int64_t RowsAt(int64_t index, int64_t chunk_tokens, int64_t count) {
@@ -568,7 +608,13 @@ absl::Status WriteTurnUpdatePieces(
       sink.Append(LittleEndian<uint8_t>(update.ownership_change)) &&
       sink.Append(LittleEndian<uint64_t>(manifest.size())) &&
       sink.Append(manifest);
-  for (const auto& [id, value] : update.put) {
+  // In id order, as the reader requires (each chunk once).
+  std::vector<const std::pair<ChunkId, std::string>*> puts;
+  for (const auto& put : update.put) puts.push_back(&put);
+  std::sort(puts.begin(), puts.end(),
+            [](const auto* a, const auto* b) { return a->first < b->first; });
+  for (const auto* put : puts) {
+    const auto& [id, value] = *put;
     ok = ok &&
          sink.Append(absl::StrCat(absl::string_view(&kChunkTag, 1),
                                   LittleEndian<int64_t>(id.layer),
@@ -642,135 +688,82 @@ absl::Status WriteSessionFile(const SessionCheckpoint& cp,
 absl::StatusOr<SessionCheckpoint> ParseSessionFile(absl::string_view bytes,
                                                    absl::string_view where) {
   StringSource src(bytes);
-  return Parser(&src, where).Parse();
+  return ParseSession(&src, where);
 }
 
 absl::StatusOr<SessionCheckpoint> ReadSessionStream(std::istream& in,
                                                     absl::string_view where) {
   StreamSource src(&in);
-  return Parser(&src, where).Parse();
+  return ParseSession(&src, where);
 }
 
 absl::StatusOr<SessionCheckpoint> ReadSessionPieces(
     const std::function<bool(std::string* piece)>& next,
     absl::string_view where) {
   PieceSource src(next);
-  return Parser(&src, where).Parse();
+  return ParseSession(&src, where);
 }
 
 absl::StatusOr<TurnUpdate> ReadTurnUpdatePieces(
     const std::function<bool(std::string* piece)>& next,
     absl::string_view where) {
   PieceSource src(next);
-  const std::string at(where);
-  auto truncated = [&](absl::string_view what) {
-    return absl::DataLossError(
-        absl::StrCat(at, " ends inside ", what, " (after ", src.consumed(),
-                     " bytes); nothing of it was applied"));
-  };
-  auto corrupt = [&](absl::string_view what) {
-    return absl::DataLossError(
-        absl::StrCat(at, ": ", what, "; nothing of it was applied"));
-  };
-  auto read_int = [&](auto* v) {
-    std::string bytes;
-    if (!src.Read(sizeof(*v), &bytes)) return false;
-    *v = FromLittleEndian<std::decay_t<decltype(*v)>>(bytes);
-    return true;
-  };
+  RecordReader r(&src, where, "; nothing of it was applied");
   std::string magic;
-  if (!src.Read(kTurnStreamMagic.size(), &magic))
-    return truncated("the header");
+  if (!src.Read(kTurnStreamMagic.size(), &magic)) {
+    return r.Truncated("the header");
+  }
   if (magic != kTurnStreamMagic) {
     return absl::InvalidArgumentError(
-        absl::StrCat(at, " is not a kvd turn update stream"));
+        absl::StrCat(where, " is not a kvd turn update stream"));
   }
   uint32_t version = 0, format_version = 0;
   uint8_t ownership = 0;
-  uint64_t manifest_bytes = 0;
-  if (!read_int(&version) || !read_int(&format_version) ||
-      !read_int(&ownership) || !read_int(&manifest_bytes)) {
-    return truncated("the header");
+  if (!r.ReadInt(&version) || !r.ReadInt(&format_version) ||
+      !r.ReadInt(&ownership)) {
+    return r.Truncated("the header");
   }
   if (version != kTurnStreamVersion ||
       format_version < kOldestCheckpointFormatVersion ||
       format_version > kCheckpointFormatVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
-        at, " has turn stream version ", version, " and checkpoint format ",
+        where, " has turn stream version ", version, " and checkpoint format ",
         format_version, "; this kvd reads stream version ", kTurnStreamVersion,
         " with formats ", kOldestCheckpointFormatVersion, " to ",
         kCheckpointFormatVersion));
   }
-  if (ownership > 1) return corrupt("the ownership flag is not 0 or 1");
-  if (manifest_bytes > kMaxSessionFileManifestBytes) {
-    return corrupt(
-        absl::StrCat("manifest length ", manifest_bytes, " exceeds the limit"));
-  }
-  std::string manifest_data;
-  if (!src.Read(manifest_bytes, &manifest_data))
-    return truncated("the manifest");
+  if (ownership > 1) return r.Corrupt("the ownership flag is not 0 or 1");
   TurnUpdate update;
   update.ownership_change = ownership == 1;
-  if (!update.manifest.ParseFromString(manifest_data)) {
-    return corrupt("the manifest does not parse");
-  }
-  if (update.manifest.format_version() != format_version) {
-    return corrupt("the header and the manifest disagree on the format");
-  }
+  KVD_ASSIGN_OR_RETURN(update.manifest, r.ReadManifest(format_version));
   if (absl::Status s = ValidateManifest(update.manifest); !s.ok()) {
-    return corrupt(s.message());
+    return r.Corrupt(s.message());
   }
   const v1::SessionManifest& m = update.manifest;
-  uint64_t records = 0;
-  for (;;) {
-    std::string tag;
-    if (!src.Read(1, &tag)) return truncated("a record or the trailer");
-    if (tag[0] == kEndTag) break;
-    ChunkId id;
-    if (!read_int(&id.layer) || !read_int(&id.index)) {
-      return truncated("a record header");
-    }
-    ++records;
-    if (tag[0] == kEraseTag) {
-      update.erase.push_back(id);
-      continue;
-    }
-    if (tag[0] != kChunkTag) {
-      return corrupt(absl::StrCat("unknown record tag 0x",
-                                  absl::Hex(static_cast<uint8_t>(tag[0]))));
-    }
-    uint64_t value_bytes = 0;
-    if (!read_int(&value_bytes)) return truncated("a chunk record header");
-    if (value_bytes > kMaxSessionFileChunkBytes) {
-      return corrupt(absl::StrCat(ChunkName(id), " claims ", value_bytes,
-                                  " bytes, over the limit"));
-    }
-    std::string value;
-    if (!src.Read(value_bytes, &value)) return truncated(ChunkName(id));
-    KVD_ASSIGN_OR_RETURN(DecodedChunk chunk, DecodeChunk(value, at));
-    const v1::ChunkHeader& h = chunk.header;
-    const bool residual = id.layer != kTokenLayer;
-    if (h.layer() != id.layer || h.chunk_index() != id.index ||
-        (residual &&
-         (h.dtype() != m.dtype() || h.row_bytes() != m.row_bytes() ||
-          std::find(m.layers().begin(), m.layers().end(), id.layer) ==
-              m.layers().end()))) {
-      return corrupt(
-          absl::StrCat(ChunkName(id), " does not fit the update's manifest"));
-    }
-    update.put.emplace_back(id, std::move(value));
-  }
-  uint64_t count = 0;
-  if (!read_int(&count)) return truncated("the trailer");
-  const uint32_t expected = src.crc();
-  uint32_t crc = 0;
-  if (!read_int(&crc)) return truncated("the trailer");
-  if (count != records) {
-    return corrupt(absl::StrCat("the trailer counts ", count, " records, ",
-                                records, " came"));
-  }
-  if (crc != expected) return corrupt("the stream's CRC32C does not match");
-  if (!src.AtEnd()) return corrupt("bytes follow the trailer");
+  absl::Status bad_chunk;
+  KVD_RETURN_IF_ERROR(r.ReadRecords(
+      [&](const ChunkId& id, std::string value) {
+        if (!bad_chunk.ok()) return;
+        absl::StatusOr<DecodedChunk> chunk = DecodeChunk(value, where);
+        if (!chunk.ok()) {
+          bad_chunk = chunk.status();
+          return;
+        }
+        const v1::ChunkHeader& h = chunk->header;
+        const bool residual = id.layer != kTokenLayer;
+        if (h.layer() != id.layer || h.chunk_index() != id.index ||
+            (residual &&
+             (h.dtype() != m.dtype() || h.row_bytes() != m.row_bytes() ||
+              std::find(m.layers().begin(), m.layers().end(), id.layer) ==
+                  m.layers().end()))) {
+          bad_chunk = r.Corrupt(absl::StrCat(
+              ChunkName(id), " does not fit the update's manifest"));
+          return;
+        }
+        update.put.emplace_back(id, std::move(value));
+      },
+      [&update](const ChunkId& id) { update.erase.push_back(id); }));
+  KVD_RETURN_IF_ERROR(bad_chunk);
   return update;
 }
 

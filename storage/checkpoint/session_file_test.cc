@@ -228,8 +228,9 @@ TEST(SessionFileTest, TurnUpdateStreamRoundTripsAndRefusesDamage) {
   const SessionCheckpoint cp = Checkpoint();
   TurnUpdate update;
   update.manifest = cp.manifest();
-  for (const auto& [id, value] : cp.chunks()) {
-    if (id.index == 1) update.put.emplace_back(id, value);
+  // Given out of id order: the stream carries them in order.
+  for (auto it = cp.chunks().rbegin(); it != cp.chunks().rend(); ++it) {
+    if (it->first.index == 1) update.put.emplace_back(it->first, it->second);
   }
   update.erase.push_back(ChunkId{0, 0});
   update.ownership_change = true;
@@ -253,6 +254,7 @@ TEST(SessionFileTest, TurnUpdateStreamRoundTripsAndRefusesDamage) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->manifest.SerializeAsString(),
             update.manifest.SerializeAsString());
+  std::sort(update.put.begin(), update.put.end());
   EXPECT_EQ(back->put, update.put);
   EXPECT_EQ(back->erase, update.erase);
   EXPECT_TRUE(back->ownership_change);
