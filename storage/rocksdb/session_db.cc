@@ -359,8 +359,7 @@ struct SessionDb::Impl {
         absl::MutexLock lock(&mu);
         needs_resume = true;
       }
-      if (s.IsCorruption() ||
-          FromRocks(s, "").code() == absl::StatusCode::kDataLoss) {
+      if (s.IsCorruption() || s.IsPathNotFound()) {
         // A flush or compaction read a damaged file (or found one gone):
         // RocksDB now refuses every write until it is reopened, and the
         // next compaction of that file stops it again. Only salvaging the
@@ -598,6 +597,21 @@ absl::Status SessionDb::CommitTurn(const TurnUpdate& update) {
       update.ownership_change ? "changing the owner" : "committing a turn");
 }
 
+namespace {
+
+// Quotas and the per-tenant totals trust stored_bytes; an imported file must
+// not be able to claim less (or more) than it stores.
+absl::Status CheckStoredBytes(const v1::SessionManifest& m,
+                              int64_t payload_bytes) {
+  if (m.stored_bytes() == payload_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "session ", Name(m.tenant(), m.session_id()), ": the manifest says ",
+      m.stored_bytes(), " stored bytes but its chunks hold ", payload_bytes,
+      "; the session file is damaged or was edited: export it again"));
+}
+
+}  // namespace
+
 absl::Status SessionDb::PutSession(const SessionCheckpoint& checkpoint) {
   const v1::SessionManifest& m = checkpoint.manifest();
   KVD_RETURN_IF_ERROR(ValidateManifestForWrite(m));
@@ -618,14 +632,7 @@ absl::Status SessionDb::PutSession(const SessionCheckpoint& checkpoint) {
   int64_t payload_bytes = 0;
   KVD_RETURN_IF_ERROR(impl_->AddChunksAndManifest(m, checkpoint.chunks(),
                                                   &batch, &payload_bytes));
-  // Quotas and the per-tenant totals trust stored_bytes; an imported file
-  // must not be able to claim less (or more) than it stores.
-  if (m.stored_bytes() != payload_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "session ", Name(m.tenant(), m.session_id()), ": the manifest says ",
-        m.stored_bytes(), " stored bytes but its chunks hold ", payload_bytes,
-        "; the session file is damaged or was edited: export it again"));
-  }
+  KVD_RETURN_IF_ERROR(CheckStoredBytes(m, payload_bytes));
   absl::ReaderMutexLock commit(&impl_->commit_mu);
   auto old = impl_->ReadManifest(m.tenant(), m.session_id());
   // A damaged old manifest must not block replacing it.
@@ -644,12 +651,7 @@ absl::Status SessionDb::PutNewSession(const SessionCheckpoint& checkpoint) {
     payload_bytes += bytes;
     value_bytes += static_cast<int64_t>(value.size());
   }
-  if (m.stored_bytes() != payload_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "session ", name, ": the manifest says ", m.stored_bytes(),
-        " stored bytes but its chunks hold ", payload_bytes,
-        "; the session file is damaged or was edited: export it again"));
-  }
+  KVD_RETURN_IF_ERROR(CheckStoredBytes(m, payload_bytes));
   KVD_RETURN_IF_ERROR(impl_->MaybeResume());
   KVD_RETURN_IF_ERROR(
       impl_->CheckRoom(value_bytes, absl::StrCat("importing session ", name)));
