@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -15,28 +16,6 @@ namespace kvd::node {
 namespace {
 
 using grpc::experimental::InterceptionHookPoints;
-
-const char* CodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {"OK",
-                                       "CANCELLED",
-                                       "UNKNOWN",
-                                       "INVALID_ARGUMENT",
-                                       "DEADLINE_EXCEEDED",
-                                       "NOT_FOUND",
-                                       "ALREADY_EXISTS",
-                                       "PERMISSION_DENIED",
-                                       "RESOURCE_EXHAUSTED",
-                                       "FAILED_PRECONDITION",
-                                       "ABORTED",
-                                       "OUT_OF_RANGE",
-                                       "UNIMPLEMENTED",
-                                       "INTERNAL",
-                                       "UNAVAILABLE",
-                                       "DATA_LOSS",
-                                       "UNAUTHENTICATED"};
-  const int i = static_cast<int>(code);
-  return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
-}
 
 class CallLog final : public grpc::experimental::Interceptor {
  public:
@@ -70,7 +49,9 @@ class CallLog final : public grpc::experimental::Interceptor {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_)
             .count();
     const std::string method = info_->method();
-    const char* code = CodeName(status.error_code());
+    // gRPC's codes are absl's, number for number.
+    const std::string code = absl::StatusCodeToString(
+        static_cast<absl::StatusCode>(status.error_code()));
     metrics_->Add("kvd_grpc_requests_total",
                   {{"method", method}, {"code", code}});
     metrics_->Observe("kvd_grpc_request_seconds", {{"method", method}},
