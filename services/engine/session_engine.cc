@@ -861,9 +861,7 @@ absl::StatusOr<v1::SessionManifest> SessionEngine::GetSession(
         absl::StrCat(SessionName(tenant, session),
                      " is not live here: this node holds a "
                      "replica copy; its primary is ",
-                     m->owner_node().empty()
-                         ? "a standalone node"
-                         : absl::StrCat("node '", m->owner_node(), "'")));
+                     storage::OwnerName(m->owner_node())));
   }
   return m;
 }

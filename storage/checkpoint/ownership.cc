@@ -13,11 +13,11 @@ std::string Name(const v1::SessionManifest& m) {
                       "'");
 }
 
-std::string Owner(const std::string& node) {
+}  // namespace
+
+std::string OwnerName(const std::string& node) {
   return node.empty() ? "a standalone node" : absl::StrCat("node '", node, "'");
 }
-
-}  // namespace
 
 uint64_t EpochOf(const v1::SessionManifest& m) {
   return m.epoch() == 0 ? kFirstEpoch : m.epoch();
@@ -32,7 +32,7 @@ absl::Status CheckTurnFence(const v1::SessionManifest& stored,
   if (IsReplica(stored)) {
     return absl::AbortedError(absl::StrCat(
         Name(stored), " is only a replica copy here; its primary is ",
-        Owner(stored.owner_node()), " at epoch ", EpochOf(stored),
+        OwnerName(stored.owner_node()), " at epoch ", EpochOf(stored),
         ": send the turn there. Nothing was written"));
   }
   // An unowned session (a standalone node's, or format 1) is taken, at its
@@ -42,8 +42,8 @@ absl::Status CheckTurnFence(const v1::SessionManifest& stored,
   if (EpochOf(next) != EpochOf(stored) || !owner_ok) {
     return absl::AbortedError(absl::StrCat(
         Name(stored), " moved: it is at epoch ", EpochOf(stored), " owned by ",
-        Owner(stored.owner_node()), ", and this node holds epoch ",
-        EpochOf(next), " as ", Owner(next.owner_node()),
+        OwnerName(stored.owner_node()), ", and this node holds epoch ",
+        EpochOf(next), " as ", OwnerName(next.owner_node()),
         ". Nothing was written; send the turn to where the session lives "
         "now"));
   }
@@ -59,8 +59,8 @@ absl::Status CheckOwnershipChange(const v1::SessionManifest& stored,
   }
   return absl::AbortedError(
       absl::StrCat(Name(stored), " is at epoch ", EpochOf(stored), " owned by ",
-                   Owner(stored.owner_node()), "; a change of owner to ",
-                   Owner(next.owner_node()), " at epoch ", EpochOf(next),
+                   OwnerName(stored.owner_node()), "; a change of owner to ",
+                   OwnerName(next.owner_node()), " at epoch ", EpochOf(next),
                    " is stale (epochs only grow). Nothing was written"));
 }
 

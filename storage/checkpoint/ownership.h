@@ -31,6 +31,8 @@ inline constexpr uint64_t kFirstEpoch = 1;
 uint64_t EpochOf(const v1::SessionManifest& m);
 // A replica copy: never listed as live, never serves a turn.
 bool IsReplica(const v1::SessionManifest& m);
+// The owner named for people: "node 'ID'", or "a standalone node" for "".
+std::string OwnerName(const std::string& node);
 
 // OK if a turn committing `next` may replace `stored`.
 absl::Status CheckTurnFence(const v1::SessionManifest& stored,

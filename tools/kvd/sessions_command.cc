@@ -327,18 +327,12 @@ absl::Status Run(const Args& args) {
     KVD_ASSIGN_OR_RETURN(v1::SessionManifest m,
                          store->GetManifest(tenant, p[1]));
     storage::TurnUpdate update;
-    update.manifest = m;
-    update.manifest.set_format_version(storage::kCheckpointFormatVersion);
-    update.manifest.set_owner_node(args.Get("node-id"));
-    update.manifest.set_epoch(storage::EpochOf(m) + 1);
-    update.manifest.set_role(v1::SESSION_ROLE_PRIMARY);
+    // Taking a session over is what an import does to its manifest.
+    update.manifest = storage::ImportedBy(m, args.Get("node-id"));
     update.ownership_change = true;
     KVD_RETURN_IF_ERROR(store->CommitTurn(update));
     std::fprintf(stderr, "session '%s' is now owned by %s at epoch %llu\n",
-                 p[1].c_str(),
-                 args.Get("node-id").empty()
-                     ? "a standalone node"
-                     : absl::StrCat("node '", args.Get("node-id"), "'").c_str(),
+                 p[1].c_str(), storage::OwnerName(args.Get("node-id")).c_str(),
                  static_cast<unsigned long long>(update.manifest.epoch()));
     return absl::OkStatus();
   }
