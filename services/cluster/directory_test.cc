@@ -3,7 +3,6 @@
 #include "services/cluster/directory.h"
 
 #include <atomic>
-#include <cstdlib>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -11,26 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "services/cluster/testing/etcd_process.h"
+#include "services/cluster/testing/etcd_test.h"
 
 namespace kvd::cluster {
 namespace {
 
-class DirectoryTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    auto etcd = testing::EtcdProcess::Start(tmp != nullptr ? tmp : "/tmp");
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = std::move(*etcd);
-    auto client = EtcdClient::Connect({.endpoint = etcd_->endpoint()});
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = std::move(*client);
-  }
-
-  std::unique_ptr<testing::EtcdProcess> etcd_;
-  std::unique_ptr<EtcdClient> client_;
-};
+using DirectoryTest = testing::EtcdTest;
 
 TEST_F(DirectoryTest, CreateOnceThenMovesRaiseTheEpoch) {
   SessionDirectory dir(client_.get());

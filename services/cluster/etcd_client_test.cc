@@ -1,37 +1,20 @@
 // The etcd client against a real etcd (Debian's etcd-server) on loopback.
 #include "services/cluster/etcd_client.h"
 
-#include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "services/cluster/testing/etcd_process.h"
+#include "services/cluster/testing/etcd_test.h"
 
 namespace kvd::cluster {
 namespace {
 
 using ::testing::HasSubstr;
 
-class EtcdClientTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    absl::StatusOr<std::unique_ptr<testing::EtcdProcess>> etcd =
-        testing::EtcdProcess::Start(tmp != nullptr ? tmp : "/tmp");
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = std::move(*etcd);
-    absl::StatusOr<std::unique_ptr<EtcdClient>> client =
-        EtcdClient::Connect({.endpoint = etcd_->endpoint()});
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = std::move(*client);
-  }
-
-  std::unique_ptr<testing::EtcdProcess> etcd_;
-  std::unique_ptr<EtcdClient> client_;
-};
+using EtcdClientTest = testing::EtcdTest;
 
 TEST_F(EtcdClientTest, PutGetPrefixDelete) {
   ASSERT_TRUE(client_->Put("/kvd/v1/nodes/a", "A").ok());

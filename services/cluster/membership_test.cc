@@ -4,31 +4,20 @@
 #include "services/cluster/membership.h"
 
 #include <atomic>
-#include <cstdlib>
 #include <memory>
 
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "services/cluster/testing/etcd_process.h"
+#include "services/cluster/testing/etcd_test.h"
 
 namespace kvd::cluster {
 namespace {
 
 using ::testing::HasSubstr;
 
-class MembershipTest : public ::testing::Test {
+class MembershipTest : public testing::EtcdTest {
  protected:
-  void SetUp() override {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    auto etcd = testing::EtcdProcess::Start(tmp != nullptr ? tmp : "/tmp");
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = std::move(*etcd);
-    auto client = EtcdClient::Connect({.endpoint = etcd_->endpoint()});
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = std::move(*client);
-  }
-
   // Waits up to `limit` for `done`.
   static bool Eventually(const std::function<bool()>& done,
                          absl::Duration limit = absl::Seconds(20)) {
@@ -39,9 +28,6 @@ class MembershipTest : public ::testing::Test {
     }
     return true;
   }
-
-  std::unique_ptr<testing::EtcdProcess> etcd_;
-  std::unique_ptr<EtcdClient> client_;
 };
 
 TEST_F(MembershipTest, RegisteredNodeIsListedKeptAliveAndUnique) {

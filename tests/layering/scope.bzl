@@ -210,6 +210,7 @@ SCOPE = [
     "//services/cluster:etcd_client",
     "//services/cluster:etcd_client_test",
     "//services/cluster:etcd_process",
+    "//services/cluster:etcd_test",
     "//services/cluster:membership",
     "//services/cluster:membership_test",
     "//services/engine:backend_interface_test",
