@@ -1,17 +1,24 @@
 #include "services/cluster/etcd_client.h"
 
+#include <algorithm>
 #include <chrono>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace kvd::cluster {
 namespace {
 
-// The smallest key greater than every key starting with `prefix` (etcd's
-// range_end for a prefix query); "\0" means "to the end" when the prefix is
-// all 0xff bytes.
-std::string PrefixEnd(std::string prefix) {
+EtcdKeyValue FromProto(const mvccpb::KeyValue& kv) {
+  return EtcdKeyValue{kv.key(),          kv.value(),   kv.create_revision(),
+                      kv.mod_revision(), kv.version(), kv.lease()};
+}
+
+}  // namespace
+
+std::string PrefixRangeEnd(std::string prefix) {
   while (!prefix.empty()) {
     if (static_cast<unsigned char>(prefix.back()) != 0xff) {
       prefix.back() = static_cast<char>(prefix.back() + 1);
@@ -22,19 +29,30 @@ std::string PrefixEnd(std::string prefix) {
   return std::string(1, '\0');
 }
 
-EtcdKeyValue FromProto(const mvccpb::KeyValue& kv) {
-  return EtcdKeyValue{kv.key(),          kv.value(),   kv.create_revision(),
-                      kv.mod_revision(), kv.version(), kv.lease()};
-}
-
-}  // namespace
-
 EtcdClient::EtcdClient(EtcdClientOptions options)
     : options_(std::move(options)),
       channel_(grpc::CreateChannel(options_.endpoint,
                                    grpc::InsecureChannelCredentials())),
       kv_(etcdserverpb::KV::NewStub(channel_)),
-      lease_(etcdserverpb::Lease::NewStub(channel_)) {}
+      lease_(etcdserverpb::Lease::NewStub(channel_)),
+      watch_(etcdserverpb::Watch::NewStub(channel_)) {}
+
+template <typename T>
+T EtcdClient::Retrying(const std::function<T()>& call) const {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  const absl::Time give_up = absl::Now() + options_.retry_for;
+  absl::Duration backoff = absl::Milliseconds(50);
+  for (;;) {
+    T result = call();
+    if (result.status().code() != absl::StatusCode::kUnavailable ||
+        absl::Now() + backoff > give_up) {
+      return result;
+    }
+    std::uniform_real_distribution<double> jitter(0.5, 1.5);
+    absl::SleepFor(backoff * jitter(rng));
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
 
 absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
     EtcdClientOptions options) {
@@ -91,30 +109,37 @@ absl::StatusOr<int64_t> EtcdClient::Put(const std::string& key,
 
 absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::Get(
     const std::string& key) {
-  etcdserverpb::RangeRequest req;
-  req.set_key(key);
-  etcdserverpb::RangeResponse resp;
-  const absl::Status s =
-      FromGrpc(kv_->Range(Context().get(), req, &resp), "get");
-  if (!s.ok()) return s;
-  if (resp.kvs_size() == 0) return std::optional<EtcdKeyValue>();
-  return std::optional<EtcdKeyValue>(FromProto(resp.kvs(0)));
+  using Result = absl::StatusOr<std::optional<EtcdKeyValue>>;
+  return Retrying<Result>([&]() -> Result {
+    etcdserverpb::RangeRequest req;
+    req.set_key(key);
+    etcdserverpb::RangeResponse resp;
+    const absl::Status s =
+        FromGrpc(kv_->Range(Context().get(), req, &resp), "get");
+    if (!s.ok()) return s;
+    if (resp.kvs_size() == 0) return std::optional<EtcdKeyValue>();
+    return std::optional<EtcdKeyValue>(FromProto(resp.kvs(0)));
+  });
 }
 
 absl::StatusOr<std::vector<EtcdKeyValue>> EtcdClient::GetPrefix(
-    const std::string& prefix) {
-  etcdserverpb::RangeRequest req;
-  req.set_key(prefix);
-  req.set_range_end(PrefixEnd(prefix));
-  req.set_sort_order(etcdserverpb::RangeRequest::ASCEND);
-  req.set_sort_target(etcdserverpb::RangeRequest::KEY);
-  etcdserverpb::RangeResponse resp;
-  const absl::Status s =
-      FromGrpc(kv_->Range(Context().get(), req, &resp), "get prefix");
-  if (!s.ok()) return s;
-  std::vector<EtcdKeyValue> out;
-  for (const mvccpb::KeyValue& kv : resp.kvs()) out.push_back(FromProto(kv));
-  return out;
+    const std::string& prefix, int64_t* revision) {
+  using Result = absl::StatusOr<std::vector<EtcdKeyValue>>;
+  return Retrying<Result>([&]() -> Result {
+    etcdserverpb::RangeRequest req;
+    req.set_key(prefix);
+    req.set_range_end(PrefixRangeEnd(prefix));
+    req.set_sort_order(etcdserverpb::RangeRequest::ASCEND);
+    req.set_sort_target(etcdserverpb::RangeRequest::KEY);
+    etcdserverpb::RangeResponse resp;
+    const absl::Status s =
+        FromGrpc(kv_->Range(Context().get(), req, &resp), "get prefix");
+    if (!s.ok()) return s;
+    std::vector<EtcdKeyValue> out;
+    for (const mvccpb::KeyValue& kv : resp.kvs()) out.push_back(FromProto(kv));
+    if (revision != nullptr) *revision = resp.header().revision();
+    return out;
+  });
 }
 
 absl::StatusOr<bool> EtcdClient::PutIfModRevision(const std::string& key,
@@ -146,6 +171,12 @@ absl::Status EtcdClient::Delete(const std::string& key) {
 }
 
 absl::StatusOr<int64_t> EtcdClient::GrantLease(absl::Duration ttl) {
+  // A retried grant may leave an unused lease behind: it expires unused.
+  using Result = absl::StatusOr<int64_t>;
+  return Retrying<Result>([&]() -> Result { return GrantLeaseOnce(ttl); });
+}
+
+absl::StatusOr<int64_t> EtcdClient::GrantLeaseOnce(absl::Duration ttl) {
   etcdserverpb::LeaseGrantRequest req;
   req.set_ttl(std::max<int64_t>(
       1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1)))));
@@ -187,6 +218,20 @@ absl::StatusOr<absl::Duration> EtcdClient::KeepAliveOnce(int64_t lease) {
                      "gone"));
   }
   return absl::Seconds(resp.ttl());
+}
+
+absl::Status EtcdClient::Compact(int64_t revision) {
+  etcdserverpb::CompactionRequest req;
+  req.set_revision(revision);
+  req.set_physical(true);
+  etcdserverpb::CompactionResponse resp;
+  return FromGrpc(kv_->Compact(Context().get(), req, &resp), "compact");
+}
+
+std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::WatchRequest,
+                                         etcdserverpb::WatchResponse>>
+EtcdClient::OpenWatch(grpc::ClientContext* ctx) {
+  return watch_->Watch(ctx);
 }
 
 absl::Status EtcdClient::RevokeLease(int64_t lease) {

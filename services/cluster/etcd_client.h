@@ -1,4 +1,4 @@
-// A small client of etcd's v3 gRPC API (KV, Txn, Lease), the store the
+// A small client of etcd's v3 gRPC API (KV, Txn, Lease, Watch), the store the
 // cluster keeps its membership and session directory in (DESIGN.md section
 // 7). Stubs come from etcd's own .proto files (third_party/etcd).
 //
@@ -18,6 +18,7 @@
 #define KVD_SERVICES_CLUSTER_ETCD_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,10 @@ namespace kvd::cluster {
 struct EtcdClientOptions {
   std::string endpoint;  // host:port of an etcd client URL (plain gRPC)
   absl::Duration timeout = absl::Seconds(5);  // per call
+  // Idempotent calls (reads, lease keep-alives and grants) are retried
+  // with jittered exponential backoff for up to this long while etcd is
+  // unavailable; writes are not (a lost answer may hide a committed write).
+  absl::Duration retry_for = absl::Seconds(3);
 };
 
 struct EtcdKeyValue {
@@ -44,6 +49,11 @@ struct EtcdKeyValue {
   int64_t version = 0;
   int64_t lease = 0;
 };
+
+// The smallest key greater than every key starting with `prefix` (etcd's
+// range_end for a prefix query); "\0" means "to the end" when the prefix is
+// all 0xff bytes.
+std::string PrefixRangeEnd(std::string prefix);
 
 class EtcdClient {
  public:
@@ -58,9 +68,11 @@ class EtcdClient {
                               int64_t lease = 0);
   // The key, or nullopt if it does not exist.
   absl::StatusOr<std::optional<EtcdKeyValue>> Get(const std::string& key);
-  // Every key starting with `prefix`, in key order.
+  // Every key starting with `prefix`, in key order; `revision` (if not
+  // null) gets the store's revision the answer reflects, from which a
+  // PrefixWatch continues.
   absl::StatusOr<std::vector<EtcdKeyValue>> GetPrefix(
-      const std::string& prefix);
+      const std::string& prefix, int64_t* revision = nullptr);
   // Writes only if the key's mod revision is still `mod_revision` (0: only
   // if the key does not exist). True if written; false if someone else
   // changed it first (read it again and decide).
@@ -79,7 +91,25 @@ class EtcdClient {
   absl::StatusOr<absl::Duration> KeepAliveOnce(int64_t lease);
   absl::Status RevokeLease(int64_t lease);
 
+  // Discards history older than `revision` (watches from before it then
+  // get the compaction; see PrefixWatch).
+  absl::Status Compact(int64_t revision);
+
+  // A Watch stream on `ctx` (no deadline: it lives until cancelled), for
+  // PrefixWatch.
+  std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::WatchRequest,
+                                           etcdserverpb::WatchResponse>>
+  OpenWatch(grpc::ClientContext* ctx);
+  const std::string& endpoint() const { return options_.endpoint; }
+
  private:
+  // Runs an idempotent call again while etcd is UNAVAILABLE (restarting,
+  // electing a leader), after 50 ms, 100 ms, 200 ms ... each with +-50%
+  // jitter so that many clients do not return at once, for up to `timeout`
+  // in all.
+  template <typename T>
+  T Retrying(const std::function<T()>& call) const;
+  absl::StatusOr<int64_t> GrantLeaseOnce(absl::Duration ttl);
   explicit EtcdClient(EtcdClientOptions options);
   std::unique_ptr<grpc::ClientContext> Context() const;
   absl::Status FromGrpc(const grpc::Status& s, const char* what) const;
@@ -88,6 +118,7 @@ class EtcdClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
   std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
+  std::unique_ptr<etcdserverpb::Watch::Stub> watch_;
 };
 
 }  // namespace kvd::cluster
