@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 
 namespace kvd::cluster {
 namespace {
@@ -39,7 +40,14 @@ absl::StatusOr<std::unique_ptr<NodeRegistration>> NodeRegistration::Start(
   return reg;
 }
 
+bool NodeRegistration::LeaseLive() const {
+  return registered_.load() &&
+         absl::ToUnixNanos(absl::Now()) < live_until_ns_.load();
+}
+
 absl::Status NodeRegistration::Register() {
+  // The lease's clock starts at etcd no earlier than this.
+  const absl::Time asked = absl::Now();
   absl::StatusOr<int64_t> lease = etcd_->GrantLease(options_.ttl);
   if (!lease.ok()) return lease.status();
   const std::string value = options_.describe ? options_.describe() : "";
@@ -56,6 +64,7 @@ absl::Status NodeRegistration::Register() {
         "one's lease to end"));
   }
   lease_.store(*lease);
+  live_until_ns_.store(absl::ToUnixNanos(asked + options_.ttl));
   registered_.store(true);
   return absl::OkStatus();
 }
@@ -68,8 +77,10 @@ void NodeRegistration::Loop() {
       if (mu_.AwaitWithTimeout(absl::Condition(&stop_), every)) return;
     }
     if (registered_.load()) {
+      const absl::Time asked = absl::Now();
       absl::StatusOr<absl::Duration> kept = etcd_->KeepAliveOnce(lease_.load());
       if (kept.ok()) {
+        live_until_ns_.store(absl::ToUnixNanos(asked + *kept));
         // The description carries the node's load: rewritten each round.
         if (options_.describe) {
           (void)etcd_->Put(key_, options_.describe(), lease_.load());

@@ -57,6 +57,12 @@ class NodeRegistration {
   ~NodeRegistration();
 
   bool registered() const { return registered_.load(); }
+  // Registered, and the lease cannot have ended yet by this process's own
+  // clock: the last successful keep-alive plus the TTL etcd granted then is
+  // still ahead. A process paused past its TTL (SIGSTOP, a long GC-like
+  // stall) sees false the moment it runs again, before any thread has
+  // talked to etcd: what a commit checks (self-fencing).
+  bool LeaseLive() const;
   int64_t lease() const { return lease_.load(); }
   // Changes on every start of the process: peers tell a restarted node
   // from the one they knew.
@@ -73,6 +79,7 @@ class NodeRegistration {
   const std::string incarnation_;
   std::atomic<bool> registered_{false};
   std::atomic<int64_t> lease_{0};
+  std::atomic<int64_t> live_until_ns_{0};  // absl::ToUnixNanos
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -58,6 +58,7 @@ TEST_F(MembershipTest, RegisteredNodeIsListedKeptAliveAndUnique) {
   load = 7;
   absl::SleepFor(absl::Seconds(5));
   EXPECT_TRUE((*reg)->registered());
+  EXPECT_TRUE((*reg)->LeaseLive());
   EXPECT_TRUE(Eventually([&] {
     auto n = ListNodes(client_.get());
     return n.ok() && n->size() == 1 && (*n)[0].second == "{\"running\":7}";

@@ -294,9 +294,54 @@ absl::Status SessionEngine::CreateSession(
       SessionMutex(Key(tenant, session));
   absl::MutexLock session_lock(session_mu.get());
   KVD_RETURN_IF_ERROR(CheckAbsent(tenant, session));
+  if (options_.fence != nullptr) {
+    KVD_ASSIGN_OR_RETURN(uint64_t epoch,
+                         options_.fence->OwnedEpoch(tenant, session));
+    if (epoch != storage::kFirstEpoch) return NoCopyAt(tenant, session, epoch);
+    KVD_RETURN_IF_ERROR(options_.fence->MayCommit(tenant, session, epoch));
+  }
   storage::TurnUpdate update;
   update.manifest = std::move(m);
   return store_->CommitTurn(update);
+}
+
+absl::StatusOr<bool> SessionEngine::ClaimForTurn(const Key& key) {
+  const auto& [tenant, session] = key;
+  KVD_ASSIGN_OR_RETURN(uint64_t epoch,
+                       options_.fence->OwnedEpoch(tenant, session));
+  absl::StatusOr<v1::SessionManifest> stored =
+      store_->GetManifest(tenant, session);
+  if (stored.status().code() == absl::StatusCode::kNotFound) {
+    if (epoch != storage::kFirstEpoch) return NoCopyAt(tenant, session, epoch);
+    return true;  // placed here by the directory: this turn starts it
+  }
+  // A damaged manifest is the restore's to report (and salvage).
+  if (!stored.ok()) return false;
+  const uint64_t mine = storage::EpochOf(*stored);
+  if (mine < epoch) {
+    // Given back to this node at a later epoch: take it at that epoch
+    // before the turn, so the commit's epoch is the directory's.
+    KVD_RETURN_IF_ERROR(
+        ChangeOwner(key, options_.node_id, epoch, v1::SESSION_ROLE_PRIMARY));
+  } else if (mine > epoch) {
+    return absl::AbortedError(absl::StrCat(
+        SessionName(tenant, session), " is stored here at epoch ", mine,
+        ", newer than the cluster directory's ", epoch,
+        "; nothing was written. The directory is the authority: check it "
+        "(kvd cluster status) before serving this session here"));
+  }
+  return false;
+}
+
+absl::Status SessionEngine::NoCopyAt(const std::string& tenant,
+                                     const std::string& session,
+                                     uint64_t epoch) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the cluster directory gives ", SessionName(tenant, session),
+      " to this node at epoch ", epoch,
+      ", but this node has no copy of it (only a new session, epoch 1, "
+      "starts empty); move its checkpoint here first (kvd sessions export / "
+      "import)"));
 }
 
 absl::Status SessionEngine::ImportSession(
@@ -564,9 +609,13 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
     ~Unlock() { mu->Unlock(); }
   } session_lock{session_mu.get()};
 
+  bool create_if_missing = request.create_if_missing;
+  if (options_.fence != nullptr) {
+    KVD_ASSIGN_OR_RETURN(create_if_missing, ClaimForTurn(key));
+  }
   TurnResult result;
   KVD_ASSIGN_OR_RETURN(std::shared_ptr<Active> active,
-                       Acquire(key, request.create_if_missing, &result));
+                       Acquire(key, create_if_missing, &result));
   Active& a = *active;  // in a turn (Acquire): never demoted meanwhile
   std::vector<int32_t> turn_tokens = request.tokens;
   if (request.make_tokens) {
@@ -643,6 +692,12 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   absl::StatusOr<storage::TurnUpdate> built =
       BuildTurnUpdate(from, std::move(next), tokens, a.store, 0);
   absl::Status committed = built.status();
+  if (committed.ok() && options_.fence != nullptr) {
+    // The last word before anything is written: a node whose lease lapsed
+    // or whose session moved meanwhile commits nothing.
+    committed = options_.fence->MayCommit(request.tenant, request.session,
+                                          storage::EpochOf(built->manifest));
+  }
   if (committed.ok()) committed = store_->CommitTurn(*built);
   if (!committed.ok()) {
     SetInTurn(a, false);

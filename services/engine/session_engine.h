@@ -60,6 +60,7 @@
 #include "proto/kvd/v1/checkpoint.pb.h"
 #include "services/engine/generator.h"
 #include "services/engine/scheduler.h"
+#include "services/engine/session_fence.h"
 #include "storage/tiered/tiered_store.h"
 
 namespace kvd::engine {
@@ -107,6 +108,13 @@ struct SessionEngineOptions {
   // How long a turn waits for a frozen session (Freeze) to be released or
   // unfrozen before it is ABORTED.
   absl::Duration frozen_turn_wait = absl::Seconds(30);
+  // A node in a cluster: which sessions it may serve, at which epoch, and
+  // whether it may still commit (session_fence.h). A turn for a session the
+  // fence gives this node at a higher epoch than its stored copy first
+  // takes it at that epoch (as Adopt would); a session the fence gives it
+  // but the store lacks is started by the turn (epoch 1 only). Null: a
+  // standalone node.
+  std::shared_ptr<SessionFence> fence;
 };
 
 struct TurnRequest {
@@ -370,6 +378,12 @@ class SessionEngine {
   // a primary at the epoch and owner this engine would write.
   absl::Status CheckMayCommit(const v1::SessionManifest& stored) const;
   // Writes an ownership change of the session's stored manifest.
+  // Under the session's lock, with a fence: what the cluster gives this
+  // node (taking the session at a higher epoch first); true if the turn
+  // starts the session.
+  absl::StatusOr<bool> ClaimForTurn(const Key& key);
+  absl::Status NoCopyAt(const std::string& tenant, const std::string& session,
+                        uint64_t epoch) const;
   absl::Status ChangeOwner(const Key& key, const std::string& owner,
                            uint64_t epoch, v1::SessionRole role);
   void CountRestore(StatePath path);

@@ -27,6 +27,39 @@ namespace {
 
 constexpr int kTurns = 4;
 
+// A SessionFence whose answers the test sets: a test double for the node's
+// etcd-backed fence (services/node/cluster_fence.h, tested against a real
+// etcd in tests/cluster).
+class FenceTestDouble : public SessionFence {
+ public:
+  absl::StatusOr<uint64_t> OwnedEpoch(const std::string&,
+                                      const std::string&) override {
+    absl::MutexLock lock(&mu_);
+    return owned_;
+  }
+  absl::Status MayCommit(const std::string&, const std::string&,
+                         uint64_t epoch) override {
+    absl::MutexLock lock(&mu_);
+    last_commit_epoch_ = epoch;
+    return may_commit_;
+  }
+  void Set(absl::StatusOr<uint64_t> owned, absl::Status may_commit) {
+    absl::MutexLock lock(&mu_);
+    owned_ = std::move(owned);
+    may_commit_ = std::move(may_commit);
+  }
+  uint64_t last_commit_epoch() {
+    absl::MutexLock lock(&mu_);
+    return last_commit_epoch_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::StatusOr<uint64_t> owned_ = uint64_t{1};
+  absl::Status may_commit_;
+  uint64_t last_commit_epoch_ = 0;
+};
+
 struct Transcript {
   std::vector<std::vector<float>> logits;  // one entry per generated step
   std::vector<int32_t> tokens;             // every generated token
@@ -68,9 +101,11 @@ class SessionEngineTest : public testing::EngineTest {
   }
 
   void NewEngine(const Variant& v, const v1::ModelIdentity& identity,
-                 const std::string& node_id = "") {
+                 const std::string& node_id = "",
+                 std::shared_ptr<SessionFence> fence = nullptr) {
     SessionEngineOptions o;
     o.node_id = node_id;
+    o.fence = std::move(fence);
     o.policy = *ops::ParseCheckpointPolicy(v.policy);
     o.hot_budget = v.hot_budget;
     o.chunk_tokens = 16;
@@ -346,6 +381,53 @@ TEST_P(SessionEngineTest, FreezeReleaseAdoptContinuesBitIdentically) {
   EXPECT_EQ(stale.status().code(), absl::StatusCode::kAborted);
   EXPECT_NE(stale.status().message().find("moved"), std::string::npos)
       << stale.status();
+}
+
+// In a cluster the fence decides: a session the directory lacks is not
+// served (not even started), one placed here is started by its first turn,
+// a commit the fence refuses writes nothing, and a session given back at a
+// later epoch is taken at that epoch and continues bit-identically.
+TEST_P(SessionEngineTest, ClusterFenceDecidesWhatIsServedAndCommitted) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
+  const Transcript reference = Converse(v, nullptr);
+  FreshDir();
+  OpenStore();
+  auto fence = std::make_shared<FenceTestDouble>();
+  NewEngine(v, identity_, "n1", fence);
+  Transcript t, scratch;
+
+  fence->Set(absl::NotFoundError("not in the directory"), absl::OkStatus());
+  create_if_missing_ = true;
+  EXPECT_EQ(Turn(0, &scratch).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->GetManifest("acme", "chat-1").status().code(),
+            absl::StatusCode::kNotFound);
+
+  create_if_missing_ = false;
+  fence->Set(uint64_t{1}, absl::OkStatus());
+  absl::StatusOr<TurnResult> first = Turn(0, &t);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(fence->last_commit_epoch(), 1u);
+
+  fence->Set(uint64_t{1}, absl::UnavailableError("lease lapsed"));
+  EXPECT_EQ(Turn(1, &scratch).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(store_->GetManifest("acme", "chat-1")->turn_ends_size(), 1);
+
+  fence->Set(uint64_t{3}, absl::OkStatus());
+  for (int turn = 1; turn < kTurns; ++turn) {
+    absl::StatusOr<TurnResult> r = Turn(turn, &t);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  EXPECT_EQ(fence->last_commit_epoch(), 3u);
+  absl::StatusOr<v1::SessionManifest> m = store_->GetManifest("acme", "chat-1");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->epoch(), 3u);
+  EXPECT_EQ(m->owner_node(), "n1");
+  ExpectSameBits(reference, t);
+
+  // A directory behind the stored copy is not trusted over it.
+  fence->Set(uint64_t{2}, absl::OkStatus());
+  EXPECT_EQ(Turn(kTurns, &scratch).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(store_->GetManifest("acme", "chat-1")->epoch(), 3u);
 }
 
 // Freeze lets a running turn finish (its commit is part of the frozen

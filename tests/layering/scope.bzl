@@ -213,6 +213,8 @@ SCOPE = [
     "//services/cluster:etcd_test",
     "//services/cluster:membership",
     "//services/cluster:membership_test",
+    "//services/cluster:node_info",
+    "//services/cluster:node_info_test",
     "//services/cluster:prefix_watch",
     "//services/cluster:prefix_watch_test",
     "//services/engine:backend_interface_test",

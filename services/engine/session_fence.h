@@ -1,0 +1,41 @@
+// A cluster's say over which sessions a node may serve and commit (DESIGN.md
+// section 7: ownership is a fencing token). The engine asks it before every
+// turn and again right before the turn's commit; a standalone node has
+// none. The node implements it over etcd (services/node/cluster_fence.h);
+// the engine sees only this interface.
+//
+// Thread-safety: implementations must allow concurrent calls.
+#ifndef KVD_SERVICES_ENGINE_SESSION_FENCE_H_
+#define KVD_SERVICES_ENGINE_SESSION_FENCE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kvd::engine {
+
+class SessionFence {
+ public:
+  virtual ~SessionFence() = default;
+
+  // Before a turn or a create: the epoch at which the cluster gives this
+  // node the session. NOT_FOUND: the cluster has no such session (a router
+  // places new ones); ABORTED: another node owns it (the message names it);
+  // UNAVAILABLE: this node may not commit now (its lease lapsed, or the
+  // directory cannot be read).
+  virtual absl::StatusOr<uint64_t> OwnedEpoch(const std::string& tenant,
+                                              const std::string& session) = 0;
+
+  // Right before a commit under `epoch`: OK only if the node still owns the
+  // session at exactly that epoch and its lease is live. Anything else
+  // fails the turn and nothing is written.
+  virtual absl::Status MayCommit(const std::string& tenant,
+                                 const std::string& session,
+                                 uint64_t epoch) = 0;
+};
+
+}  // namespace kvd::engine
+
+#endif  // KVD_SERVICES_ENGINE_SESSION_FENCE_H_
