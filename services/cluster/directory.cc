@@ -113,4 +113,32 @@ absl::StatusOr<DirectoryEntry> SessionDirectory::Move(
   return **moved;
 }
 
+absl::Status SessionDirectory::Remove(const std::string& tenant,
+                                      const std::string& session,
+                                      const DirectoryEntry& expected) {
+  absl::StatusOr<bool> won =
+      etcd_->DeleteIfModRevision(Key(tenant, session), expected.mod_revision);
+  if (!won.ok()) return won.status();
+  if (!*won) {
+    return absl::AbortedError(absl::StrCat(
+        "session '", session, "' of tenant '", tenant,
+        "' changed in the directory since it was read; not removed"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, DirectoryEntry>>>
+SessionDirectory::List(const std::string& tenant) {
+  const std::string prefix = absl::StrCat(kSessionsPrefix, tenant, "/");
+  absl::StatusOr<std::vector<EtcdKeyValue>> kvs = etcd_->GetPrefix(prefix);
+  if (!kvs.ok()) return kvs.status();
+  std::vector<std::pair<std::string, DirectoryEntry>> out;
+  for (const EtcdKeyValue& kv : *kvs) {
+    absl::StatusOr<DirectoryEntry> e = Decode(kv);
+    if (!e.ok()) continue;  // reported when that session is looked up
+    out.emplace_back(kv.key.substr(prefix.size()), *std::move(e));
+  }
+  return out;
+}
+
 }  // namespace kvd::cluster

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -52,6 +53,14 @@ class SessionDirectory {
                                       const std::string& session,
                                       const DirectoryEntry& expected,
                                       const std::string& to);
+
+  // Removes the session's entry if it is still `expected` (its owner
+  // deleted the session). ABORTED if it changed meanwhile.
+  absl::Status Remove(const std::string& tenant, const std::string& session,
+                      const DirectoryEntry& expected);
+  // The tenant's sessions (id -> entry), in id order.
+  absl::StatusOr<std::vector<std::pair<std::string, DirectoryEntry>>> List(
+      const std::string& tenant);
 
   static std::string Key(const std::string& tenant, const std::string& session);
 

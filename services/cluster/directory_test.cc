@@ -63,5 +63,24 @@ TEST_F(DirectoryTest, ADamagedEntryIsDataLoss) {
             absl::StatusCode::kDataLoss);
 }
 
+TEST_F(DirectoryTest, ListsATenantsSessionsAndRemovesOnlyTheEntryItRead) {
+  SessionDirectory dir(client_.get());
+  absl::StatusOr<DirectoryEntry> a = dir.Create("acme", "a", "n1");
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(dir.Create("acme", "b", "n2").ok());
+  ASSERT_TRUE(dir.Create("acmex", "c", "n1").ok());  // another tenant
+  auto listed = dir.List("acme");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0].first, "a");
+  EXPECT_EQ((*listed)[1].second.owner, "n2");
+
+  absl::StatusOr<DirectoryEntry> moved = dir.Move("acme", "a", *a, "n3");
+  ASSERT_TRUE(moved.ok());
+  EXPECT_EQ(dir.Remove("acme", "a", *a).code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(dir.Remove("acme", "a", *moved).ok());
+  EXPECT_FALSE(dir.Lookup("acme", "a")->has_value());
+}
+
 }  // namespace
 }  // namespace kvd::cluster

@@ -170,6 +170,22 @@ absl::Status EtcdClient::Delete(const std::string& key) {
   return FromGrpc(kv_->DeleteRange(Context().get(), req, &resp), "delete");
 }
 
+absl::StatusOr<bool> EtcdClient::DeleteIfModRevision(const std::string& key,
+                                                     int64_t mod_revision) {
+  etcdserverpb::TxnRequest txn;
+  etcdserverpb::Compare* cmp = txn.add_compare();
+  cmp->set_key(key);
+  cmp->set_result(etcdserverpb::Compare::EQUAL);
+  cmp->set_target(etcdserverpb::Compare::MOD);
+  cmp->set_mod_revision(mod_revision);
+  txn.add_success()->mutable_request_delete_range()->set_key(key);
+  etcdserverpb::TxnResponse resp;
+  const absl::Status s =
+      FromGrpc(kv_->Txn(Context().get(), txn, &resp), "transaction");
+  if (!s.ok()) return s;
+  return resp.succeeded();
+}
+
 absl::StatusOr<int64_t> EtcdClient::GrantLease(absl::Duration ttl) {
   // A retried grant may leave an unused lease behind: it expires unused.
   using Result = absl::StatusOr<int64_t>;

@@ -82,6 +82,10 @@ class EtcdClient {
                                         int64_t lease = 0);
   // OK whether or not the key existed.
   absl::Status Delete(const std::string& key);
+  // Deletes only if the key's mod revision is still `mod_revision`; true if
+  // deleted.
+  absl::StatusOr<bool> DeleteIfModRevision(const std::string& key,
+                                           int64_t mod_revision);
 
   // A lease of `ttl` (etcd may round it up); keys attached to it vanish when
   // it expires or is revoked.

@@ -7,21 +7,18 @@
 #include "absl/time/clock.h"
 
 namespace kvd::cluster {
-namespace {
-
 std::string NewIncarnation() {
   std::random_device rd;
   std::mt19937_64 rng((static_cast<uint64_t>(rd()) << 32) ^ rd());
   return absl::StrFormat("%016x", rng());
 }
 
-}  // namespace
-
 NodeRegistration::NodeRegistration(EtcdClient* etcd, Options options)
     : etcd_(etcd),
       options_(std::move(options)),
       key_(absl::StrCat(kNodesPrefix, options_.node_id)),
-      incarnation_(NewIncarnation()) {}
+      incarnation_(options_.incarnation.empty() ? NewIncarnation()
+                                                : options_.incarnation) {}
 
 absl::StatusOr<std::unique_ptr<NodeRegistration>> NodeRegistration::Start(
     EtcdClient* etcd, Options options) {

@@ -46,6 +46,8 @@ class NodeRegistration {
     std::function<std::string()> describe;
     // The lease was lost: stop committing until registered() again.
     std::function<void()> on_lost;
+    // This start's id (NewIncarnation()); empty: a new one.
+    std::string incarnation;
   };
 
   // Registers the node (ALREADY_EXISTS if a live node holds the id) and
@@ -84,6 +86,9 @@ class NodeRegistration {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
+
+// A random id for one start of a process (16 hex digits).
+std::string NewIncarnation();
 
 // The live nodes: (node id, its description), in id order.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ListNodes(

@@ -166,9 +166,41 @@ absl::StatusOr<std::string> KeyStore::TenantForKey(
   return found->tenant;
 }
 
+KeyStore KeyStore::TrustingRouters(std::string router_token) {
+  KeyStore k;
+  k.router_token_ = std::move(router_token);
+  return k;
+}
+
+absl::StatusOr<std::string> KeyStore::TenantForRequest(
+    absl::string_view authorization_header,
+    absl::string_view forwarded_tenant) const {
+  if (router_token_.empty()) return TenantForBearer(authorization_header);
+  const absl::string_view header =
+      absl::StripAsciiWhitespace(authorization_header);
+  constexpr absl::string_view kScheme = "bearer ";
+  if (header.size() <= kScheme.size() ||
+      !absl::StartsWithIgnoreCase(header, kScheme) ||
+      !ConstantTimeEquals(
+          absl::StripAsciiWhitespace(header.substr(kScheme.size())),
+          router_token_)) {
+    return absl::PermissionDeniedError(
+        "this node serves a cluster and takes requests only from its "
+        "routers: send them to a kvd router (tools/cluster/up.sh prints its "
+        "URL)");
+  }
+  if (absl::Status valid = storage::ValidateName("tenant", forwarded_tenant);
+      !valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the router forwarded no valid tenant in ",
+                     kForwardedTenantHeader, ": ", valid.message()));
+  }
+  return std::string(forwarded_tenant);
+}
+
 absl::StatusOr<std::string> KeyStore::TenantForBearer(
     absl::string_view authorization_header) const {
-  if (!enabled()) return std::string(kLocalTenant);
+  if (entries_.empty()) return std::string(kLocalTenant);
   absl::string_view header = absl::StripAsciiWhitespace(authorization_header);
   if (header.empty()) {
     return absl::UnauthenticatedError(

@@ -49,8 +49,16 @@ class KeyStore {
   static absl::StatusOr<KeyStore> FromPairs(
       std::vector<std::pair<std::string, std::string>> entries);
 
+  // A node in a cluster trusts only its routers (DESIGN.md section 7): a
+  // request must carry "Bearer <router_token>" (the secret the cluster's
+  // routers share with its nodes) and its tenant, which the router took
+  // from the client's API key, in the header kForwardedTenantHeader. API
+  // keys are checked at the router, not here.
+  static KeyStore TrustingRouters(std::string router_token);
+
   // Whether any key is configured (otherwise the node is open).
-  bool enabled() const { return !entries_.empty(); }
+  bool enabled() const { return !entries_.empty() || !router_token_.empty(); }
+  bool trusts_routers() const { return !router_token_.empty(); }
   size_t size() const { return entries_.size(); }
 
   // The tenant owning `key`. Without configured keys: "local" for any key.
@@ -66,6 +74,13 @@ class KeyStore {
   absl::StatusOr<std::string> TenantForBearer(
       absl::string_view authorization_header) const;
 
+  // The tenant of a request: TenantForBearer's, or, trusting routers, the
+  // forwarded tenant of a request that carries the router token
+  // (PERMISSION_DENIED otherwise, saying to use a router).
+  absl::StatusOr<std::string> TenantForRequest(
+      absl::string_view authorization_header,
+      absl::string_view forwarded_tenant) const;
+
  private:
   struct Entry {
     std::string key;
@@ -75,7 +90,11 @@ class KeyStore {
                    absl::string_view where);
 
   std::vector<Entry> entries_;
+  std::string router_token_;
 };
+
+// The header (gRPC metadata key) a router forwards the tenant in.
+inline constexpr char kForwardedTenantHeader[] = "x-kvd-tenant";
 
 // Equality of `a` and `b` in time that depends only on their lengths, not on
 // where they differ (so a remote caller cannot guess a key byte by byte).

@@ -111,5 +111,34 @@ TEST(ConstantTimeEqualsTest, Basics) {
   EXPECT_FALSE(ConstantTimeEquals(absl::string_view("a\0", 2), "a"));
 }
 
+TEST(KeyStoreTest, ANodeTrustingRoutersTakesTheForwardedTenantOnly) {
+  const KeyStore keys = KeyStore::TrustingRouters("router-secret");
+  EXPECT_TRUE(keys.trusts_routers());
+  absl::StatusOr<std::string> t =
+      keys.TenantForRequest("Bearer router-secret", "acme");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*t, "acme");
+  // A client's own key, no key, or a wrong token: use a router.
+  for (const char* auth :
+       {"", "Bearer sk-123", "Bearer router-secreT", "Basic router-secret"}) {
+    absl::StatusOr<std::string> refused = keys.TenantForRequest(auth, "acme");
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied)
+        << auth;
+    EXPECT_NE(refused.status().message().find("router"), std::string::npos);
+  }
+  // The router token without a valid tenant is the router's bug, not a
+  // tenant of its own.
+  for (const char* tenant : {"", "a/b", "x\n"}) {
+    EXPECT_EQ(
+        keys.TenantForRequest("Bearer router-secret", tenant).status().code(),
+        absl::StatusCode::kInvalidArgument)
+        << tenant;
+  }
+  // Without a router token the forwarded header means nothing.
+  absl::StatusOr<std::string> open = KeyStore().TenantForRequest("", "acme");
+  ASSERT_TRUE(open.ok());
+  EXPECT_EQ(*open, kLocalTenant);
+}
+
 }  // namespace
 }  // namespace kvd::node

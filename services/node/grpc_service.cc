@@ -77,11 +77,14 @@ SessionsService::SessionsService(NodeRuntime* runtime, KeyStore keys,
 absl::StatusOr<std::string> SessionsService::Tenant(
     const grpc::ServerContext* ctx) const {
   const auto& md = ctx->client_metadata();
-  auto it = md.find("authorization");
-  absl::string_view header;
-  if (it != md.end())
-    header = absl::string_view(it->second.data(), it->second.size());
-  return keys_.TenantForBearer(header);
+  auto value = [&md](const char* key) {
+    auto it = md.find(key);
+    return it == md.end()
+               ? absl::string_view()
+               : absl::string_view(it->second.data(), it->second.size());
+  };
+  return keys_.TenantForRequest(value("authorization"),
+                                value(kForwardedTenantHeader));
 }
 
 grpc::Status SessionsService::CreateSession(

@@ -431,8 +431,9 @@ void HttpServerImpl::SendError(httplib::Response& res,
 
 absl::StatusOr<std::string> HttpServerImpl::Tenant(
     const httplib::Request& req) const {
-  absl::StatusOr<std::string> tenant =
-      options_.keys.TenantForBearer(req.get_header_value("Authorization"));
+  absl::StatusOr<std::string> tenant = options_.keys.TenantForRequest(
+      req.get_header_value("Authorization"),
+      req.get_header_value(kForwardedTenantHeader));
   if (tenant.ok()) t_log.tenant = *tenant;
   return tenant;
 }

@@ -16,6 +16,10 @@ int PlanCommand(const std::vector<std::string>& args);
 int ChatCommand(const std::vector<std::string>& args);
 int SessionsCommand(const std::vector<std::string>& args);
 int ServeCommand(const std::vector<std::string>& args);
+// `kvd router`: one address for a cluster.
+int RouterCommand(const std::vector<std::string>& args);
+// `kvd cluster status|drain|undrain`.
+int ClusterCommand(const std::vector<std::string>& args);
 
 }  // namespace kvd::cli
 

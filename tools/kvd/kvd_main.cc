@@ -16,6 +16,8 @@ constexpr char kUsage[] =
     "  serve      serve the model over an OpenAI-compatible HTTP API and "
     "gRPC,\n"
     "             with durable sessions\n"
+    "  router     one address for a cluster of 'kvd serve --cluster' nodes\n"
+    "  cluster    a cluster's nodes, load and sessions; drain a node\n"
     "  chat       chat in a durable session: every turn is committed to disk\n"
     "             and the conversation resumes bit-identically later\n"
     "  sessions   list, show, delete, export and import stored sessions\n"
@@ -45,6 +47,8 @@ int main(int argc, char** argv) {
   if (command == "plan") return kvd::cli::PlanCommand(args);
   if (command == "chat") return kvd::cli::ChatCommand(args);
   if (command == "serve") return kvd::cli::ServeCommand(args);
+  if (command == "router") return kvd::cli::RouterCommand(args);
+  if (command == "cluster") return kvd::cli::ClusterCommand(args);
   if (command == "sessions") return kvd::cli::SessionsCommand(args);
   std::fprintf(stderr, "kvd: unknown command '%s'\n\n%s", command.c_str(),
                kUsage);

@@ -13,6 +13,7 @@
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/node/auth.h"
+#include "services/node/cluster_member.h"
 #include "services/node/grpc_service.h"
 #include "services/node/http_server.h"
 #include "tools/kvd/commands.h"
@@ -57,6 +58,22 @@ void DeclareFlags(Args& a) {
          "on-first-use: an HTTP turn for an unknown session_id starts it; "
          "explicit: it is 404 until the session is created (gRPC "
          "CreateSession), as a node in a cluster does");
+  a.Flag("cluster", "",
+         "etcd endpoint (host:port) of the cluster to join: the node "
+         "registers as --node-id, serves only sessions the directory gives "
+         "it, and takes requests only from routers (--router-token); empty "
+         "= a standalone node");
+  a.Flag("advertise", "",
+         "host routers reach this node at (default: --host, or 127.0.0.1 "
+         "when --host is 0.0.0.0)");
+  a.Flag("lease-ttl", "15",
+         "seconds the node's cluster lease lives without a keep-alive (sent "
+         "every TTL/3); a node that misses it commits nothing until it has "
+         "registered again");
+  a.Flag("router-token", "",
+         "in a cluster: the secret routers send as 'Authorization: Bearer "
+         "<token>' with the tenant in X-Kvd-Tenant (also read: "
+         "$KVD_ROUTER_TOKEN); other traffic is refused");
   a.Flag("tls-cert", "", "PEM certificate: serve HTTPS and gRPC over TLS");
   a.Flag("tls-key", "", "PEM private key for --tls-cert");
   DeclareModelFlags(a);
@@ -129,6 +146,35 @@ absl::Status Run(const Args& args) {
   }
   KVD_ASSIGN_OR_RETURN(node::KeyStore keys,
                        node::KeyStore::Load(args.Get("api-keys")));
+  std::unique_ptr<node::ClusterMember> member;
+  if (args.Has("cluster")) {
+    std::string token = args.Get("router-token");
+    if (token.empty()) {
+      if (const char* env = std::getenv("KVD_ROUTER_TOKEN")) token = env;
+    }
+    if (token.empty()) {
+      return absl::InvalidArgumentError(
+          "a node in a cluster needs --router-token (or $KVD_ROUTER_TOKEN): "
+          "the secret its routers send; tools/cluster/up.sh makes one");
+    }
+    if (keys.enabled()) {
+      return absl::InvalidArgumentError(
+          "in a cluster, API keys are checked by the routers (kvd router "
+          "--api-keys); give this node --router-token only");
+    }
+    keys = node::KeyStore::TrustingRouters(token);
+    KVD_ASSIGN_OR_RETURN(int64_t ttl_s, args.GetInt("lease-ttl"));
+    if (ttl_s < 2 || ttl_s > 3600) {
+      return absl::InvalidArgumentError("--lease-ttl must be in [2, 3600] s");
+    }
+    node::ClusterMemberOptions co;
+    co.etcd_endpoint = args.Get("cluster");
+    co.node_id = args.Get("node-id");
+    co.lease_ttl = absl::Seconds(ttl_s);
+    co.max_inflight = inflight;
+    co.max_queue = queue;
+    KVD_ASSIGN_OR_RETURN(member, node::ClusterMember::Connect(std::move(co)));
+  }
   // Block the stop signals before any server thread exists, so only
   // sigwait below receives them.
   sigset_t stop;
@@ -139,19 +185,20 @@ absl::Status Run(const Args& args) {
 
   KVD_ASSIGN_OR_RETURN(
       std::unique_ptr<node::NodeRuntime> rt,
-      OpenSessionRuntime(args, /*show_progress=*/true,
-                         [&args](node::NodeOptions& o) -> absl::Status {
-                           const std::string mode = args.Get("create-sessions");
-                           if (mode != "on-first-use" && mode != "explicit") {
-                             return absl::InvalidArgumentError(absl::StrCat(
-                                 "--create-sessions must be on-first-use or "
-                                 "explicit, not '",
-                                 mode, "'"));
-                           }
-                           o.create_sessions_on_first_use =
-                               mode == "on-first-use";
-                           return absl::OkStatus();
-                         }));
+      OpenSessionRuntime(
+          args, /*show_progress=*/true,
+          [&args, &member](node::NodeOptions& o) -> absl::Status {
+            if (member) o.engine.fence = member->fence();
+            const std::string mode = args.Get("create-sessions");
+            if (mode != "on-first-use" && mode != "explicit") {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("--create-sessions must be on-first-use or "
+                               "explicit, not '",
+                               mode, "'"));
+            }
+            o.create_sessions_on_first_use = mode == "on-first-use";
+            return absl::OkStatus();
+          }));
   const std::string host = args.Get("host");
   auto metrics = std::make_shared<node::Metrics>();
   // One admission control for both front ends: --max-inflight bounds the
@@ -190,6 +237,23 @@ absl::Status Run(const Args& args) {
     KVD_ASSIGN_OR_RETURN(grpc,
                          node::StartGrpcServer(rt.get(), keys, std::move(o)));
   }
+  if (member) {
+    std::string advertise = args.Get("advertise");
+    if (advertise.empty()) advertise = host == "0.0.0.0" ? "127.0.0.1" : host;
+    const std::string http_url =
+        http ? absl::StrCat(args.Has("tls-cert") ? "https" : "http", "://",
+                            advertise, ":", http->port())
+             : "";
+    const std::string grpc_address =
+        grpc ? absl::StrCat(advertise, ":", grpc->port()) : "";
+    KVD_RETURN_IF_ERROR(
+        member->Join(rt.get(), admission.get(), http_url, grpc_address));
+    std::fprintf(stderr,
+                 "kvd serve: node '%s' joined the cluster at %s (incarnation "
+                 "%s)\n",
+                 args.Get("node-id").c_str(), args.Get("cluster").c_str(),
+                 member->incarnation().c_str());
+  }
   std::fprintf(stderr,
                "kvd serve: model %s (%s) on the %s backend, sessions in "
                "%s/sessions\n",
@@ -204,7 +268,10 @@ absl::Status Run(const Args& args) {
     std::fprintf(stderr, "  gRPC        %s:%d\n", host.c_str(), grpc->port());
   }
   std::fprintf(stderr, "  %s; Ctrl-C to stop\n",
-               keys.enabled() ? "API keys required" : "no API keys: open node");
+               keys.trusts_routers()
+                   ? "requests only from the cluster's routers"
+               : keys.enabled() ? "API keys required"
+                                : "no API keys: open node");
   int sig = 0;
   sigwait(&stop, &sig);
   std::fprintf(stderr, "kvd serve: %s, stopping\n",
@@ -212,6 +279,7 @@ absl::Status Run(const Args& args) {
   // gRPC first: its generations stop and leave the admission queue the two
   // front ends share, so HTTP requests queued behind them are not kept
   // waiting while HTTP stops.
+  member.reset();  // leave the cluster first: routers stop sending at once
   if (grpc) grpc->Shutdown();
   if (http) http->Stop();
   return rt->store().Flush();

@@ -1,0 +1,168 @@
+#include "services/node/cluster_member.h"
+
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "services/cluster/node_info.h"
+
+namespace kvd::node {
+
+class ClusterMember::DirectoryFence : public engine::SessionFence {
+ public:
+  DirectoryFence(cluster::SessionDirectory* directory, std::string node_id)
+      : directory_(directory), node_id_(std::move(node_id)) {}
+
+  void set_registration(const cluster::NodeRegistration* r) {
+    registration_.store(r);
+  }
+
+  absl::StatusOr<uint64_t> OwnedEpoch(const std::string& tenant,
+                                      const std::string& session) override {
+    if (absl::Status live = CheckLease(); !live.ok()) return live;
+    absl::StatusOr<std::optional<cluster::DirectoryEntry>> e =
+        directory_->Lookup(tenant, session);
+    if (!e.ok()) return e.status();
+    if (!e->has_value()) {
+      return absl::NotFoundError(absl::StrCat(
+          "session '", session,
+          "' is not in the cluster's directory; a router places new "
+          "sessions: send the request through one (kvd router)"));
+    }
+    if ((*e)->owner != node_id_) {
+      return absl::AbortedError(absl::StrCat(
+          "session '", session, "' is owned by node '", (*e)->owner,
+          "' (epoch ", (*e)->epoch, "), not this node ('", node_id_,
+          "'); nothing was written. Send the request through a router"));
+    }
+    return (*e)->epoch;
+  }
+
+  absl::Status MayCommit(const std::string& tenant, const std::string& session,
+                         uint64_t epoch) override {
+    absl::StatusOr<uint64_t> owned = OwnedEpoch(tenant, session);
+    if (!owned.ok()) return owned.status();
+    if (*owned != epoch) {
+      return absl::AbortedError(absl::StrCat(
+          "session '", session, "' moved to epoch ", *owned,
+          " in the cluster directory while this turn ran at epoch ", epoch,
+          "; nothing was written, retry the turn"));
+    }
+    // The lease once more: the directory read may have taken a while.
+    return CheckLease();
+  }
+
+ private:
+  absl::Status CheckLease() const {
+    const cluster::NodeRegistration* r = registration_.load();
+    if (r != nullptr && r->LeaseLive()) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat(
+        "node '", node_id_,
+        "' has no live cluster lease (etcd unreachable, or the process was "
+        "paused past its lease); it commits nothing until it has "
+        "registered again. Retry shortly"));
+  }
+
+  cluster::SessionDirectory* const directory_;
+  const std::string node_id_;
+  std::atomic<const cluster::NodeRegistration*> registration_{nullptr};
+};
+
+absl::StatusOr<std::unique_ptr<ClusterMember>> ClusterMember::Connect(
+    ClusterMemberOptions options) {
+  absl::string_view endpoint = options.etcd_endpoint;
+  absl::ConsumePrefix(&endpoint, "http://");
+  absl::ConsumeSuffix(&endpoint, "/");
+  options.etcd_endpoint = std::string(endpoint);
+  if (options.node_id.empty()) {
+    return absl::InvalidArgumentError(
+        "a node in a cluster needs a --node-id (unique in the cluster)");
+  }
+  if (absl::StrContains(options.node_id, "/")) {
+    return absl::InvalidArgumentError("--node-id must not contain '/'");
+  }
+  std::unique_ptr<ClusterMember> m(new ClusterMember());
+  absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> etcd =
+      cluster::EtcdClient::Connect({.endpoint = options.etcd_endpoint});
+  if (!etcd.ok()) return etcd.status();
+  m->etcd_ = std::move(*etcd);
+  m->directory_ = std::make_unique<cluster::SessionDirectory>(m->etcd_.get());
+  m->fence_ =
+      std::make_shared<DirectoryFence>(m->directory_.get(), options.node_id);
+  m->options_ = std::move(options);
+  return m;
+}
+
+ClusterMember::~ClusterMember() {
+  if (fence_) fence_->set_registration(nullptr);
+  registration_.reset();  // revokes the lease: routers see the node leave
+}
+
+absl::Status ClusterMember::Join(NodeRuntime* runtime,
+                                 const Admission* admission,
+                                 const std::string& http_url,
+                                 const std::string& grpc_address) {
+  cluster::NodeInfo info;
+  info.id = options_.node_id;
+  info.http_url = http_url;
+  info.grpc_address = grpc_address;
+  info.model_id = runtime->model_id();
+  const v1::ModelIdentity& identity = runtime->engine().identity();
+  info.model_fingerprint = identity.fingerprint();
+  info.precision = identity.precision();
+  info.numerics_version = identity.numerics_version();
+  info.max_inflight = options_.max_inflight;
+  info.max_queue = options_.max_queue;
+  cluster::NodeRegistration::Options o;
+  o.node_id = options_.node_id;
+  o.ttl = options_.lease_ttl;
+  // Filled in below, once the registration (and its incarnation) exists;
+  // the first describe() runs inside Start, so it reads `incarnation`.
+  auto incarnation = std::make_shared<std::string>();
+  o.describe = [info, runtime, admission, incarnation]() mutable {
+    const engine::EngineStats s = runtime->engine().stats();
+    info.incarnation = *incarnation;
+    info.load.running = admission != nullptr ? admission->inflight() : 0;
+    info.load.queued = admission != nullptr ? admission->queued() : 0;
+    info.load.hot_sessions = s.hot_sessions;
+    info.load.kv_pool_free_bytes =
+        s.kv_pool_blocks_total == 0
+            ? -1
+            : (s.kv_pool_blocks_total - s.kv_pool_blocks_used) *
+                  s.kv_pool_block_bytes;
+    info.load.dram_tier_bytes = runtime->store().dram_stats().bytes;
+    info.load.turns_committed = s.turns_committed;
+    return cluster::EncodeNodeInfo(info);
+  };
+  o.on_lost = [id = options_.node_id] {
+    std::fprintf(stderr,
+                 "kvd serve: node '%s' lost its cluster lease; committing "
+                 "nothing until it has registered again\n",
+                 id.c_str());
+  };
+  *incarnation = cluster::NewIncarnation();
+  o.incarnation = *incarnation;
+  absl::StatusOr<std::unique_ptr<cluster::NodeRegistration>> reg =
+      cluster::NodeRegistration::Start(etcd_.get(), std::move(o));
+  if (!reg.ok()) return reg.status();
+  registration_ = std::move(*reg);
+  fence_->set_registration(registration_.get());
+  return absl::OkStatus();
+}
+
+std::shared_ptr<engine::SessionFence> ClusterMember::fence() const {
+  return fence_;
+}
+
+bool ClusterMember::LeaseLive() const {
+  return registration_ != nullptr && registration_->LeaseLive();
+}
+
+const std::string& ClusterMember::incarnation() const {
+  static const std::string kNone;
+  return registration_ != nullptr ? registration_->incarnation() : kNone;
+}
+
+}  // namespace kvd::node

@@ -1,0 +1,685 @@
+#include "services/router/router.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "nlohmann/json.hpp"
+#include "services/cluster/directory.h"
+#include "services/cluster/etcd_client.h"
+#include "services/cluster/membership.h"
+#include "services/cluster/node_info.h"
+#include "services/cluster/prefix_watch.h"
+#include "services/node/openai_request.h"
+#include "services/router/placement.h"
+#include "services/router/router_metrics.h"
+
+namespace kvd::router {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kDrainPrefix[] = "/kvd/v1/drain/";
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t)
+      .count();
+}
+
+std::string NewRequestId() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return absl::StrFormat("req-%016x", rng());
+}
+
+std::string PercentEncode(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.' ||
+        c == '~') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      absl::StrAppendFormat(&out, "%%%02X", c);
+    }
+  }
+  return out;
+}
+
+// What one forwarded request's upstream thread hands the client's thread:
+// the node's status and headers, then its body in pieces as they arrive.
+struct Pipe {
+  absl::Mutex mu;
+  bool headers = false;  // status and the headers below are set
+  bool done = false;     // the upstream exchange ended (ok or not)
+  bool client_gone = false;
+  int status = 0;
+  std::string content_type, retry_after;
+  std::deque<std::string> chunks;
+  httplib::Error error = httplib::Error::Success;
+};
+
+// Where a request goes, and why (the routing decision, for metrics/logs).
+struct Target {
+  cluster::NodeInfo node;
+  std::string route;  // "owner", "placed", "stateless"
+};
+
+class RouterImpl : public Router {
+ public:
+  explicit RouterImpl(RouterOptions options) : options_(std::move(options)) {}
+  ~RouterImpl() override { Stop(); }
+
+  absl::Status Init();
+  int port() const override { return port_; }
+  void Stop() override;
+
+ private:
+  void Routes();
+  void HandleGenerate(const httplib::Request& req, httplib::Response& res);
+  void HandleSession(const httplib::Request& req, httplib::Response& res,
+                     const std::string& suffix);
+  void HandleListSessions(const httplib::Request& req, httplib::Response& res);
+  void HandleModels(const httplib::Request& req, httplib::Response& res);
+
+  absl::StatusOr<std::string> Tenant(const httplib::Request& req);
+  std::vector<cluster::NodeInfo> LiveNodes();
+  std::set<std::string> Drained();
+  absl::StatusOr<Target> Owner(const std::string& tenant,
+                               const std::string& session,
+                               const std::string& model,
+                               cluster::DirectoryEntry* entry);
+  absl::StatusOr<Target> Place(const std::string& tenant,
+                               const std::string& session,
+                               const std::string& model);
+  absl::StatusOr<Target> Stateless(const std::string& model,
+                                   const std::set<std::string>& skip);
+  // Forwards `req` to `target`; false (nothing sent) if no connection could
+  // be opened, so the caller may try elsewhere.
+  bool Forward(const Target& target, const std::string& tenant,
+               const httplib::Request& req, httplib::Response& res,
+               const std::string& session);
+  void SendError(httplib::Response& res, const absl::Status& status);
+  void Log(const httplib::Request& req, const httplib::Response& res,
+           const std::string& tenant, const std::string& session,
+           const std::string& node, const std::string& route,
+           std::chrono::steady_clock::time_point start);
+
+  const RouterOptions options_;
+  std::unique_ptr<cluster::EtcdClient> etcd_;
+  std::unique_ptr<cluster::SessionDirectory> directory_;
+  std::unique_ptr<cluster::PrefixWatch> nodes_, drains_;
+  Placement placement_;
+  RouterMetrics metrics_;
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+  absl::Mutex stop_mu_;
+  bool stopped_ ABSL_GUARDED_BY(stop_mu_) = false;
+};
+
+absl::Status RouterImpl::Init() {
+  if (options_.router_token.empty()) {
+    return absl::InvalidArgumentError(
+        "the router needs --router-token (or $KVD_ROUTER_TOKEN): the secret "
+        "its nodes trust");
+  }
+  absl::string_view endpoint = options_.etcd_endpoint;
+  absl::ConsumePrefix(&endpoint, "http://");
+  absl::ConsumeSuffix(&endpoint, "/");
+  absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> etcd =
+      cluster::EtcdClient::Connect({.endpoint = std::string(endpoint)});
+  if (!etcd.ok()) return etcd.status();
+  etcd_ = std::move(*etcd);
+  directory_ = std::make_unique<cluster::SessionDirectory>(etcd_.get());
+  absl::StatusOr<std::unique_ptr<cluster::PrefixWatch>> nodes =
+      cluster::PrefixWatch::Start(etcd_.get(),
+                                  {.prefix = cluster::kNodesPrefix});
+  if (!nodes.ok()) return nodes.status();
+  nodes_ = std::move(*nodes);
+  absl::StatusOr<std::unique_ptr<cluster::PrefixWatch>> drains =
+      cluster::PrefixWatch::Start(etcd_.get(), {.prefix = kDrainPrefix});
+  if (!drains.ok()) return drains.status();
+  drains_ = std::move(*drains);
+
+  server_.new_task_queue = [n = options_.threads] {
+    return new httplib::ThreadPool(static_cast<size_t>(n));
+  };
+  server_.set_payload_max_length(size_t{16} << 20);
+  server_.set_read_timeout(10, 0);
+  server_.set_keep_alive_timeout(5);
+  Routes();
+  port_ =
+      options_.port == 0
+          ? server_.bind_to_any_port(options_.host)
+          : (server_.bind_to_port(options_.host, options_.port) ? options_.port
+                                                                : -1);
+  if (port_ <= 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "the router cannot listen on ", options_.host, ":", options_.port,
+        " (in use, or not an address of this machine); pick another "
+        "--port"));
+  }
+  thread_ = std::thread([this] { server_.listen_after_bind(); });
+  return absl::OkStatus();
+}
+
+void RouterImpl::Stop() {
+  {
+    absl::MutexLock lock(&stop_mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  server_.stop();
+  if (thread_.joinable()) thread_.join();
+  nodes_.reset();
+  drains_.reset();
+}
+
+void RouterImpl::Routes() {
+  server_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  server_.Get("/readyz", [this](const httplib::Request&,
+                                httplib::Response& res) {
+    const size_t live = LiveNodes().size();
+    if (!nodes_->synced() || live == 0) {
+      res.status = 503;
+      res.set_content(
+          absl::StrCat(!nodes_->synced() ? "not ready: etcd is unreachable\n"
+                                         : "not ready: no live nodes\n"),
+          "text/plain");
+      return;
+    }
+    res.set_content(absl::StrCat("ready: ", live, " nodes\n"), "text/plain");
+  });
+  server_.Get("/metrics", [this](const httplib::Request&,
+                                 httplib::Response& res) {
+    const std::string gauges = absl::StrCat(
+        "# TYPE kvd_router_live_nodes gauge\n", "kvd_router_live_nodes ",
+        LiveNodes().size(), "\n", "# TYPE kvd_router_membership_synced gauge\n",
+        "kvd_router_membership_synced ", nodes_->synced() ? 1 : 0, "\n",
+        "# TYPE kvd_router_membership_resyncs counter\n",
+        "kvd_router_membership_resyncs ", nodes_->resyncs(), "\n");
+    res.set_content(metrics_.Render(gauges), "text/plain; version=0.0.4");
+  });
+  server_.Get("/v1/models",
+              [this](const httplib::Request& req, httplib::Response& res) {
+                HandleModels(req, res);
+              });
+  for (const char* path : {"/v1/chat/completions", "/v1/completions"}) {
+    server_.Post(path,
+                 [this](const httplib::Request& req, httplib::Response& res) {
+                   HandleGenerate(req, res);
+                 });
+  }
+  server_.Get("/v1/sessions",
+              [this](const httplib::Request& req, httplib::Response& res) {
+                HandleListSessions(req, res);
+              });
+  server_.Get(R"(/v1/sessions/([^/]+))",
+              [this](const httplib::Request& req, httplib::Response& res) {
+                HandleSession(req, res, "");
+              });
+  server_.Delete(R"(/v1/sessions/([^/]+))",
+                 [this](const httplib::Request& req, httplib::Response& res) {
+                   HandleSession(req, res, "");
+                 });
+  server_.Get(R"(/v1/sessions/([^/]+)/export)",
+              [this](const httplib::Request& req, httplib::Response& res) {
+                HandleSession(req, res, "/export");
+              });
+}
+
+void RouterImpl::SendError(httplib::Response& res, const absl::Status& status) {
+  const node::ApiError e = node::ApiErrorFromStatus(status);
+  res.status = e.http_status;
+  if (e.http_status == 503 || e.http_status == 429) {
+    res.set_header("Retry-After", absl::StrCat(options_.retry_after_s));
+  }
+  if (e.http_status == 401) res.set_header("WWW-Authenticate", "Bearer");
+  res.set_content(node::ApiErrorJson(e), "application/json");
+}
+
+absl::StatusOr<std::string> RouterImpl::Tenant(const httplib::Request& req) {
+  return options_.keys.TenantForBearer(req.get_header_value("Authorization"));
+}
+
+std::vector<cluster::NodeInfo> RouterImpl::LiveNodes() {
+  std::vector<cluster::NodeInfo> out;
+  for (const auto& [key, kv] : nodes_->Snapshot()) {
+    absl::StatusOr<cluster::NodeInfo> n = cluster::DecodeNodeInfo(kv.value);
+    if (!n.ok()) continue;  // not a kvd node's description: never a target
+    placement_.Reported(n->id, kv.mod_revision);
+    out.push_back(*std::move(n));
+  }
+  return out;
+}
+
+std::set<std::string> RouterImpl::Drained() {
+  std::set<std::string> out;
+  for (const auto& [key, kv] : drains_->Snapshot()) {
+    out.insert(key.substr(sizeof(kDrainPrefix) - 1));
+  }
+  return out;
+}
+
+absl::StatusOr<Target> RouterImpl::Owner(const std::string& tenant,
+                                         const std::string& session,
+                                         const std::string& model,
+                                         cluster::DirectoryEntry* entry) {
+  metrics_.Count("kvd_router_directory_ops_total", {{"op", "lookup"}});
+  absl::StatusOr<std::optional<cluster::DirectoryEntry>> e =
+      directory_->Lookup(tenant, session);
+  if (!e.ok()) return e.status();
+  if (!e->has_value()) {
+    return absl::NotFoundError(
+        absl::StrCat("session '", session, "' not found"));
+  }
+  if (entry != nullptr) *entry = **e;
+  for (cluster::NodeInfo& n : LiveNodes()) {
+    if (n.id != (*e)->owner) continue;
+    if (!model.empty() && n.model_id != model) {
+      return node::RequestError(
+          "model", absl::StrCat("session '", session, "' belongs to model '",
+                                n.model_id, "', not '", model, "'"));
+    }
+    return Target{std::move(n), "owner"};
+  }
+  metrics_.Count("kvd_router_errors_total", {{"kind", "owner_down"}});
+  return absl::UnavailableError(absl::StrCat(
+      "session '", session, "' lives on node '", (*e)->owner,
+      "', which is not live (stopped, restarting or cut off from etcd); "
+      "retry after a while: the session comes back with its node (failover "
+      "to a replica is not built yet)"));
+}
+
+absl::StatusOr<Target> RouterImpl::Place(const std::string& tenant,
+                                         const std::string& session,
+                                         const std::string& model) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    absl::StatusOr<Target> owner = Owner(tenant, session, model, nullptr);
+    if (owner.status().code() != absl::StatusCode::kNotFound) return owner;
+    const std::vector<cluster::NodeInfo> live = LiveNodes();
+    absl::StatusOr<std::string> id = placement_.Pick(live, model, Drained());
+    if (!id.ok()) {
+      metrics_.Count("kvd_router_errors_total", {{"kind", "no_node"}});
+      return id.status();
+    }
+    metrics_.Count("kvd_router_directory_ops_total", {{"op", "create"}});
+    absl::StatusOr<cluster::DirectoryEntry> created =
+        directory_->Create(tenant, session, *id);
+    if (created.status().code() == absl::StatusCode::kAlreadyExists) {
+      continue;  // another router placed it first: follow its choice
+    }
+    if (!created.ok()) return created.status();
+    placement_.Placed(*id);
+    for (const cluster::NodeInfo& n : live) {
+      if (n.id == *id) return Target{n, "placed"};
+    }
+  }
+  return absl::AbortedError(absl::StrCat(
+      "session '", session, "' kept changing in the directory; retry"));
+}
+
+absl::StatusOr<Target> RouterImpl::Stateless(
+    const std::string& model, const std::set<std::string>& skip) {
+  std::vector<cluster::NodeInfo> live = LiveNodes();
+  std::vector<cluster::NodeInfo> usable;
+  for (cluster::NodeInfo& n : live) {
+    if (skip.count(n.id) == 0) usable.push_back(std::move(n));
+  }
+  absl::StatusOr<std::string> id = placement_.Pick(usable, model, Drained());
+  if (!id.ok()) {
+    metrics_.Count("kvd_router_errors_total", {{"kind", "no_node"}});
+    return id.status();
+  }
+  for (cluster::NodeInfo& n : usable) {
+    if (n.id == *id) return Target{std::move(n), "stateless"};
+  }
+  return absl::InternalError("placement chose a node it was not offered");
+}
+
+bool RouterImpl::Forward(const Target& target, const std::string& tenant,
+                         const httplib::Request& req, httplib::Response& res,
+                         const std::string& session) {
+  auto pipe = std::make_shared<Pipe>();
+  httplib::Headers headers = {
+      {"Authorization", absl::StrCat("Bearer ", options_.router_token)},
+      {node::kForwardedTenantHeader, tenant},
+  };
+  std::string request_id = req.get_header_value("X-Request-Id");
+  if (request_id.empty()) request_id = NewRequestId();
+  headers.emplace("X-Request-Id", request_id);
+  for (const char* h : {"Content-Type", "Accept", "X-Session-Id"}) {
+    if (req.has_header(h)) headers.emplace(h, req.get_header_value(h));
+  }
+  std::string path = req.path;
+  if (!req.params.empty()) {
+    std::string query;
+    for (const auto& [k, v] : req.params) {
+      absl::StrAppend(&query, query.empty() ? "?" : "&", PercentEncode(k), "=",
+                      PercentEncode(v));
+    }
+    path += query;
+  }
+  const std::string url = target.node.http_url;
+  const std::string method = req.method, body = req.body;
+  const RouterOptions& o = options_;
+  const auto connect_s = absl::ToInt64Seconds(o.upstream_connect_timeout);
+  const auto timeout_s = absl::ToInt64Seconds(o.upstream_timeout);
+  const std::string ca = o.ca_cert_path;
+  const auto start = std::chrono::steady_clock::now();
+  placement_.Started(target.node.id);
+  // The exchange with the node runs on its own thread, so that this one
+  // can pass the body on as it arrives (SSE) and notice a client that
+  // left (its write fails), which then ends the upstream exchange too.
+  std::thread([pipe, url, method, path, body, headers, connect_s, timeout_s,
+               ca] {
+    httplib::Client cli(url);
+    cli.set_connection_timeout(connect_s, 0);
+    cli.set_read_timeout(timeout_s, 0);
+    cli.set_write_timeout(timeout_s, 0);
+#ifdef CPPHTTPLIB_OPENSSL_SUPPORT
+    if (!ca.empty()) cli.set_ca_cert_path(ca.c_str());
+#endif
+    httplib::Request up;
+    up.method = method;
+    up.path = path;
+    up.headers = headers;
+    up.body = body;
+    up.response_handler = [pipe](const httplib::Response& r) {
+      absl::MutexLock lock(&pipe->mu);
+      pipe->status = r.status;
+      pipe->content_type = r.get_header_value("Content-Type");
+      pipe->retry_after = r.get_header_value("Retry-After");
+      pipe->headers = true;
+      return !pipe->client_gone;
+    };
+    up.content_receiver = [pipe](const char* data, size_t n, uint64_t,
+                                 uint64_t) {
+      absl::MutexLock lock(&pipe->mu);
+      if (pipe->client_gone) return false;
+      pipe->chunks.emplace_back(data, n);
+      return true;
+    };
+    httplib::Response r;
+    httplib::Error error = httplib::Error::Success;
+    cli.send(up, r, error);
+    absl::MutexLock lock(&pipe->mu);
+    pipe->error = error;
+    pipe->done = true;
+  }).detach();
+
+  {
+    absl::MutexLock lock(&pipe->mu);
+    pipe->mu.Await(absl::Condition(
+        +[](Pipe* p) { return p->headers || p->done; }, pipe.get()));
+  }
+  metrics_.ObserveUpstream(SecondsSince(start));
+  bool headers_came, sse;
+  httplib::Error error;
+  {
+    absl::MutexLock lock(&pipe->mu);
+    headers_came = pipe->headers;
+    error = pipe->error;
+    sse = absl::StartsWith(pipe->content_type, "text/event-stream");
+    if (headers_came) {
+      res.status = pipe->status;
+      if (!pipe->retry_after.empty()) {
+        res.set_header("Retry-After", pipe->retry_after);
+      }
+    }
+  }
+  res.set_header("X-Request-Id", request_id);
+  res.set_header("X-Kvd-Node", target.node.id);
+  if (!headers_came) {
+    placement_.Finished(target.node.id);
+    if (error == httplib::Error::Connection) {
+      metrics_.Count("kvd_router_errors_total", {{"kind", "upstream_connect"}});
+      if (session.empty()) return false;  // nothing sent: try another node
+      SendError(res, absl::UnavailableError(absl::StrCat(
+                         "node '", target.node.id, "', which holds session '",
+                         session,
+                         "', does not accept connections; retry after a "
+                         "while")));
+      return true;
+    }
+    metrics_.Count("kvd_router_errors_total", {{"kind", "upstream_failed"}});
+    SendError(res, absl::UnavailableError(absl::StrCat(
+                       "node '", target.node.id, "' failed before answering (",
+                       httplib::to_string(error), ")",
+                       session.empty()
+                           ? std::string()
+                           : "; the turn may or may not have committed: GET "
+                             "the session to see before you send it again")));
+    return true;
+  }
+  if (sse) {
+    const std::string node = target.node.id;
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [pipe](size_t, httplib::DataSink& sink) {
+          std::deque<std::string> chunks;
+          bool done;
+          {
+            absl::MutexLock lock(&pipe->mu);
+            pipe->mu.Await(absl::Condition(
+                +[](Pipe* p) { return !p->chunks.empty() || p->done; },
+                pipe.get()));
+            chunks.swap(pipe->chunks);
+            done = pipe->done;
+          }
+          for (const std::string& c : chunks) {
+            if (!sink.write(c.data(), c.size())) {
+              absl::MutexLock lock(&pipe->mu);
+              pipe->client_gone = true;
+              return false;
+            }
+          }
+          if (done) sink.done();
+          return true;
+        },
+        [this, pipe, node](bool) {
+          {
+            absl::MutexLock lock(&pipe->mu);
+            pipe->client_gone = true;  // if it ended early: stop upstream
+          }
+          placement_.Finished(node);
+        });
+    return true;
+  }
+  std::string content;
+  {
+    absl::MutexLock lock(&pipe->mu);
+    pipe->mu.Await(absl::Condition(&pipe->done));
+    for (const std::string& c : pipe->chunks) content += c;
+    res.set_content(std::move(content), pipe->content_type.empty()
+                                            ? "application/json"
+                                            : pipe->content_type.c_str());
+  }
+  placement_.Finished(target.node.id);
+  return true;
+}
+
+void RouterImpl::HandleGenerate(const httplib::Request& req,
+                                httplib::Response& res) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string tenant, session, node_id, route;
+  auto finish = [&](const absl::Status& s) {
+    if (!s.ok()) SendError(res, s);
+    metrics_.Count("kvd_router_requests_total",
+                   {{"route", route.empty() ? "refused" : route},
+                    {"code", absl::StrCat(res.status)}});
+    Log(req, res, tenant, session, node_id, route, start);
+  };
+  absl::StatusOr<std::string> t = Tenant(req);
+  if (!t.ok()) return finish(t.status());
+  tenant = *t;
+  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (!body.is_object()) {
+    return finish(node::RequestError(
+        "",
+        "the request body must be a JSON object (Content-Type: "
+        "application/json)"));
+  }
+  if (!body.contains("model") || !body["model"].is_string()) {
+    return finish(node::RequestError(
+        "model", "'model' is required (see GET /v1/models)"));
+  }
+  const std::string model = body["model"].get<std::string>();
+  if (body.contains("session_id")) {
+    if (!body["session_id"].is_string()) {
+      return finish(node::RequestError("session_id", "must be a string"));
+    }
+    session = body["session_id"].get<std::string>();
+  } else {
+    session = req.get_header_value("X-Session-Id");
+  }
+  if (!session.empty()) {
+    if (absl::Status s = node::ValidateSessionId(session, "session_id");
+        !s.ok()) {
+      return finish(s);
+    }
+    absl::StatusOr<Target> target = Place(tenant, session, model);
+    if (!target.ok()) return finish(target.status());
+    node_id = target->node.id;
+    route = target->route;
+    Forward(*target, tenant, req, res, session);
+    return finish(absl::OkStatus());
+  }
+  // Stateless: a node that could not even be connected to got nothing, so
+  // another may take the request.
+  std::set<std::string> tried;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    absl::StatusOr<Target> target = Stateless(model, tried);
+    if (!target.ok()) {
+      return finish(attempt == 0 ? target.status()
+                                 : absl::UnavailableError(absl::StrCat(
+                                       "no node serving model '", model,
+                                       "' accepts connections; retry later")));
+    }
+    node_id = target->node.id;
+    route = target->route;
+    if (Forward(*target, tenant, req, res, "")) return finish(absl::OkStatus());
+    metrics_.Count("kvd_router_retries_total", {});
+    tried.insert(target->node.id);
+  }
+  finish(absl::UnavailableError(absl::StrCat(
+      "no node serving model '", model, "' accepts connections; retry later")));
+}
+
+void RouterImpl::HandleSession(const httplib::Request& req,
+                               httplib::Response& res,
+                               const std::string& suffix) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string tenant, node_id, route;
+  const std::string session = req.matches[1];
+  auto finish = [&](const absl::Status& s) {
+    if (!s.ok()) SendError(res, s);
+    metrics_.Count("kvd_router_requests_total",
+                   {{"route", route.empty() ? "refused" : route},
+                    {"code", absl::StrCat(res.status)}});
+    Log(req, res, tenant, session, node_id, route, start);
+  };
+  absl::StatusOr<std::string> t = Tenant(req);
+  if (!t.ok()) return finish(t.status());
+  tenant = *t;
+  if (absl::Status s = node::ValidateSessionId(session, "session_id");
+      !s.ok()) {
+    return finish(s);
+  }
+  cluster::DirectoryEntry entry;
+  absl::StatusOr<Target> target = Owner(tenant, session, "", &entry);
+  if (!target.ok()) return finish(target.status());
+  node_id = target->node.id;
+  route = target->route;
+  Forward(*target, tenant, req, res, session);
+  if (req.method == "DELETE" &&
+      (res.status == 200 || res.status == 204 || res.status == 404)) {
+    // Deleted on its owner (or already gone there): the directory forgets
+    // it, unless it moved meanwhile.
+    metrics_.Count("kvd_router_directory_ops_total", {{"op", "remove"}});
+    (void)directory_->Remove(tenant, session, entry);
+  }
+  finish(absl::OkStatus());
+}
+
+void RouterImpl::HandleListSessions(const httplib::Request& req,
+                                    httplib::Response& res) {
+  absl::StatusOr<std::string> tenant = Tenant(req);
+  if (!tenant.ok()) return SendError(res, tenant.status());
+  metrics_.Count("kvd_router_directory_ops_total", {{"op", "list"}});
+  auto listed = directory_->List(*tenant);
+  if (!listed.ok()) return SendError(res, listed.status());
+  json data = json::array();
+  for (const auto& [id, e] : *listed) {
+    data.push_back({{"id", id},
+                    {"object", "session"},
+                    {"owner_node", e.owner},
+                    {"epoch", e.epoch},
+                    {"state", e.state}});
+  }
+  res.set_content(json{{"object", "list"}, {"data", data}}.dump(),
+                  "application/json");
+}
+
+void RouterImpl::HandleModels(const httplib::Request& req,
+                              httplib::Response& res) {
+  absl::StatusOr<std::string> tenant = Tenant(req);
+  if (!tenant.ok()) return SendError(res, tenant.status());
+  std::map<std::string, std::vector<std::string>> models;
+  for (const cluster::NodeInfo& n : LiveNodes()) {
+    models[n.model_id].push_back(n.id);
+  }
+  json data = json::array();
+  for (const auto& [id, nodes] : models) {
+    data.push_back({{"id", id},
+                    {"object", "model"},
+                    {"owned_by", "kvd"},
+                    {"nodes", nodes}});
+  }
+  res.set_content(json{{"object", "list"}, {"data", data}}.dump(),
+                  "application/json");
+}
+
+void RouterImpl::Log(const httplib::Request& req, const httplib::Response& res,
+                     const std::string& tenant, const std::string& session,
+                     const std::string& node, const std::string& route,
+                     std::chrono::steady_clock::time_point start) {
+  if (!options_.log_requests) return;
+  json line = {{"router", true},
+               {"method", req.method},
+               {"path", req.path},
+               {"status", res.status},
+               {"ms", SecondsSince(start) * 1e3}};
+  if (!tenant.empty()) line["tenant"] = tenant;
+  if (!session.empty()) line["session"] = session;
+  if (!node.empty()) line["node"] = node;
+  if (!route.empty()) line["route"] = route;
+  std::fprintf(
+      stderr, "%s\n",
+      line.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Router>> StartRouter(RouterOptions options) {
+  auto r = std::make_unique<RouterImpl>(std::move(options));
+  absl::Status s = r->Init();
+  if (!s.ok()) return s;
+  return r;
+}
+
+}  // namespace kvd::router

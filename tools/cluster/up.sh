@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# A kvd cluster on one machine (docs/CLUSTER.md): etcd, N nodes (`kvd serve --cluster`) and a
+# router, all data and logs under one directory. Ends by printing the router's URL and etcd's
+# endpoint, and records the endpoint so `kvd cluster status` finds this cluster with no flags.
+# Stop it with tools/cluster/down.sh (same --dir).
+#
+#   tools/cluster/up.sh                       # 3 nodes of smollm2, router on :8000
+#   tools/cluster/up.sh --nodes 2 --model gemma3 --port 9000 --dir /tmp/c
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DIR="$ROOT/kvd-cluster"
+NODES=3
+MODEL="smollm2"
+PORT=8000
+TTL=15
+KVD="${KVD:-}"
+EXTRA=()
+usage() {
+  cat <<USAGE
+usage: tools/cluster/up.sh [--dir DIR] [--nodes N] [--model NAME] [--port PORT] [--lease-ttl S]
+                           [-- EXTRA kvd serve FLAGS]
+  --dir DIR       data, logs and pids of the whole cluster (default: ./kvd-cluster)
+  --nodes N       kvd serve nodes (default 3)
+  --model NAME    model every node serves (default smollm2; see tools/fetch_models.sh)
+  --port PORT     the router's HTTP port (default 8000)
+  --lease-ttl S   the nodes' membership lease (default 15 s)
+  \$KVD           the kvd binary (default: bazel-bin/tools/kvd/kvd, built if missing)
+USAGE
+}
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --dir) DIR="$2"; shift 2 ;;
+    --nodes) NODES="$2"; shift 2 ;;
+    --model) MODEL="$2"; shift 2 ;;
+    --port) PORT="$2"; shift 2 ;;
+    --lease-ttl) TTL="$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; EXTRA=("$@"); break ;;
+    *) echo "up.sh: unknown flag $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+command -v etcd > /dev/null || { echo "up.sh: etcd is not installed; run tools/setup.sh --test" >&2; exit 1; }
+if [[ -z "$KVD" ]]; then
+  KVD="$ROOT/bazel-bin/tools/kvd/kvd"
+  if [[ ! -x "$KVD" ]]; then
+    echo "up.sh: building kvd (bazel build //tools/kvd)..." >&2
+    (cd "$ROOT" && bazel build //tools/kvd) >&2
+  fi
+fi
+mkdir -p "$DIR"
+DIR="$(cd "$DIR" && pwd)"
+if [[ -s "$DIR/pids" ]]; then
+  echo "up.sh: $DIR already has a cluster (pids); stop it first: tools/cluster/down.sh --dir $DIR" >&2
+  exit 1
+fi
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_for() {  # wait_for SECONDS WHAT CMD...: polls CMD until it succeeds
+  local limit="$1" what="$2"; shift 2
+  for _ in $(seq 1 $((limit * 5))); do
+    "$@" > /dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  echo "up.sh: $what did not come up in ${limit}s; logs in $DIR" >&2
+  exit 1
+}
+
+[[ -s "$DIR/router-token" ]] || (umask 077; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$DIR/router-token")
+TOKEN="$(cat "$DIR/router-token")"
+
+ETCD_PORT="$(free_port)"
+PEER_PORT="$(free_port)"
+ETCD="127.0.0.1:$ETCD_PORT"
+etcd --name kvd --data-dir "$DIR/etcd" \
+  --listen-client-urls "http://$ETCD" --advertise-client-urls "http://$ETCD" \
+  --listen-peer-urls "http://127.0.0.1:$PEER_PORT" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$PEER_PORT" \
+  --initial-cluster "kvd=http://127.0.0.1:$PEER_PORT" > "$DIR/etcd.log" 2>&1 &
+echo "$! etcd" >> "$DIR/pids"
+wait_for 30 "etcd" "$KVD" cluster status --etcd "$ETCD"
+
+for i in $(seq 1 "$NODES"); do
+  KVD_ROUTER_TOKEN="$TOKEN" "$KVD" serve --cluster "$ETCD" --node-id "n$i" --lease-ttl "$TTL" \
+    --model "$MODEL" --http-port 0 --grpc-port 0 --data-dir "$DIR/n$i" "${EXTRA[@]}" \
+    > "$DIR/n$i.log" 2>&1 &
+  echo "$! n$i" >> "$DIR/pids"
+done
+nodes_live() { [[ "$("$KVD" cluster status --etcd "$ETCD" | grep -c ' live ')" -ge "$NODES" ]]; }
+echo "up.sh: starting etcd and $NODES nodes of $MODEL (loading the model takes a while)..." >&2
+wait_for 300 "$NODES nodes" nodes_live
+
+KVD_ROUTER_TOKEN="$TOKEN" "$KVD" router --etcd "$ETCD" --port "$PORT" > "$DIR/router.log" 2>&1 &
+echo "$! router" >> "$DIR/pids"
+wait_for 30 "the router" curl -sf "http://127.0.0.1:$PORT/readyz"
+
+mkdir -p "$HOME/.config/kvd"
+echo "$ETCD" > "$HOME/.config/kvd/cluster-etcd"
+echo "$ETCD" > "$DIR/etcd-endpoint"
+"$KVD" cluster status --etcd "$ETCD" >&2
+echo "router: http://127.0.0.1:$PORT/v1"
+echo "etcd: $ETCD"

@@ -1,0 +1,183 @@
+// `kvd cluster status | drain NODE | undrain NODE`: a cluster's state as its
+// etcd holds it (docs/CLUSTER.md).
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
+#include "services/cluster/directory.h"
+#include "services/cluster/etcd_client.h"
+#include "services/cluster/membership.h"
+#include "services/cluster/node_info.h"
+#include "tools/kvd/args.h"
+#include "tools/kvd/cluster_endpoint.h"
+#include "tools/kvd/commands.h"
+
+namespace kvd::cli {
+namespace {
+
+constexpr char kDrainPrefix[] = "/kvd/v1/drain/";
+
+absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> Connect(const Args& a) {
+  KVD_ASSIGN_OR_RETURN(std::string endpoint, EtcdEndpoint(a));
+  absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> etcd =
+      cluster::EtcdClient::Connect({.endpoint = endpoint});
+  if (!etcd.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        etcd.status().message(),
+        ". Start a cluster (tools/cluster/up.sh) or name its etcd with "
+        "--etcd"));
+  }
+  return etcd;
+}
+
+std::string Bytes(int64_t b) {
+  if (b < 0) return "unlimited";
+  if (b >= int64_t{1} << 30)
+    return absl::StrFormat("%.1f GiB", b / 1073741824.0);
+  return absl::StrFormat("%.1f MiB", b / 1048576.0);
+}
+
+absl::Status Status(const Args& a) {
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<cluster::EtcdClient> etcd, Connect(a));
+  int64_t revision = 0;
+  KVD_ASSIGN_OR_RETURN(std::vector<cluster::EtcdKeyValue> nodes,
+                       etcd->GetPrefix(cluster::kNodesPrefix, &revision));
+  KVD_ASSIGN_OR_RETURN(std::vector<cluster::EtcdKeyValue> drains,
+                       etcd->GetPrefix(kDrainPrefix));
+  KVD_ASSIGN_OR_RETURN(std::vector<cluster::EtcdKeyValue> sessions,
+                       etcd->GetPrefix(cluster::kSessionsPrefix));
+  std::set<std::string> drained;
+  for (const auto& kv : drains) {
+    drained.insert(kv.key.substr(sizeof(kDrainPrefix) - 1));
+  }
+  std::map<std::string, int64_t> per_owner;
+  for (const auto& kv : sessions) {
+    // The owner only: the value is the directory entry's JSON.
+    const size_t at = kv.value.find("\"owner\":\"");
+    if (at == std::string::npos) continue;
+    const size_t from = at + 9, to = kv.value.find('"', from);
+    per_owner[kv.value.substr(from, to - from)]++;
+  }
+  std::printf("etcd %s  revision %lld  %zu sessions in the directory\n\n",
+              etcd->endpoint().c_str(), static_cast<long long>(revision),
+              sessions.size());
+  std::printf("%-10s %-9s %-16s %-28s %7s %6s %4s %9s %12s %s\n", "NODE",
+              "HEALTH", "MODEL", "HTTP", "RUNNING", "QUEUED", "HOT", "SESSIONS",
+              "K/V FREE", "INCARNATION");
+  std::set<std::string> live;
+  for (const auto& kv : nodes) {
+    absl::StatusOr<cluster::NodeInfo> n = cluster::DecodeNodeInfo(kv.value);
+    if (!n.ok()) {
+      std::printf("%-10s unreadable description: %s\n",
+                  kv.key.substr(sizeof(cluster::kNodesPrefix) - 1).c_str(),
+                  std::string(n.status().message()).c_str());
+      continue;
+    }
+    live.insert(n->id);
+    std::printf("%-10s %-9s %-16s %-28s %7lld %6lld %4lld %9lld %12s %s\n",
+                n->id.c_str(), drained.count(n->id) ? "draining" : "live",
+                n->model_id.c_str(), n->http_url.c_str(),
+                static_cast<long long>(n->load.running),
+                static_cast<long long>(n->load.queued),
+                static_cast<long long>(n->load.hot_sessions),
+                static_cast<long long>(per_owner[n->id]),
+                Bytes(n->load.kv_pool_free_bytes).c_str(),
+                n->incarnation.c_str());
+  }
+  for (const auto& [owner, count] : per_owner) {
+    if (live.count(owner)) continue;
+    std::printf("%-10s %-9s %-16s %-28s %7s %6s %4s %9lld %12s %s\n",
+                owner.c_str(), "down", "-", "-", "-", "-", "-",
+                static_cast<long long>(count), "-", "-");
+  }
+  if (nodes.empty()) std::printf("(no live nodes)\n");
+  return absl::OkStatus();
+}
+
+absl::Status Drain(const Args& a, const std::string& node, bool on) {
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<cluster::EtcdClient> etcd, Connect(a));
+  const std::string key = absl::StrCat(kDrainPrefix, node);
+  if (!on) {
+    KVD_RETURN_IF_ERROR(etcd->Delete(key));
+    std::printf("node '%s' takes new sessions again\n", node.c_str());
+    return absl::OkStatus();
+  }
+  KVD_ASSIGN_OR_RETURN(std::optional<cluster::EtcdKeyValue> info,
+                       etcd->Get(absl::StrCat(cluster::kNodesPrefix, node)));
+  if (!info.has_value()) {
+    return absl::NotFoundError(
+        absl::StrCat("no live node '", node, "' (see kvd cluster status)"));
+  }
+  KVD_RETURN_IF_ERROR(
+      etcd->Put(key, absl::StrCat("{\"since_unix_ms\":",
+                                  absl::ToUnixMillis(absl::Now()), "}"))
+          .status());
+  std::printf("node '%s' is draining: routers place no new sessions there\n",
+              node.c_str());
+  // Until migration lands, its sessions stay; wait for the running turns.
+  KVD_ASSIGN_OR_RETURN(int64_t wait_s, a.GetIntIn("wait", 0, 86400));
+  const absl::Time until = absl::Now() + absl::Seconds(wait_s);
+  for (;;) {
+    KVD_ASSIGN_OR_RETURN(info,
+                         etcd->Get(absl::StrCat(cluster::kNodesPrefix, node)));
+    if (!info.has_value()) {
+      std::printf("node '%s' left the cluster\n", node.c_str());
+      return absl::OkStatus();
+    }
+    KVD_ASSIGN_OR_RETURN(cluster::NodeInfo n,
+                         cluster::DecodeNodeInfo(info->value));
+    const int64_t busy = n.load.running + n.load.queued;
+    if (busy == 0) {
+      std::printf(
+          "node '%s' runs no turns now; its sessions stay on it (moving them "
+          "needs migration, not built yet)\n",
+          node.c_str());
+      return absl::OkStatus();
+    }
+    if (absl::Now() >= until) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("node '", node, "' still runs ", busy,
+                       " turns (as of its last report); it stays draining"));
+    }
+    std::printf("  waiting: %lld turns running or queued\n",
+                static_cast<long long>(busy));
+    absl::SleepFor(absl::Seconds(1));
+  }
+}
+
+}  // namespace
+
+int ClusterCommand(const std::vector<std::string>& argv) {
+  Args args("kvd cluster",
+            "A kvd cluster's state, from its etcd.\n"
+            "  kvd cluster status          nodes, health, load, sessions per "
+            "node\n"
+            "  kvd cluster drain NODE      no new sessions on NODE; waits for "
+            "its running turns\n"
+            "  kvd cluster undrain NODE    NODE takes new sessions again");
+  args.Positional("action", "status, drain or undrain");
+  args.Positional("node...", "the node, for drain and undrain");
+  DeclareEtcdFlag(args);
+  args.Flag("wait", "60",
+            "drain: seconds to wait for the node's running turns (0: do not "
+            "wait)");
+  return args.Main(argv, [](const Args& a) -> absl::Status {
+    const std::vector<std::string>& p = a.positional();
+    const std::string action = p.empty() ? "status" : p[0];
+    if (action == "status" && p.size() <= 1) return Status(a);
+    if ((action == "drain" || action == "undrain") && p.size() == 2) {
+      return Drain(a, p[1], action == "drain");
+    }
+    return absl::InvalidArgumentError(
+        "usage: kvd cluster status | drain NODE | undrain NODE");
+  });
+}
+
+}  // namespace kvd::cli

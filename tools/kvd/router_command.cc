@@ -1,0 +1,84 @@
+// `kvd router`: one address for a cluster (services/router/router.h), until
+// SIGINT/SIGTERM.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "services/node/auth.h"
+#include "services/router/router.h"
+#include "tools/kvd/args.h"
+#include "tools/kvd/cluster_endpoint.h"
+#include "tools/kvd/commands.h"
+
+namespace kvd::cli {
+namespace {
+
+absl::Status Run(const Args& args) {
+  KVD_ASSIGN_OR_RETURN(int64_t port, args.GetIntIn("port", 0, 65535));
+  KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetIntIn("threads", 4, 65536));
+  router::RouterOptions o;
+  o.host = args.Get("host");
+  o.port = static_cast<int>(port);
+  o.threads = static_cast<int>(threads);
+  KVD_ASSIGN_OR_RETURN(o.etcd_endpoint, EtcdEndpoint(args));
+  KVD_ASSIGN_OR_RETURN(o.keys, node::KeyStore::Load(args.Get("api-keys")));
+  o.router_token = args.Get("router-token");
+  if (o.router_token.empty()) {
+    if (const char* env = std::getenv("KVD_ROUTER_TOKEN")) o.router_token = env;
+  }
+  o.ca_cert_path = args.Get("ca-cert");
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<router::Router> r,
+                       router::StartRouter(o));
+  std::fprintf(stderr,
+               "kvd router: cluster at etcd %s\n  OpenAI API  "
+               "http://%s:%d/v1  (metrics: /metrics)\n  %s; Ctrl-C to stop\n",
+               o.etcd_endpoint.c_str(), o.host.c_str(), r->port(),
+               o.keys.enabled() ? "API keys required" : "no API keys: open");
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::fprintf(stderr, "kvd router: %s, stopping\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM");
+  r->Stop();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RouterCommand(const std::vector<std::string>& argv) {
+  Args args("kvd router",
+            "One address for a kvd cluster: the nodes' OpenAI-compatible HTTP "
+            "API, each session sent to the node that owns it (the etcd "
+            "directory), new ones to the least-loaded node serving their "
+            "model. Keeps no state of its own: run as many as you like.\n"
+            "Example: kvd router --etcd 127.0.0.1:2379 --port 8000 "
+            "--router-token $(cat cluster/router-token)");
+  args.Flag("host", "127.0.0.1",
+            "address to listen on (0.0.0.0 for every interface)");
+  args.Flag("port", "8000", "HTTP port (0: the OS picks one)");
+  DeclareEtcdFlag(args);
+  args.Flag("api-keys", "",
+            "file of '<key> <tenant>' lines (also read: $KVD_API_KEYS as "
+            "key:tenant,...); none = open, every request is tenant 'local'");
+  args.Flag("router-token", "",
+            "the secret the cluster's nodes trust (their --router-token; "
+            "also read: $KVD_ROUTER_TOKEN)");
+  args.Flag("ca-cert", "",
+            "PEM CA of the nodes' certificates, when nodes serve https "
+            "(tools/cluster/make_certs.sh)");
+  args.Flag("threads", "256",
+            "connection threads; each forwarded request holds one while it "
+            "runs");
+  return args.Main(argv, Run);
+}
+
+}  // namespace kvd::cli
