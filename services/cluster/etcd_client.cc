@@ -16,6 +16,14 @@ EtcdKeyValue FromProto(const mvccpb::KeyValue& kv) {
                       kv.mod_revision(), kv.version(), kv.lease()};
 }
 
+// After etcd restarts, reconnect within seconds, not gRPC's default of up
+// to two minutes of backoff: leases and watches are waiting.
+grpc::ChannelArguments ChannelArgs() {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  return args;
+}
+
 }  // namespace
 
 std::string PrefixRangeEnd(std::string prefix) {
@@ -31,8 +39,9 @@ std::string PrefixRangeEnd(std::string prefix) {
 
 EtcdClient::EtcdClient(EtcdClientOptions options)
     : options_(std::move(options)),
-      channel_(grpc::CreateChannel(options_.endpoint,
-                                   grpc::InsecureChannelCredentials())),
+      channel_(grpc::CreateCustomChannel(options_.endpoint,
+                                         grpc::InsecureChannelCredentials(),
+                                         ChannelArgs())),
       kv_(etcdserverpb::KV::NewStub(channel_)),
       lease_(etcdserverpb::Lease::NewStub(channel_)),
       watch_(etcdserverpb::Watch::NewStub(channel_)) {}

@@ -29,6 +29,7 @@ LAYERED_PACKAGES = [
     "storage/probe",
     "storage/rocksdb",
     "storage/tiered",
+    "tests/cluster",
     "tests/e2e",
     "tests/golden",
     "tests/golden/dequant",

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""A kvd cluster on loopback, end to end (issue: cluster control plane):
+real etcd, three `kvd serve --cluster` nodes of SmolLM2 and one of Gemma 3,
+and two `kvd router`s, all started here on ports the OS picks.
+
+Checks, in order:
+  - 30 new sessions spread over the 3 SmolLM2 nodes (none gets more than
+    half), never onto the Gemma node;
+  - 100 continued turns each land on their session's owner, counted by the
+    nodes' own metrics; both routers agree on every session;
+  - the official `openai` client chats through a router, streaming too;
+  - malformed ids, unknown sessions and bad bodies get OpenAI-style errors;
+    a node refuses traffic that did not come through a router;
+  - a router killed with SIGKILL and restarted has lost nothing;
+  - etcd restarted mid-run: routers and nodes recover without restarts;
+  - a node stopped (SIGSTOP) past its lease leaves the directory's live
+    set, its sessions get 503 + Retry-After, and once continued it commits
+    nothing for a session that moved to epoch 2 meanwhile, then comes back.
+
+  bazel test //tests/cluster:cluster_test
+"""
+
+import collections
+import os
+import signal
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "e2e"))
+import test_pyenv  # noqa: E402
+
+test_pyenv.require(["openai"], "cluster_test")
+
+import openai  # noqa: E402
+from cluster_harness import (Cluster, http, wait_until)  # noqa: E402
+
+FAILURES = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILURES.append(what)
+
+
+def node_of(headers):
+    return headers.get("X-Kvd-Node", "")
+
+
+def spread_and_affinity(c, nodes, gemma, r1, r2):
+    owners = {}
+    for i in range(30):
+        router = (r1, r2)[i % 2]
+        status, headers, body = router.chat("s%02d" % i, "Hello number %d" % i)
+        if status != 200:
+            check(False, "new session s%02d: %s %s" % (i, status, body))
+            return owners
+        owners["s%02d" % i] = node_of(headers)
+    count = collections.Counter(owners.values())
+    print("  placement of 30 new sessions:", dict(count))
+    check(set(count) <= {n.id for n in nodes},
+          "new SmolLM2 sessions went only to SmolLM2 nodes (never %s)" %
+          gemma.id)
+    check(max(count.values()) <= 15, "no node got more than half of 30")
+    directory = c.directory()
+    check(all(directory[s]["owner"] == n for s, n in owners.items()),
+          "each session's directory owner is the node that served it")
+
+    before = {n.id: n.committed_turns() for n in nodes}
+    expected = collections.Counter()
+    misrouted = 0
+    for t in range(100):
+        s = "s%02d" % (t % 30)
+        status, headers, _ = (r1, r2)[t % 2].chat(s, "and %d more" % t)
+        expected[owners[s]] += 1
+        if status != 200 or node_of(headers) != owners[s]:
+            misrouted += 1
+    check(misrouted == 0, "100 continued turns each went to the owner "
+          "(%d did not)" % misrouted)
+    after = {n.id: n.committed_turns() for n in nodes}
+    check(all(after[n] - before[n] == expected[n] for n in after),
+          "each node's metrics count exactly its sessions' turns: %s vs %s" %
+          ({n: after[n] - before[n] for n in after}, dict(expected)))
+    agree = True
+    for s in ("s00", "s07", "s13", "s22"):
+        h1 = r1.chat(s, "one")[1]
+        h2 = r2.chat(s, "two")[1]
+        agree &= node_of(h1) == node_of(h2) == owners[s]
+    check(agree, "two routers send a session to the same node")
+    return owners
+
+
+def openai_client(r):
+    client = openai.OpenAI(base_url=r.url + "/v1", api_key="unused")
+    models = sorted(m.id for m in client.models.list().data)
+    check(models == ["gemma3", "smollm2"] or len(models) == 2,
+          "the router lists both models: %s" % models)
+    first = client.chat.completions.create(
+        model="smollm2", max_tokens=8, temperature=0,
+        messages=[{"role": "user", "content": "My name is Ann."}],
+        extra_body={"session_id": "oa-1"})
+    second = client.chat.completions.create(
+        model="smollm2", max_tokens=8, temperature=0,
+        messages=[{"role": "user", "content": "What is my name?"}],
+        extra_body={"session_id": "oa-1"})
+    check(bool(first.choices[0].message.content) and
+          second.usage.prompt_tokens_details.cached_tokens > 0,
+          "openai client: a two-turn session through the router reuses the "
+          "first turn's state (cached_tokens %d)" %
+          second.usage.prompt_tokens_details.cached_tokens)
+    chunks = list(client.chat.completions.create(
+        model="smollm2", max_tokens=8, stream=True,
+        messages=[{"role": "user", "content": "Tell me more."}],
+        extra_body={"session_id": "oa-1"}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks
+                   if ch.choices)
+    check(len(chunks) >= 3 and text,
+          "openai client: streaming through the router (%d chunks)" %
+          len(chunks))
+    try:
+        client.chat.completions.create(
+            model="no-such-model", max_tokens=4,
+            messages=[{"role": "user", "content": "x"}])
+        check(False, "an unknown model is refused")
+    except openai.NotFoundError as e:
+        check("smollm2" in str(e), "an unknown model is 404 naming the "
+              "served ones")
+
+
+def bad_input(c, nodes, r):
+    status, _, body = r.chat("../etc", "x")
+    check(status == 400 and body["error"]["param"] == "session_id",
+          "a malformed session id is 400 naming session_id")
+    status, _, body = r.get("/v1/sessions/never-seen")
+    check(status == 404 and "not found" in body["error"]["message"],
+          "an unknown session is 404")
+    status, _, body = http("POST", r.url + "/v1/chat/completions", b"{nope")
+    check(status == 400 and "error" in body, "a body that is not JSON is 400")
+    status, _, body = http("POST", r.url + "/v1/chat/completions",
+                           {"messages": []})
+    check(status == 400 and body["error"]["param"] == "model",
+          "a request without model is 400")
+    status, _, _ = r.chat("s00", "x", model="gemma3")
+    check(status == 400, "a session asked for under another model is 400")
+    n = nodes[0]
+    status, _, body = n.direct("POST", "/v1/chat/completions", {
+        "model": "smollm2", "messages": [{"role": "user", "content": "x"}]},
+        token=None)
+    check(status == 403, "a node refuses a request that bypassed the "
+          "routers (%s)" % status)
+    status, _, body = n.direct("POST", "/v1/chat/completions", {
+        "model": "smollm2", "session_id": "not-placed",
+        "messages": [{"role": "user", "content": "x"}]})
+    check(status == 404, "a node does not start a session the directory "
+          "never placed (%s)" % status)
+
+
+def router_kill9(c, r, owners):
+    port = r.port
+    r.process.stop(signal.SIGKILL)
+    r.port = port
+    r.start()
+    same = all(node_of(r.chat(s, "after restart")[1]) == owners[s]
+               for s in ("s01", "s02", "s03", "s04", "s05"))
+    check(same, "a router restarted after SIGKILL routes every session as "
+          "before")
+    status, _, body = r.get("/v1/sessions")
+    check(status == 200 and
+          {"s%02d" % i for i in range(30)} <= {d["id"] for d in body["data"]},
+          "...and lists every session (from the directory)")
+
+
+def etcd_restart(c, r1, r2, nodes):
+    c.restart_etcd()
+    wait_until("a continued turn after etcd restarted",
+               lambda: r1.chat("s03", "etcd is back")[0] == 200, 60)
+    wait_until("a new session after etcd restarted",
+               lambda: r2.chat("after-etcd", "hi")[0] == 200, 60)
+    wait_until("all nodes live again",
+               lambda: len(c.live_nodes()) == len(c.nodes), 60)
+    wait_until("both routers ready (membership watch resumed)", lambda: all(
+        r.get("/readyz")[0] == 200 for r in (r1, r2)), 60)
+    check(True, "etcd restarted: routers and nodes recovered without "
+          "restarting")
+
+
+def stopped_node(c, nodes, r, owners):
+    victim = nodes[0]
+    survivor = nodes[1]
+    mine = [s for s, n in owners.items() if n == victim.id]
+    if not mine:
+        check(False, "node %s owns no session to test with" % victim.id)
+        return
+    session = mine[0]
+    stored_before = victim.direct("GET", "/v1/sessions/" + session)[2]
+    commits_before = victim.committed_turns()
+    victim.process.send(signal.SIGSTOP)
+    wait_until("%s to leave the live set" % victim.id,
+               lambda: victim.id not in c.live_nodes(), 30)
+    check(True, "a node stopped past its lease is gone from the directory's "
+          "live set")
+    status, headers, _ = r.chat(session, "are you there?")
+    check(status == 503 and "Retry-After" in headers,
+          "its session gets 503 with Retry-After (%s)" % status)
+    # What a failover will do: the session moves on at epoch 2.
+    key = "/kvd/v1/sessions/local/" + session
+    entry = c.directory()[session]
+    entry["owner"], entry["epoch"] = survivor.id, entry["epoch"] + 1
+    import json
+    c.etcd_put(key, json.dumps(entry))
+    victim.process.send(signal.SIGCONT)
+    body = {"model": "smollm2", "session_id": session, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "stale"}]}
+    first = victim.direct("POST", "/v1/chat/completions", body)[0]
+    wait_until("%s to come back" % victim.id,
+               lambda: victim.id in c.live_nodes(), 30)
+    again = victim.direct("POST", "/v1/chat/completions", body)[0]
+    check(first != 200 and again == 409,
+          "the continued node refuses the moved session (%s, then %s)" %
+          (first, again))
+    check(victim.committed_turns() == commits_before and
+          victim.direct("GET", "/v1/sessions/" + session)[2] == stored_before,
+          "...and committed nothing: its stale epoch takes 0 commits")
+    check(True, "the directory shows it gone and back")
+
+
+def main():
+    kvd = os.path.abspath(sys.argv[1])
+    tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    start = time.time()
+    with Cluster(kvd, tmp, ttl=3) as c:
+        c.start_etcd()
+        nodes = [c.start_node("n%d" % i) for i in (1, 2, 3)]
+        gemma = c.start_node("g1", model="gemma3")
+        r1, r2 = c.start_router(), c.start_router()
+        wait_until("4 live nodes", lambda: len(c.live_nodes()) == 4, 60)
+        wait_until("routers ready", lambda: all(
+            r.get("/readyz")[0] == 200 for r in (r1, r2)), 30)
+        print("cluster up in %.1f s" % (time.time() - start), flush=True)
+        owners = spread_and_affinity(c, nodes, gemma, r1, r2)
+        if owners:
+            openai_client(r1)
+            bad_input(c, nodes, r2)
+            router_kill9(c, r1, owners)
+            etcd_restart(c, r1, r2, nodes)
+            stopped_node(c, nodes, r2, owners)
+    print("done in %.1f s" % (time.time() - start))
+    if FAILURES:
+        print("%d FAILED:\n  %s" % (len(FAILURES), "\n  ".join(FAILURES)))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
