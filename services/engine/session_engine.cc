@@ -617,6 +617,16 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   KVD_ASSIGN_OR_RETURN(std::shared_ptr<Active> active,
                        Acquire(key, create_if_missing, &result));
   Active& a = *active;  // in a turn (Acquire): never demoted meanwhile
+  if (!request.request_id.empty() &&
+      a.committed.last_request_id() == request.request_id) {
+    SetInTurn(a, false);
+    return absl::AlreadyExistsError(absl::StrCat(
+        "request '", request.request_id, "' already committed turn ",
+        a.committed.turn_ends_size(), " of ",
+        SessionName(request.tenant, request.session),
+        "; it was not run again (read the session to see its reply, or send "
+        "a new request id for a new turn)"));
+  }
   std::vector<int32_t> turn_tokens = request.tokens;
   if (request.make_tokens) {
     absl::StatusOr<std::vector<int32_t>> made = request.make_tokens(a.tokens);
@@ -681,6 +691,7 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   next.set_owner_node(options_.node_id);
   next.set_epoch(storage::EpochOf(a.committed));
   next.set_role(v1::SESSION_ROLE_PRIMARY);
+  next.set_last_request_id(request.request_id);
   // Every residual is rewritten: under this node's numerics from now on.
   if (a.rewrite_all) *next.mutable_model() = identity_;
   next.set_token_count(tokens.size());

@@ -136,6 +136,11 @@ struct TurnRequest {
   // commits, so a first turn that fails or is cancelled leaves no empty
   // session behind.
   bool create_if_missing = false;
+  // The client's id for this request (X-Request-Id), stored with the turn:
+  // a request whose id is that of the session's last committed turn is
+  // ALREADY_EXISTS, so a retry after a lost reply does not commit the turn
+  // twice. Empty: no check.
+  std::string request_id;
   // ABORTED at once when another turn of the session is running, instead of
   // waiting for it: a server must not let one client's queued turns hold
   // admission slots that other sessions' requests need.

@@ -430,6 +430,29 @@ TEST_P(SessionEngineTest, ClusterFenceDecidesWhatIsServedAndCommitted) {
   EXPECT_EQ(store_->GetManifest("acme", "chat-1")->epoch(), 3u);
 }
 
+// A retried request (same id as the session's last committed turn) is
+// recognised and not committed twice, even after a restart.
+TEST_P(SessionEngineTest, RetriedRequestIdIsNotCommittedTwice) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
+  OpenStore();
+  NewEngine(v, identity_);
+  ASSERT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
+  TurnRequest r = Request(0, 3);
+  r.request_id = "req-1";
+  ASSERT_TRUE(engine_->RunTurn(r, *tokenizer_, nullptr).ok());
+  OpenStore();  // a restart: the id is stored with the turn
+  NewEngine(v, identity_);
+  const absl::Status again = engine_->RunTurn(r, *tokenizer_, nullptr).status();
+  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists) << again;
+  EXPECT_NE(again.message().find("req-1"), std::string::npos);
+  EXPECT_EQ(store_->GetManifest("acme", "chat-1")->turn_ends_size(), 1);
+  r.request_id = "req-2";
+  ASSERT_TRUE(engine_->RunTurn(r, *tokenizer_, nullptr).ok());
+  r.request_id = "";  // no id: no check
+  ASSERT_TRUE(engine_->RunTurn(r, *tokenizer_, nullptr).ok());
+  EXPECT_EQ(store_->GetManifest("acme", "chat-1")->turn_ends_size(), 3);
+}
+
 // Freeze lets a running turn finish (its commit is part of the frozen
 // state) before it returns.
 TEST_P(SessionEngineTest, FreezeWaitsForTheRunningTurn) {

@@ -301,11 +301,26 @@ void HttpServerImpl::DeclareMetrics() {
   DeclareNodeMetrics(m);
 }
 
+absl::Status ValidateRequestId(absl::string_view id) {
+  bool printable = !id.empty() && id.size() <= 128;
+  for (char c : id) printable &= c > ' ' && c < 0x7f;
+  if (printable) return absl::OkStatus();
+  return RequestError("X-Request-Id",
+                      "the X-Request-Id header must be 1..128 printable "
+                      "ASCII characters without spaces");
+}
+
 void HttpServerImpl::Routes() {
   server_->set_pre_routing_handler(
-      [](const httplib::Request&, httplib::Response&) {
+      [](const httplib::Request& req, httplib::Response&) {
         t_log = RequestLog();
         t_log.request_id = "req-" + RandomHex(8);
+        // The client's (or its router's) id, when it sent a usable one: one
+        // id in every log line of a request's path through the cluster.
+        if (std::string id = req.get_header_value("X-Request-Id");
+            ValidateRequestId(id).ok()) {
+          t_log.request_id = std::move(id);
+        }
         return httplib::Server::HandlerResponse::Unhandled;
       });
   server_->set_logger([this](const httplib::Request& req,
@@ -480,6 +495,12 @@ void HttpServerImpl::HandleChat(const httplib::Request& req,
   job->chat = true;
   job->tenant = *tenant;
   job->session = parsed->session_id;
+  if (req.has_header("X-Request-Id")) {
+    job->request_id = req.get_header_value("X-Request-Id");
+    if (absl::Status s = ValidateRequestId(job->request_id); !s.ok()) {
+      return SendError(res, s);
+    }
+  }
   job->common = std::move(parsed->common);
   job->messages = std::move(parsed->messages);
   job->meta = {"chatcmpl-" + RandomHex(12), absl::ToUnixSeconds(absl::Now()),

@@ -158,6 +158,7 @@ absl::StatusOr<GenerationOutcome> RunGeneration(
     turn.create_if_missing = runtime.create_sessions_on_first_use();
     // A waiting turn would hold its admission slot while it waits.
     turn.fail_if_busy = true;
+    turn.request_id = job.request_id;
     turn.generate = std::move(g);
     turn.make_tokens = [&runtime, &job, context](absl::Span<const int32_t> have)
         -> absl::StatusOr<std::vector<int32_t>> {

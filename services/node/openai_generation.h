@@ -43,6 +43,9 @@ struct GenerationJob {
   bool chat = false;
   std::string tenant;
   std::string session;  // empty: stateless
+  // The client's X-Request-Id (a router always sends one): a retried turn
+  // with the id of the session's last committed turn is refused (409).
+  std::string request_id;
   OpenAiCommon common;
   std::vector<OpenAiMessage> messages;  // chat
   // Stateless: every prompt token (set by the caller for completions, by

@@ -111,10 +111,13 @@ class RouterImpl : public Router {
                const httplib::Request& req, httplib::Response& res,
                const std::string& session);
   void SendError(httplib::Response& res, const absl::Status& status);
+  // `routing_s`: from the request's arrival until it was sent to the node
+  // (authentication, parsing, directory and placement): what the router
+  // adds before the node sees it.
   void Log(const httplib::Request& req, const httplib::Response& res,
            const std::string& tenant, const std::string& session,
            const std::string& node, const std::string& route,
-           std::chrono::steady_clock::time_point start);
+           std::chrono::steady_clock::time_point start, double routing_s);
 
   const RouterOptions options_;
   std::unique_ptr<cluster::EtcdClient> etcd_;
@@ -517,12 +520,13 @@ void RouterImpl::HandleGenerate(const httplib::Request& req,
                                 httplib::Response& res) {
   const auto start = std::chrono::steady_clock::now();
   std::string tenant, session, node_id, route;
+  double routing_s = -1;
   auto finish = [&](const absl::Status& s) {
     if (!s.ok()) SendError(res, s);
     metrics_.Count("kvd_router_requests_total",
                    {{"route", route.empty() ? "refused" : route},
                     {"code", absl::StrCat(res.status)}});
-    Log(req, res, tenant, session, node_id, route, start);
+    Log(req, res, tenant, session, node_id, route, start, routing_s);
   };
   absl::StatusOr<std::string> t = Tenant(req);
   if (!t.ok()) return finish(t.status());
@@ -556,6 +560,7 @@ void RouterImpl::HandleGenerate(const httplib::Request& req,
     if (!target.ok()) return finish(target.status());
     node_id = target->node.id;
     route = target->route;
+    routing_s = SecondsSince(start);
     Forward(*target, tenant, req, res, session);
     return finish(absl::OkStatus());
   }
@@ -572,6 +577,7 @@ void RouterImpl::HandleGenerate(const httplib::Request& req,
     }
     node_id = target->node.id;
     route = target->route;
+    routing_s = SecondsSince(start);
     if (Forward(*target, tenant, req, res, "")) return finish(absl::OkStatus());
     metrics_.Count("kvd_router_retries_total", {});
     tried.insert(target->node.id);
@@ -591,7 +597,7 @@ void RouterImpl::HandleSession(const httplib::Request& req,
     metrics_.Count("kvd_router_requests_total",
                    {{"route", route.empty() ? "refused" : route},
                     {"code", absl::StrCat(res.status)}});
-    Log(req, res, tenant, session, node_id, route, start);
+    Log(req, res, tenant, session, node_id, route, start, -1);
   };
   absl::StatusOr<std::string> t = Tenant(req);
   if (!t.ok()) return finish(t.status());
@@ -657,13 +663,15 @@ void RouterImpl::HandleModels(const httplib::Request& req,
 void RouterImpl::Log(const httplib::Request& req, const httplib::Response& res,
                      const std::string& tenant, const std::string& session,
                      const std::string& node, const std::string& route,
-                     std::chrono::steady_clock::time_point start) {
+                     std::chrono::steady_clock::time_point start,
+                     double routing_s) {
   if (!options_.log_requests) return;
   json line = {{"router", true},
                {"method", req.method},
                {"path", req.path},
                {"status", res.status},
                {"ms", SecondsSince(start) * 1e3}};
+  if (routing_s >= 0) line["routing_ms"] = routing_s * 1e3;
   if (!tenant.empty()) line["tenant"] = tenant;
   if (!session.empty()) line["session"] = session;
   if (!node.empty()) line["node"] = node;
