@@ -24,6 +24,7 @@
 #include "nlohmann/json.hpp"
 #include "services/node/admission.h"
 #include "services/node/connection_probe.h"
+#include "services/node/http_listen.h"
 #include "services/node/node_metrics.h"
 #include "services/node/openai_generation.h"
 #include "services/node/openai_response.h"
@@ -216,36 +217,13 @@ absl::Status HttpServerImpl::Start() {
       std::max<time_t>(1, absl::ToInt64Seconds(options_.keep_alive_timeout)));
   server_->set_payload_max_length(options_.limits.max_body_bytes);
   Routes();
-  // Debian's compiled cpp-httplib listens with a backlog of 5, so a burst of
-  // clients connecting at once overflowed it and some requests failed with a
-  // read error before reaching a handler (seen with 32 users in the load
-  // test). Remember the listening socket as it is created and listen again
-  // with room for SOMAXCONN pending connections.
-  // httplib's default options also set SO_REUSEPORT, with which a second
-  // kvd on the same port started without an error and the kernel split the
-  // connections between the two (and their session stores). SO_REUSEADDR
-  // alone still allows a quick restart past TIME_WAIT.
-  int listen_fd = -1;
-  server_->set_socket_options([&listen_fd](int sock) {
-    const int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    if (listen_fd < 0) listen_fd = sock;
-  });
-  port_ =
-      options_.port == 0
-          ? server_->bind_to_any_port(options_.host)
-          : (server_->bind_to_port(options_.host, options_.port) ? options_.port
-                                                                 : -1);
-  if (port_ <= 0) {
+  absl::StatusOr<int> port =
+      BindHttpServer(*server_, options_.host, options_.port);
+  if (!port.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("HTTP server: cannot bind ", options_.host, ":",
-                     options_.port, " (in use, or not a local address?)"));
+        absl::StrCat("HTTP server: ", port.status().message()));
   }
-  if (listen_fd >= 0 && ::listen(listen_fd, SOMAXCONN) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("HTTP server: cannot enlarge the listen backlog on ",
-                     options_.host, ":", port_));
-  }
+  port_ = *port;
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   // The socket is bound and listening already (connections queue in its
   // backlog); wait briefly so is_running() is true when we return.

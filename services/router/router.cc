@@ -23,6 +23,7 @@
 #include "services/cluster/membership.h"
 #include "services/cluster/node_info.h"
 #include "services/cluster/prefix_watch.h"
+#include "services/node/http_listen.h"
 #include "services/node/openai_request.h"
 #include "services/router/placement.h"
 #include "services/router/router_metrics.h"
@@ -163,17 +164,13 @@ absl::Status RouterImpl::Init() {
   server_.set_read_timeout(10, 0);
   server_.set_keep_alive_timeout(5);
   Routes();
-  port_ =
-      options_.port == 0
-          ? server_.bind_to_any_port(options_.host)
-          : (server_.bind_to_port(options_.host, options_.port) ? options_.port
-                                                                : -1);
-  if (port_ <= 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "the router cannot listen on ", options_.host, ":", options_.port,
-        " (in use, or not an address of this machine); pick another "
-        "--port"));
+  absl::StatusOr<int> port =
+      node::BindHttpServer(server_, options_.host, options_.port);
+  if (!port.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("the router ", port.status().message()));
   }
+  port_ = *port;
   thread_ = std::thread([this] { server_.listen_after_bind(); });
   return absl::OkStatus();
 }

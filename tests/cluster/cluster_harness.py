@@ -16,12 +16,16 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
 
 TOKEN = "test-router-token"
+# The cluster CA (tools/cluster/make_certs.sh) that https:// nodes are
+# verified against; set by Cluster.
+SSL_CONTEXT = None
 
 
 def free_port():
@@ -42,7 +46,8 @@ def http(method, url, body=None, headers=None, timeout=120):
     for k, v in (headers or {}).items():
         req.add_header(k, v)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout,
+                                    context=SSL_CONTEXT) as resp:
             status, hdrs, raw = resp.status, dict(resp.headers), resp.read()
     except urllib.error.HTTPError as e:
         status, hdrs, raw = e.code, dict(e.headers), e.read()
@@ -90,7 +95,7 @@ class Process:
             if self.proc.poll() is not None:
                 raise AssertionError("%s exited:\n%s" % (self.name,
                                                          self.log_text()))
-            m = re.findall(r"OpenAI API\s+(http://127\.0\.0\.1:\d+)",
+            m = re.findall(r"OpenAI API\s+(https?://127\.0\.0\.1:\d+)",
                            self.log_text(since_start=True))
             if m:
                 found.append(m[-1])
@@ -120,7 +125,7 @@ class Node:
             cluster.kvd, "serve", "--cluster", cluster.etcd_endpoint,
             "--node-id", node_id, "--lease-ttl", str(ttl), "--model", model,
             "--http-port", "0", "--grpc-port", "-1", "--threads", "1",
-            "--data-dir", os.path.join(cluster.dir, node_id)],
+            "--data-dir", os.path.join(cluster.dir, node_id)] + cluster.node_tls,
             os.path.join(cluster.dir, node_id + ".log"), env)
         self.url = self.process.url_from_log()
 
@@ -148,7 +153,7 @@ class Router:
         env = dict(os.environ, KVD_ROUTER_TOKEN=TOKEN)
         self.process = Process("router", [
             self.cluster.kvd, "router", "--etcd", self.cluster.etcd_endpoint,
-            "--port", str(self.port), "--threads", "32"],
+            "--port", str(self.port), "--threads", "32"] + self.cluster.router_tls,
             os.path.join(self.cluster.dir, "router-%d.log" % id(self)), env)
         self.url = self.process.url_from_log()
         self.port = int(self.url.rsplit(":", 1)[1])
@@ -166,11 +171,25 @@ class Router:
 
 
 class Cluster:
-    def __init__(self, kvd, directory, ttl=3):
+    """`make_certs`: tools/cluster/make_certs.sh; given, nodes serve HTTPS
+    with a certificate of a fresh cluster CA and routers verify it."""
+
+    def __init__(self, kvd, directory, ttl=3, make_certs=None):
+        global SSL_CONTEXT
         self.kvd, self.dir, self.ttl = kvd, directory, ttl
         self.etcd = None
         self.nodes, self.routers = [], []
         self.etcd_endpoint = None
+        self.node_tls, self.router_tls = [], []
+        if make_certs:
+            certs = os.path.join(directory, "certs")
+            subprocess.run([make_certs, certs], check=True,
+                           stdout=subprocess.DEVNULL)
+            self.node_tls = ["--tls-cert", os.path.join(certs, "node.pem"),
+                             "--tls-key", os.path.join(certs, "node.key")]
+            self.router_tls = ["--ca-cert", os.path.join(certs, "ca.pem")]
+            SSL_CONTEXT = ssl.create_default_context(
+                cafile=os.path.join(certs, "ca.pem"))
 
     def __enter__(self):
         return self

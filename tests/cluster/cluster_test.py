@@ -13,6 +13,8 @@ Checks, in order:
     a node refuses traffic that did not come through a router;
   - a router killed with SIGKILL and restarted has lost nothing;
   - etcd restarted mid-run: routers and nodes recover without restarts;
+  - router-to-node traffic is HTTPS, verified against a cluster CA
+    (tools/cluster/make_certs.sh);
   - a node stopped (SIGSTOP) past its lease leaves the directory's live
     set, its sessions get 503 + Retry-After, and once continued it commits
     nothing for a session that moved to epoch 2 meanwhile, then comes back.
@@ -241,7 +243,8 @@ def main():
     kvd = os.path.abspath(sys.argv[1])
     tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
     start = time.time()
-    with Cluster(kvd, tmp, ttl=3) as c:
+    make_certs = os.path.abspath(sys.argv[2])
+    with Cluster(kvd, tmp, ttl=3, make_certs=make_certs) as c:
         c.start_etcd()
         nodes = [c.start_node("n%d" % i) for i in (1, 2, 3)]
         gemma = c.start_node("g1", model="gemma3")
@@ -250,6 +253,9 @@ def main():
         wait_until("routers ready", lambda: all(
             r.get("/readyz")[0] == 200 for r in (r1, r2)), 30)
         print("cluster up in %.1f s" % (time.time() - start), flush=True)
+        check(all(n.url.startswith("https://") for n in c.nodes),
+              "nodes serve HTTPS with the cluster CA's certificate; the "
+              "routers verify it")
         owners = spread_and_affinity(c, nodes, gemma, r1, r2)
         if owners:
             openai_client(r1)

@@ -36,6 +36,7 @@ LAYERED_PACKAGES = [
     "third_party",
     "third_party/etcd",
     "tools/build",
+    "tools/cluster",
     "tools/experiments",
     "tools/kvd",
 ]
@@ -248,6 +249,7 @@ SCOPE = [
     "//services/node:grpc_health_v1",
     "//services/node:grpc_service",
     "//services/node:grpc_service_test",
+    "//services/node:http_listen",
     "//services/node:http_server",
     "//services/node:http_server_test",
     "//services/node:memory_trimmer",

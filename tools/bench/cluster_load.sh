@@ -38,8 +38,9 @@ trap 'tools/cluster/down.sh --dir "$OUT/cluster" > /dev/null 2>&1 || true' EXIT
 "${BENCH[@]}" --url "http://127.0.0.1:$PORT" --json "$OUT/router.json" | tee "$OUT/router.md"
 curl -s "http://127.0.0.1:$PORT/metrics" > "$OUT/router_metrics.txt"
 "$KVD" cluster status --etcd "$(sed -n 's/^etcd: //p' "$OUT/up.txt")" | tee "$OUT/status.txt"
-for url in $(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/status.txt"); do
-  echo "$url $(curl -s "$url/metrics" | sed -n 's/^kvd_turns_total{outcome="committed"} //p')"
+for url in $(grep -Eo 'https?://127.0.0.1:[0-9]+' "$OUT/status.txt"); do
+  echo "$url $(curl -s --cacert "$OUT/cluster/certs/ca.pem" "$url/metrics" |
+    sed -n 's/^kvd_turns_total{outcome="committed"} //p')"
 done > "$OUT/turns_per_node.txt"
 tools/cluster/down.sh --dir "$OUT/cluster" > /dev/null
 trap - EXIT

@@ -14,6 +14,7 @@ NODES=3
 MODEL="smollm2"
 PORT=8000
 TTL=15
+TLS=1
 KVD="${KVD:-}"
 EXTRA=()
 usage() {
@@ -25,6 +26,8 @@ usage: tools/cluster/up.sh [--dir DIR] [--nodes N] [--model NAME] [--port PORT] 
   --model NAME    model every node serves (default smollm2; see tools/fetch_models.sh)
   --port PORT     the router's HTTP port (default 8000)
   --lease-ttl S   the nodes' membership lease (default 15 s)
+  --no-tls        plain HTTP between router and nodes (default: HTTPS with a cluster CA made by
+                  tools/cluster/make_certs.sh in DIR/certs)
   \$KVD           the kvd binary (default: bazel-bin/tools/kvd/kvd, built if missing)
 USAGE
 }
@@ -35,6 +38,7 @@ while [[ $# -gt 0 ]]; do
     --model) MODEL="$2"; shift 2 ;;
     --port) PORT="$2"; shift 2 ;;
     --lease-ttl) TTL="$2"; shift 2 ;;
+    --no-tls) TLS=0; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "up.sh: unknown flag $1" >&2; usage >&2; exit 2 ;;
@@ -68,6 +72,14 @@ wait_for() {  # wait_for SECONDS WHAT CMD...: polls CMD until it succeeds
 [[ -s "$DIR/router-token" ]] || (umask 077; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$DIR/router-token")
 TOKEN="$(cat "$DIR/router-token")"
 
+NODE_TLS=()
+ROUTER_TLS=()
+if [[ "$TLS" == 1 ]]; then
+  [[ -s "$DIR/certs/node.pem" ]] || "$ROOT/tools/cluster/make_certs.sh" "$DIR/certs" > /dev/null
+  NODE_TLS=(--tls-cert "$DIR/certs/node.pem" --tls-key "$DIR/certs/node.key")
+  ROUTER_TLS=(--ca-cert "$DIR/certs/ca.pem")
+fi
+
 ETCD_PORT="$(free_port)"
 PEER_PORT="$(free_port)"
 ETCD="127.0.0.1:$ETCD_PORT"
@@ -81,7 +93,7 @@ wait_for 30 "etcd" "$KVD" cluster status --etcd "$ETCD"
 
 for i in $(seq 1 "$NODES"); do
   KVD_ROUTER_TOKEN="$TOKEN" "$KVD" serve --cluster "$ETCD" --node-id "n$i" --lease-ttl "$TTL" \
-    --model "$MODEL" --http-port 0 --grpc-port 0 --data-dir "$DIR/n$i" "${EXTRA[@]}" \
+    --model "$MODEL" --http-port 0 --grpc-port 0 --data-dir "$DIR/n$i" "${NODE_TLS[@]}" "${EXTRA[@]}" \
     > "$DIR/n$i.log" 2>&1 &
   echo "$! n$i" >> "$DIR/pids"
 done
@@ -89,7 +101,8 @@ nodes_live() { [[ "$("$KVD" cluster status --etcd "$ETCD" | grep -c ' live ')" -
 echo "up.sh: starting etcd and $NODES nodes of $MODEL (loading the model takes a while)..." >&2
 wait_for 300 "$NODES nodes" nodes_live
 
-KVD_ROUTER_TOKEN="$TOKEN" "$KVD" router --etcd "$ETCD" --port "$PORT" > "$DIR/router.log" 2>&1 &
+KVD_ROUTER_TOKEN="$TOKEN" "$KVD" router --etcd "$ETCD" --port "$PORT" "${ROUTER_TLS[@]}" \
+  > "$DIR/router.log" 2>&1 &
 echo "$! router" >> "$DIR/pids"
 wait_for 30 "the router" curl -sf "http://127.0.0.1:$PORT/readyz"
 
