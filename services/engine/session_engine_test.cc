@@ -43,6 +43,10 @@ class FenceTestDouble : public SessionFence {
     last_commit_epoch_ = epoch;
     return may_commit_;
   }
+  absl::Status Ready() override {
+    absl::MutexLock lock(&mu_);
+    return may_commit_;
+  }
   void Set(absl::StatusOr<uint64_t> owned, absl::Status may_commit) {
     absl::MutexLock lock(&mu_);
     owned_ = std::move(owned);
@@ -409,10 +413,12 @@ TEST_P(SessionEngineTest, ClusterFenceDecidesWhatIsServedAndCommitted) {
   EXPECT_EQ(fence->last_commit_epoch(), 1u);
 
   fence->Set(uint64_t{1}, absl::UnavailableError("lease lapsed"));
+  EXPECT_EQ(engine_->WriteHealth().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(Turn(1, &scratch).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(store_->GetManifest("acme", "chat-1")->turn_ends_size(), 1);
 
   fence->Set(uint64_t{3}, absl::OkStatus());
+  EXPECT_TRUE(engine_->WriteHealth().ok());
   for (int turn = 1; turn < kTurns; ++turn) {
     absl::StatusOr<TurnResult> r = Turn(turn, &t);
     ASSERT_TRUE(r.ok()) << r.status();

@@ -34,6 +34,10 @@ class SessionFence {
   virtual absl::Status MayCommit(const std::string& tenant,
                                  const std::string& session,
                                  uint64_t epoch) = 0;
+
+  // Why no turn can commit now, whatever its session (e.g. the lease
+  // lapsed); OK when turns may. Readiness (/readyz, gRPC health) reports it.
+  virtual absl::Status Ready() { return absl::OkStatus(); }
 };
 
 }  // namespace kvd::engine

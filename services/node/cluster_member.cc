@@ -54,6 +54,8 @@ class ClusterMember::DirectoryFence : public engine::SessionFence {
     return CheckLease();
   }
 
+  absl::Status Ready() override { return CheckLease(); }
+
  private:
   absl::Status CheckLease() const {
     const cluster::NodeRegistration* r = registration_.load();

@@ -1,6 +1,5 @@
 #include "services/node/http_server.h"
 
-#include <httplib.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -23,8 +22,7 @@
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/node/admission.h"
-#include "services/node/connection_probe.h"
-#include "services/node/http_listen.h"
+#include "services/node/async_http.h"
 #include "services/node/node_metrics.h"
 #include "services/node/openai_generation.h"
 #include "services/node/openai_response.h"
@@ -35,9 +33,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
-
-// How long a stream may stay silent before a ": ping" comment probes the
-// client's connection.
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -101,6 +96,15 @@ const char* FinishName(engine::FinishReason r) {
   return "stop";
 }
 
+absl::Status ValidateRequestId(absl::string_view id) {
+  bool printable = !id.empty() && id.size() <= 128;
+  for (char c : id) printable &= c > ' ' && c < 0x7f;
+  if (printable) return absl::OkStatus();
+  return RequestError("X-Request-Id",
+                      "the X-Request-Id header must be 1..128 printable "
+                      "ASCII characters without spaces");
+}
+
 class HttpServerImpl : public HttpServer {
  public:
   HttpServerImpl(NodeRuntime* runtime, HttpServerOptions options)
@@ -124,22 +128,22 @@ class HttpServerImpl : public HttpServer {
  private:
   void DeclareMetrics();
   void Routes();
-  void Log(const httplib::Request& req, const httplib::Response& res);
-  void SendError(httplib::Response& res, const absl::Status& status);
-  absl::StatusOr<std::string> Tenant(const httplib::Request& req) const;
+  void Log(const HttpRequest& req, const HttpResponse& res);
+  void SendError(HttpResponse& res, const absl::Status& status);
+  absl::StatusOr<std::string> Tenant(const HttpRequest& req) const;
 
-  void HandleChat(const httplib::Request& req, httplib::Response& res);
-  void HandleCompletion(const httplib::Request& req, httplib::Response& res);
-  void HandleSessions(const httplib::Request& req, httplib::Response& res);
-  void HandleSession(const httplib::Request& req, httplib::Response& res);
-  void HandleExport(const httplib::Request& req, httplib::Response& res);
-  void HandleMetrics(httplib::Response& res);
+  void HandleChat(const HttpRequest& req, HttpResponse& res);
+  void HandleCompletion(const HttpRequest& req, HttpResponse& res);
+  void HandleSessions(const HttpRequest& req, HttpResponse& res);
+  void HandleSession(const HttpRequest& req, HttpResponse& res);
+  void HandleExport(const HttpRequest& req, HttpResponse& res);
+  void HandleMetrics(HttpResponse& res);
 
   // Answers `job` (admitted with `permit`) as JSON or as an SSE stream.
-  void Respond(const httplib::Request& req, std::shared_ptr<GenerationJob> job,
-               Admission::Permit permit, httplib::Response& res);
-  void Stream(const GenerationJob& job, const ConnectionProbe& probe,
-              httplib::DataSink& sink);
+  void Respond(const HttpRequest& req, std::shared_ptr<GenerationJob> job,
+               Admission::Permit permit, HttpResponse& res);
+  void Stream(const GenerationJob& job, const HttpRequest& req,
+              ChunkSink& sink);
   // A generation that ended with an error: a cancellation (client gone,
   // server stopping) counts as cancelled, anything else as an error by code.
   void CountFailure(const absl::Status& status);
@@ -154,9 +158,7 @@ class HttpServerImpl : public HttpServer {
   std::shared_ptr<Admission> admission_;
   KeyStore metrics_keys_;  // empty (open) unless options_.metrics_key is set
   const int64_t created_unix_s_;
-  // An httplib::SSLServer when TLS files are configured.
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  std::unique_ptr<AsyncHttpServer> server_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::once_flag stop_once_;
@@ -168,23 +170,6 @@ absl::Status HttpServerImpl::Start() {
         "HTTP server: max_inflight must be >= 1 and max_queue >= 0 (got ",
         options_.max_inflight, " and ", options_.max_queue, ")"));
   }
-  if (options_.tls_cert_path.empty() != options_.tls_key_path.empty()) {
-    return absl::InvalidArgumentError(
-        "HTTP server: give both a TLS certificate and its key, or neither");
-  }
-  if (options_.tls_cert_path.empty()) {
-    server_ = std::make_unique<httplib::Server>();
-  } else {
-    auto tls = std::make_unique<httplib::SSLServer>(
-        options_.tls_cert_path.c_str(), options_.tls_key_path.c_str());
-    if (!tls->is_valid()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "HTTP server: cannot load the TLS certificate ",
-          options_.tls_cert_path, " and key ", options_.tls_key_path,
-          " (PEM files, readable, matching each other)"));
-    }
-    server_ = std::move(tls);
-  }
   if (!options_.metrics_key.empty()) {
     absl::StatusOr<KeyStore> keys =
         KeyStore::FromPairs({{options_.metrics_key, "metrics"}});
@@ -195,49 +180,47 @@ absl::Status HttpServerImpl::Start() {
     metrics_keys_ = *std::move(keys);
   }
   DeclareMetrics();
-  const int threads =
+  AsyncHttpOptions o;
+  o.host = options_.host;
+  o.port = options_.port;
+  o.worker_threads =
       options_.threads > 0
           ? options_.threads
           : std::max(128, options_.max_inflight + options_.max_queue + 8);
-  server_->new_task_queue = [threads] {
-    return new httplib::ThreadPool(static_cast<size_t>(threads));
+  o.max_header_bytes = options_.max_header_bytes;
+  o.max_body_bytes = options_.limits.max_body_bytes;
+  o.read_timeout = options_.read_timeout;
+  o.idle_timeout = options_.keep_alive_timeout;
+  o.write_timeout = options_.write_timeout;
+  o.max_connections = options_.max_connections;
+  o.tls_cert_path = options_.tls_cert_path;
+  o.tls_key_path = options_.tls_key_path;
+  o.before = [](const HttpRequest& req) {
+    t_log = RequestLog();
+    t_log.request_id = "req-" + RandomHex(8);
+    // The client's (or its router's) id, when it sent a usable one: one id
+    // in every log line of a request's path through the cluster.
+    if (std::string id = req.get_header_value("X-Request-Id");
+        ValidateRequestId(id).ok()) {
+      t_log.request_id = std::move(id);
+    }
   };
-  auto secs = [](absl::Duration d) {
-    const int64_t us = absl::ToInt64Microseconds(d);
-    return std::make_pair<time_t, time_t>(us / 1000000, us % 1000000);
+  o.after = [this](const HttpRequest& req, const HttpResponse& res) {
+    Log(req, res);
   };
-  server_->set_read_timeout(secs(options_.read_timeout).first,
-                            secs(options_.read_timeout).second);
-  server_->set_write_timeout(secs(options_.write_timeout).first,
-                             secs(options_.write_timeout).second);
-  // httplib closes a kept-alive connection after 5 requests by default, and
-  // a client that has already sent its next POST on it sees a read error.
-  server_->set_keep_alive_max_count(1000);
-  server_->set_keep_alive_timeout(
-      std::max<time_t>(1, absl::ToInt64Seconds(options_.keep_alive_timeout)));
-  server_->set_payload_max_length(options_.limits.max_body_bytes);
+  server_ = std::make_unique<AsyncHttpServer>(std::move(o));
   Routes();
-  absl::StatusOr<int> port =
-      BindHttpServer(*server_, options_.host, options_.port);
-  if (!port.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("HTTP server: ", port.status().message()));
+  if (absl::Status s = server_->Start(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("HTTP server: ", s.message()));
   }
-  port_ = *port;
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
-  // The socket is bound and listening already (connections queue in its
-  // backlog); wait briefly so is_running() is true when we return.
-  for (int i = 0; i < 1000 && !server_->is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  port_ = server_->port();
   return absl::OkStatus();
 }
 
 void HttpServerImpl::Stop() {
   std::call_once(stop_once_, [this] {
     stopping_ = true;
-    server_->stop();
-    if (thread_.joinable()) thread_.join();
+    if (server_) server_->Stop();
   });
 }
 
@@ -279,111 +262,82 @@ void HttpServerImpl::DeclareMetrics() {
   DeclareNodeMetrics(m);
 }
 
-absl::Status ValidateRequestId(absl::string_view id) {
-  bool printable = !id.empty() && id.size() <= 128;
-  for (char c : id) printable &= c > ' ' && c < 0x7f;
-  if (printable) return absl::OkStatus();
-  return RequestError("X-Request-Id",
-                      "the X-Request-Id header must be 1..128 printable "
-                      "ASCII characters without spaces");
-}
-
 void HttpServerImpl::Routes() {
-  server_->set_pre_routing_handler(
-      [](const httplib::Request& req, httplib::Response&) {
-        t_log = RequestLog();
-        t_log.request_id = "req-" + RandomHex(8);
-        // The client's (or its router's) id, when it sent a usable one: one
-        // id in every log line of a request's path through the cluster.
-        if (std::string id = req.get_header_value("X-Request-Id");
-            ValidateRequestId(id).ok()) {
-          t_log.request_id = std::move(id);
+  server_->Route("POST", "/v1/chat/completions",
+                 [this](const HttpRequest& req, HttpResponse& res) {
+                   HandleChat(req, res);
+                 });
+  server_->Route("POST", "/v1/completions",
+                 [this](const HttpRequest& req, HttpResponse& res) {
+                   HandleCompletion(req, res);
+                 });
+  server_->Route(
+      "GET", "/v1/models", [this](const HttpRequest& req, HttpResponse& res) {
+        if (absl::StatusOr<std::string> t = Tenant(req); !t.ok()) {
+          return SendError(res, t.status());
         }
-        return httplib::Server::HandlerResponse::Unhandled;
+        res.set_content(ModelsJson(runtime_->model_id(), created_unix_s_),
+                        "application/json");
       });
-  server_->set_logger([this](const httplib::Request& req,
-                             const httplib::Response& res) { Log(req, res); });
-  // Errors httplib answers itself (413, 404 for unknown paths, 400 for bad
-  // HTTP) get an OpenAI error body too.
-  server_->set_error_handler([](const httplib::Request& req,
-                                httplib::Response& res) {
-    if (!res.body.empty()) return;
-    absl::Status s =
-        res.status == 413 ? RequestError("", "request body too large", 413)
-        : res.status == 404
-            ? RequestError(
-                  "",
-                  absl::StrCat("no such endpoint: ", req.method, " ", req.path),
-                  404, absl::StatusCode::kNotFound)
-            : RequestError("", "malformed HTTP request", res.status);
-    res.set_content(ApiErrorJson(ApiErrorFromStatus(s)), "application/json");
-  });
-  server_->Post("/v1/chat/completions",
-                [this](const httplib::Request& req, httplib::Response& res) {
-                  HandleChat(req, res);
-                });
-  server_->Post("/v1/completions",
-                [this](const httplib::Request& req, httplib::Response& res) {
-                  HandleCompletion(req, res);
-                });
-  server_->Get("/v1/models", [this](const httplib::Request& req,
-                                    httplib::Response& res) {
-    if (absl::StatusOr<std::string> t = Tenant(req); !t.ok()) {
-      return SendError(res, t.status());
-    }
-    res.set_content(ModelsJson(runtime_->model_id(), created_unix_s_),
-                    "application/json");
-  });
-  server_->Get("/v1/sessions",
-               [this](const httplib::Request& req, httplib::Response& res) {
-                 HandleSessions(req, res);
-               });
-  server_->Get(R"(/v1/sessions/([^/]+)/export)",
-               [this](const httplib::Request& req, httplib::Response& res) {
-                 HandleExport(req, res);
-               });
-  auto session = [this](const httplib::Request& req, httplib::Response& res) {
+  server_->Route("GET", "/v1/sessions",
+                 [this](const HttpRequest& req, HttpResponse& res) {
+                   HandleSessions(req, res);
+                 });
+  server_->Route("GET", R"(/v1/sessions/([^/]+)/export)",
+                 [this](const HttpRequest& req, HttpResponse& res) {
+                   HandleExport(req, res);
+                 });
+  auto session = [this](const HttpRequest& req, HttpResponse& res) {
     HandleSession(req, res);
   };
-  server_->Get(R"(/v1/sessions/([^/]+))", session);
-  server_->Delete(R"(/v1/sessions/([^/]+))", session);
-  server_->Get("/metrics", [this](const httplib::Request& req,
-                                  httplib::Response& res) {
-    absl::StatusOr<std::string> allowed =
-        metrics_keys_.TenantForBearer(req.get_header_value("Authorization"));
-    if (!allowed.ok()) {
-      return SendError(res, absl::UnauthenticatedError(absl::StrCat(
-                                "/metrics needs the metrics key (kvd serve "
-                                "--metrics-key): ",
-                                allowed.status().message())));
-    }
-    HandleMetrics(res);
-  });
-  server_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("ok\n", "text/plain");
-  });
-  server_->Get("/readyz", [this](const httplib::Request&,
-                                 httplib::Response& res) {
-    const bool full = admission_->full();
-    if (stopping_ || full) {
-      res.status = 503;
-      res.set_content(stopping_ ? "stopping\n" : "queue full\n", "text/plain");
-      return;
-    }
-    // Turns cannot commit while the database refuses writes (a damaged
-    // file, a full disk): not ready, with the reason and what to do.
-    if (absl::Status w = runtime_->engine().WriteHealth(); !w.ok()) {
-      res.status = 503;
-      res.set_content(absl::StrCat("storage: ", w.message(), "\n"),
-                      "text/plain");
-      return;
-    }
-    res.set_content("ready\n", "text/plain");
-  });
+  server_->Route("GET", R"(/v1/sessions/([^/]+))", session);
+  server_->Route("DELETE", R"(/v1/sessions/([^/]+))", session);
+  server_->Route(
+      "GET", "/metrics",
+      [this](const HttpRequest& req, HttpResponse& res) {
+        absl::StatusOr<std::string> allowed = metrics_keys_.TenantForBearer(
+            req.get_header_value("Authorization"));
+        if (!allowed.ok()) {
+          return SendError(res, absl::UnauthenticatedError(absl::StrCat(
+                                    "/metrics needs the metrics key (kvd serve "
+                                    "--metrics-key): ",
+                                    allowed.status().message())));
+        }
+        HandleMetrics(res);
+      },
+      /*on_io_thread=*/true);
+  // Cheap, and answered on the I/O thread: they answer even when every
+  // worker is busy.
+  server_->Route(
+      "GET", "/healthz",
+      [](const HttpRequest&, HttpResponse& res) {
+        res.set_content("ok\n", "text/plain");
+      },
+      /*on_io_thread=*/true);
+  server_->Route(
+      "GET", "/readyz",
+      [this](const HttpRequest&, HttpResponse& res) {
+        const bool full = admission_->full();
+        if (stopping_ || full) {
+          res.status = 503;
+          res.set_content(stopping_ ? "stopping\n" : "queue full\n",
+                          "text/plain");
+          return;
+        }
+        // Turns cannot commit while the database refuses writes (a damaged
+        // file, a full disk): not ready, with the reason and what to do.
+        if (absl::Status w = runtime_->engine().WriteHealth(); !w.ok()) {
+          res.status = 503;
+          res.set_content(absl::StrCat("not ready: ", w.message(), "\n"),
+                          "text/plain");
+          return;
+        }
+        res.set_content("ready\n", "text/plain");
+      },
+      /*on_io_thread=*/true);
 }
 
-void HttpServerImpl::Log(const httplib::Request& req,
-                         const httplib::Response& res) {
+void HttpServerImpl::Log(const HttpRequest& req, const HttpResponse& res) {
   metrics_->Add("kvd_http_requests_total",
                 {{"endpoint", EndpointLabel(req.path)},
                  {"code", absl::StrCat(res.status)}});
@@ -409,8 +363,7 @@ void HttpServerImpl::Log(const httplib::Request& req,
   std::fwrite(text.data(), 1, text.size(), stderr);
 }
 
-void HttpServerImpl::SendError(httplib::Response& res,
-                               const absl::Status& status) {
+void HttpServerImpl::SendError(HttpResponse& res, const absl::Status& status) {
   const ApiError e = ApiErrorFromStatus(status);
   res.status = e.http_status;
   if (e.http_status == 429) {
@@ -423,7 +376,7 @@ void HttpServerImpl::SendError(httplib::Response& res,
 }
 
 absl::StatusOr<std::string> HttpServerImpl::Tenant(
-    const httplib::Request& req) const {
+    const HttpRequest& req) const {
   absl::StatusOr<std::string> tenant = options_.keys.TenantForRequest(
       req.get_header_value("Authorization"),
       req.get_header_value(kForwardedTenantHeader));
@@ -462,8 +415,7 @@ void HttpServerImpl::RecordOutcome(const GenerationOutcome& out,
   }
 }
 
-void HttpServerImpl::HandleChat(const httplib::Request& req,
-                                httplib::Response& res) {
+void HttpServerImpl::HandleChat(const HttpRequest& req, HttpResponse& res) {
   absl::StatusOr<std::string> tenant = Tenant(req);
   if (!tenant.ok()) return SendError(res, tenant.status());
   absl::StatusOr<ChatRequest> parsed = ParseChatRequest(
@@ -502,8 +454,8 @@ void HttpServerImpl::HandleChat(const httplib::Request& req,
   Respond(req, std::move(job), *std::move(permit), res);
 }
 
-void HttpServerImpl::HandleCompletion(const httplib::Request& req,
-                                      httplib::Response& res) {
+void HttpServerImpl::HandleCompletion(const HttpRequest& req,
+                                      HttpResponse& res) {
   absl::StatusOr<std::string> tenant = Tenant(req);
   if (!tenant.ok()) return SendError(res, tenant.status());
   absl::StatusOr<CompletionRequest> parsed =
@@ -529,16 +481,15 @@ void HttpServerImpl::HandleCompletion(const httplib::Request& req,
   Respond(req, std::move(job), *std::move(permit), res);
 }
 
-void HttpServerImpl::Respond(const httplib::Request& req,
+void HttpServerImpl::Respond(const HttpRequest& req,
                              std::shared_ptr<GenerationJob> job,
-                             Admission::Permit permit, httplib::Response& res) {
+                             Admission::Permit permit, HttpResponse& res) {
   if (!job->common.stream) {
     const Clock::time_point start = t_log.start;
     double first_token_s = -1;
     // Nothing is written until the end, so a client that hangs up is seen
-    // only on its socket: stop generating for nobody.
-    const ConnectionProbe probe =
-        ConnectionProbe::Find(req.remote_addr, req.remote_port, req.local_port);
+    // only on its socket (the front end watches it): stop generating for
+    // nobody.
     std::atomic<bool> peer_gone{false};
     absl::StatusOr<GenerationOutcome> out = RunGeneration(
         *runtime_, *job,
@@ -547,8 +498,8 @@ void HttpServerImpl::Respond(const httplib::Request& req,
             first_token_s = SecondsSince(start);
           }
         },
-        [this, &probe, &peer_gone] {
-          if (probe.PeerClosed()) peer_gone.store(true);
+        [this, &req, &peer_gone] {
+          if (req.peer_closed()) peer_gone.store(true);
           return peer_gone.load() || stopping_.load();
         });
     permit = Admission::Permit();
@@ -575,20 +526,18 @@ void HttpServerImpl::Respond(const httplib::Request& req,
   auto held = std::make_shared<Admission::Permit>(std::move(permit));
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
-  auto probe = std::make_shared<ConnectionProbe>(
-      ConnectionProbe::Find(req.remote_addr, req.remote_port, req.local_port));
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, job, held, probe](size_t, httplib::DataSink& sink) {
-        Stream(*job, *probe, sink);
-        *held = Admission::Permit();
-        return true;
-      });
+  // The provider runs after this handler, on the same thread, while the
+  // request is still alive.
+  const HttpRequest* request = &req;
+  res.set_chunked_content_provider("text/event-stream",
+                                   [this, job, held, request](ChunkSink& sink) {
+                                     Stream(*job, *request, sink);
+                                     *held = Admission::Permit();
+                                   });
 }
 
-void HttpServerImpl::Stream(const GenerationJob& job,
-                            const ConnectionProbe& probe,
-                            httplib::DataSink& sink) {
+void HttpServerImpl::Stream(const GenerationJob& job, const HttpRequest& req,
+                            ChunkSink& sink) {
   const Clock::time_point start = t_log.start;
   // Written only on this (the handler's) thread; `cancelled` below runs on
   // the scheduler's and only reads flags and polls the socket, so a slow
@@ -629,7 +578,7 @@ void HttpServerImpl::Stream(const GenerationJob& job,
   // A client that hangs up while its request waits or prefills (nothing
   // written yet) is seen on its socket, as for non-streaming requests.
   auto cancelled = [&] {
-    if (probe.PeerClosed()) peer_gone.store(true);
+    if (req.peer_closed()) peer_gone.store(true);
     return broken.load() || peer_gone.load() || stopping_.load();
   };
   absl::StatusOr<GenerationOutcome> out =
@@ -641,14 +590,10 @@ void HttpServerImpl::Stream(const GenerationJob& job,
     const ApiError e = ApiErrorFromStatus(StoppedStatus(out.status()));
     t_log.finish = absl::StrCat("error ", e.http_status);
     write(SseEvent(ApiErrorJson(e)));
-    sink.done();
     return;
   }
   RecordOutcome(*out, first_token_s);
-  if (disconnected) {
-    sink.done();
-    return;
-  }
+  if (disconnected) return;
   // The logprobs went out with the deltas.
   const std::string finish = FinishName(out->gen.finish_reason);
   write(SseEvent(
@@ -664,7 +609,6 @@ void HttpServerImpl::Stream(const GenerationJob& job,
             : CompletionChunkJson(job.meta, "", nullptr, &usage, nullptr)));
   }
   write(kSseDone);
-  sink.done();
 }
 
 void HttpServerImpl::CountFailure(const absl::Status& status) {
@@ -685,8 +629,7 @@ absl::Status HttpServerImpl::StoppedStatus(const absl::Status& status) const {
   return status;
 }
 
-void HttpServerImpl::HandleSessions(const httplib::Request& req,
-                                    httplib::Response& res) {
+void HttpServerImpl::HandleSessions(const HttpRequest& req, HttpResponse& res) {
   absl::StatusOr<std::string> tenant = Tenant(req);
   if (!tenant.ok()) return SendError(res, tenant.status());
   int64_t limit = 100;
@@ -706,8 +649,7 @@ void HttpServerImpl::HandleSessions(const httplib::Request& req,
                   "application/json");
 }
 
-void HttpServerImpl::HandleSession(const httplib::Request& req,
-                                   httplib::Response& res) {
+void HttpServerImpl::HandleSession(const HttpRequest& req, HttpResponse& res) {
   absl::StatusOr<std::string> tenant = Tenant(req);
   if (!tenant.ok()) return SendError(res, tenant.status());
   const std::string id = req.matches[1];
@@ -732,8 +674,7 @@ void HttpServerImpl::HandleSession(const httplib::Request& req,
   res.set_content(SessionJson(*m), "application/json");
 }
 
-void HttpServerImpl::HandleExport(const httplib::Request& req,
-                                  httplib::Response& res) {
+void HttpServerImpl::HandleExport(const HttpRequest& req, HttpResponse& res) {
   absl::StatusOr<std::string> tenant = Tenant(req);
   if (!tenant.ok()) return SendError(res, tenant.status());
   const std::string id = req.matches[1];
@@ -754,17 +695,15 @@ void HttpServerImpl::HandleExport(const httplib::Request& req,
                  absl::StrCat("attachment; filename=\"", id, ".kvds\""));
   std::shared_ptr<const storage::SessionCheckpoint> cp = *std::move(loaded);
   res.set_chunked_content_provider(
-      "application/octet-stream", [cp](size_t, httplib::DataSink& sink) {
+      "application/octet-stream", [cp](ChunkSink& sink) {
         (void)storage::WriteSessionPieces(
             *cp, 1 << 20, [&sink](absl::string_view piece) {
               return sink.write(piece.data(), piece.size());
             });
-        sink.done();
-        return true;
       });
 }
 
-void HttpServerImpl::HandleMetrics(httplib::Response& res) {
+void HttpServerImpl::HandleMetrics(HttpResponse& res) {
   Metrics& m = *metrics_;
   m.Set("kvd_http_queue_depth", {}, admission_->queued());
   m.Set("kvd_http_inflight_generations", {}, admission_->inflight());

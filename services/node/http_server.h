@@ -1,5 +1,5 @@
-// The node's OpenAI-compatible HTTP API (DESIGN.md section 6), on
-// cpp-httplib:
+// The node's OpenAI-compatible HTTP API (DESIGN.md section 6), on the async
+// front end (async_http.h: Boost.Beast):
 //   POST   /v1/chat/completions   chat (JSON or SSE), + kvd sessions
 //   POST   /v1/completions        raw prompt (JSON or SSE), stateless
 //   GET    /v1/models             the served model
@@ -23,11 +23,12 @@
 // Admission: at most max_inflight generations run and max_queue wait; more
 // get 429 with Retry-After. Requests are validated (openai_request.h) and
 // checked against the context (prompt + max_tokens <= context length)
-// before they queue. A streaming client that disconnects stops its
-// generation at the next token (writes fail; an SSE comment ": ping" probes
-// the connection while nothing else is written). Non-streaming requests run
-// to completion. Headers are limited to 8 KiB (cpp-httplib's
-// CPPHTTPLIB_HEADER_MAX_LENGTH), bodies to limits.max_body_bytes (413).
+// before they queue. A client that disconnects, streaming or not, stops its
+// generation at the next token (the front end sees the connection close at
+// once). The request line and headers together are limited to
+// max_header_bytes (431), bodies to limits.max_body_bytes (413, judged from
+// Content-Length before the body is read); open connections to
+// max_connections (503 beyond).
 // logprobs keep each step's logits until the end (max_tokens x vocab x 4
 // bytes, at most 256 MiB, else 400); in a stream they come in the last
 // chunk.
@@ -68,15 +69,18 @@ struct HttpServerOptions {
   int max_inflight = 2;
   int max_queue = 16;
   int retry_after_s = 1;  // the Retry-After header of a 429
-  // Connection threads; 0: max(128, max_inflight + max_queue + 8), so that
-  // requests beyond the queue are answered with 429, not left unread, and a
-  // few dozen idle connections (each holds a thread until read_timeout)
-  // do not starve the rest. httplib serves a thread per connection: on
-  // untrusted networks a reverse proxy must absorb slow clients.
+  // Handler threads (a request holds one while it is handled, a stream
+  // while it streams; idle connections hold none); 0: max(128,
+  // max_inflight + max_queue + 8), so requests beyond the queue are
+  // answered with 429 at once.
   int threads = 0;
   RequestLimits limits;  // body size (413), messages, stop strings, ...
+  size_t max_header_bytes = 16 << 10;  // request line + headers (431)
+  int max_connections = 10000;         // open at once (503 beyond)
+  // A request must arrive whole within read_timeout of its first byte.
   absl::Duration read_timeout = absl::Seconds(10);
   absl::Duration write_timeout = absl::Seconds(30);
+  // How long a kept-alive connection may wait for its next request.
   absl::Duration keep_alive_timeout = absl::Seconds(5);
   // New tokens when a request gives no max_tokens (capped by the context).
   int64_t default_max_tokens = 512;

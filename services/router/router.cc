@@ -23,7 +23,7 @@
 #include "services/cluster/membership.h"
 #include "services/cluster/node_info.h"
 #include "services/cluster/prefix_watch.h"
-#include "services/node/http_listen.h"
+#include "services/node/async_http.h"
 #include "services/node/openai_request.h"
 #include "services/router/placement.h"
 #include "services/router/router_metrics.h"
@@ -88,13 +88,14 @@ class RouterImpl : public Router {
 
  private:
   void Routes();
-  void HandleGenerate(const httplib::Request& req, httplib::Response& res);
-  void HandleSession(const httplib::Request& req, httplib::Response& res,
+  void HandleGenerate(const node::HttpRequest& req, node::HttpResponse& res);
+  void HandleSession(const node::HttpRequest& req, node::HttpResponse& res,
                      const std::string& suffix);
-  void HandleListSessions(const httplib::Request& req, httplib::Response& res);
-  void HandleModels(const httplib::Request& req, httplib::Response& res);
+  void HandleListSessions(const node::HttpRequest& req,
+                          node::HttpResponse& res);
+  void HandleModels(const node::HttpRequest& req, node::HttpResponse& res);
 
-  absl::StatusOr<std::string> Tenant(const httplib::Request& req);
+  absl::StatusOr<std::string> Tenant(const node::HttpRequest& req);
   std::vector<cluster::NodeInfo> LiveNodes();
   std::set<std::string> Drained();
   absl::StatusOr<Target> Owner(const std::string& tenant,
@@ -109,13 +110,13 @@ class RouterImpl : public Router {
   // Forwards `req` to `target`; false (nothing sent) if no connection could
   // be opened, so the caller may try elsewhere.
   bool Forward(const Target& target, const std::string& tenant,
-               const httplib::Request& req, httplib::Response& res,
+               const node::HttpRequest& req, node::HttpResponse& res,
                const std::string& session);
-  void SendError(httplib::Response& res, const absl::Status& status);
+  void SendError(node::HttpResponse& res, const absl::Status& status);
   // `routing_s`: from the request's arrival until it was sent to the node
   // (authentication, parsing, directory and placement): what the router
   // adds before the node sees it.
-  void Log(const httplib::Request& req, const httplib::Response& res,
+  void Log(const node::HttpRequest& req, const node::HttpResponse& res,
            const std::string& tenant, const std::string& session,
            const std::string& node, const std::string& route,
            std::chrono::steady_clock::time_point start, double routing_s);
@@ -126,8 +127,7 @@ class RouterImpl : public Router {
   std::unique_ptr<cluster::PrefixWatch> nodes_, drains_;
   Placement placement_;
   RouterMetrics metrics_;
-  httplib::Server server_;
-  std::thread thread_;
+  std::unique_ptr<node::AsyncHttpServer> server_;
   int port_ = 0;
   absl::Mutex stop_mu_;
   bool stopped_ ABSL_GUARDED_BY(stop_mu_) = false;
@@ -157,21 +157,18 @@ absl::Status RouterImpl::Init() {
   if (!drains.ok()) return drains.status();
   drains_ = std::move(*drains);
 
-  server_.new_task_queue = [n = options_.threads] {
-    return new httplib::ThreadPool(static_cast<size_t>(n));
-  };
-  server_.set_payload_max_length(size_t{16} << 20);
-  server_.set_read_timeout(10, 0);
-  server_.set_keep_alive_timeout(5);
+  node::AsyncHttpOptions o;
+  o.host = options_.host;
+  o.port = options_.port;
+  o.worker_threads = options_.threads;
+  o.max_body_bytes = size_t{16} << 20;
+  o.max_connections = options_.max_connections;
+  server_ = std::make_unique<node::AsyncHttpServer>(std::move(o));
   Routes();
-  absl::StatusOr<int> port =
-      node::BindHttpServer(server_, options_.host, options_.port);
-  if (!port.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("the router ", port.status().message()));
+  if (absl::Status s = server_->Start(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("the router ", s.message()));
   }
-  port_ = *port;
-  thread_ = std::thread([this] { server_.listen_after_bind(); });
+  port_ = server_->port();
   return absl::OkStatus();
 }
 
@@ -181,68 +178,80 @@ void RouterImpl::Stop() {
     if (stopped_) return;
     stopped_ = true;
   }
-  server_.stop();
-  if (thread_.joinable()) thread_.join();
+  if (server_) server_->Stop();
   nodes_.reset();
   drains_.reset();
 }
 
 void RouterImpl::Routes() {
-  server_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("ok\n", "text/plain");
-  });
-  server_.Get("/readyz", [this](const httplib::Request&,
-                                httplib::Response& res) {
-    const size_t live = LiveNodes().size();
-    if (!nodes_->synced() || live == 0) {
-      res.status = 503;
-      res.set_content(
-          absl::StrCat(!nodes_->synced() ? "not ready: etcd is unreachable\n"
-                                         : "not ready: no live nodes\n"),
-          "text/plain");
-      return;
-    }
-    res.set_content(absl::StrCat("ready: ", live, " nodes\n"), "text/plain");
-  });
-  server_.Get("/metrics", [this](const httplib::Request&,
-                                 httplib::Response& res) {
-    const std::string gauges = absl::StrCat(
-        "# TYPE kvd_router_live_nodes gauge\n", "kvd_router_live_nodes ",
-        LiveNodes().size(), "\n", "# TYPE kvd_router_membership_synced gauge\n",
-        "kvd_router_membership_synced ", nodes_->synced() ? 1 : 0, "\n",
-        "# TYPE kvd_router_membership_resyncs counter\n",
-        "kvd_router_membership_resyncs ", nodes_->resyncs(), "\n");
-    res.set_content(metrics_.Render(gauges), "text/plain; version=0.0.4");
-  });
-  server_.Get("/v1/models",
-              [this](const httplib::Request& req, httplib::Response& res) {
-                HandleModels(req, res);
-              });
-  for (const char* path : {"/v1/chat/completions", "/v1/completions"}) {
-    server_.Post(path,
-                 [this](const httplib::Request& req, httplib::Response& res) {
-                   HandleGenerate(req, res);
+  server_->Route(
+      "GET", "/healthz",
+      [](const node::HttpRequest&, node::HttpResponse& res) {
+        res.set_content("ok\n", "text/plain");
+      },
+      /*on_io_thread=*/true);
+  server_->Route(
+      "GET", "/readyz",
+      [this](const node::HttpRequest&, node::HttpResponse& res) {
+        const size_t live = LiveNodes().size();
+        if (!nodes_->synced() || live == 0) {
+          res.status = 503;
+          res.set_content(absl::StrCat(!nodes_->synced()
+                                           ? "not ready: etcd is unreachable\n"
+                                           : "not ready: no live nodes\n"),
+                          "text/plain");
+          return;
+        }
+        res.set_content(absl::StrCat("ready: ", live, " nodes\n"),
+                        "text/plain");
+      },
+      /*on_io_thread=*/true);
+  server_->Route(
+      "GET", "/metrics",
+      [this](const node::HttpRequest&, node::HttpResponse& res) {
+        const std::string gauges = absl::StrCat(
+            "# TYPE kvd_router_live_nodes gauge\n", "kvd_router_live_nodes ",
+            LiveNodes().size(), "\n",
+            "# TYPE kvd_router_membership_synced gauge\n",
+            "kvd_router_membership_synced ", nodes_->synced() ? 1 : 0, "\n",
+            "# TYPE kvd_router_membership_resyncs counter\n",
+            "kvd_router_membership_resyncs ", nodes_->resyncs(), "\n",
+            "# TYPE kvd_router_draining_nodes gauge\n",
+            "kvd_router_draining_nodes ", Drained().size(), "\n");
+        res.set_content(metrics_.Render(gauges), "text/plain; version=0.0.4");
+      },
+      /*on_io_thread=*/true);
+  server_->Route("GET", "/v1/models",
+                 [this](const node::HttpRequest& req, node::HttpResponse& res) {
+                   HandleModels(req, res);
                  });
+  for (const char* path : {"/v1/chat/completions", "/v1/completions"}) {
+    server_->Route(
+        "POST", path,
+        [this](const node::HttpRequest& req, node::HttpResponse& res) {
+          HandleGenerate(req, res);
+        });
   }
-  server_.Get("/v1/sessions",
-              [this](const httplib::Request& req, httplib::Response& res) {
-                HandleListSessions(req, res);
-              });
-  server_.Get(R"(/v1/sessions/([^/]+))",
-              [this](const httplib::Request& req, httplib::Response& res) {
-                HandleSession(req, res, "");
-              });
-  server_.Delete(R"(/v1/sessions/([^/]+))",
-                 [this](const httplib::Request& req, httplib::Response& res) {
+  server_->Route("GET", "/v1/sessions",
+                 [this](const node::HttpRequest& req, node::HttpResponse& res) {
+                   HandleListSessions(req, res);
+                 });
+  server_->Route("GET", R"(/v1/sessions/([^/]+))",
+                 [this](const node::HttpRequest& req, node::HttpResponse& res) {
                    HandleSession(req, res, "");
                  });
-  server_.Get(R"(/v1/sessions/([^/]+)/export)",
-              [this](const httplib::Request& req, httplib::Response& res) {
-                HandleSession(req, res, "/export");
-              });
+  server_->Route("DELETE", R"(/v1/sessions/([^/]+))",
+                 [this](const node::HttpRequest& req, node::HttpResponse& res) {
+                   HandleSession(req, res, "");
+                 });
+  server_->Route("GET", R"(/v1/sessions/([^/]+)/export)",
+                 [this](const node::HttpRequest& req, node::HttpResponse& res) {
+                   HandleSession(req, res, "/export");
+                 });
 }
 
-void RouterImpl::SendError(httplib::Response& res, const absl::Status& status) {
+void RouterImpl::SendError(node::HttpResponse& res,
+                           const absl::Status& status) {
   const node::ApiError e = node::ApiErrorFromStatus(status);
   res.status = e.http_status;
   if (e.http_status == 503 || e.http_status == 429) {
@@ -252,7 +261,7 @@ void RouterImpl::SendError(httplib::Response& res, const absl::Status& status) {
   res.set_content(node::ApiErrorJson(e), "application/json");
 }
 
-absl::StatusOr<std::string> RouterImpl::Tenant(const httplib::Request& req) {
+absl::StatusOr<std::string> RouterImpl::Tenant(const node::HttpRequest& req) {
   return options_.keys.TenantForBearer(req.get_header_value("Authorization"));
 }
 
@@ -352,7 +361,7 @@ absl::StatusOr<Target> RouterImpl::Stateless(
 }
 
 bool RouterImpl::Forward(const Target& target, const std::string& tenant,
-                         const httplib::Request& req, httplib::Response& res,
+                         const node::HttpRequest& req, node::HttpResponse& res,
                          const std::string& session) {
   auto pipe = std::make_shared<Pipe>();
   httplib::Headers headers = {
@@ -423,9 +432,15 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
   }).detach();
 
   {
+    // A client that leaves while the node has not answered yet ends the
+    // upstream exchange too.
     absl::MutexLock lock(&pipe->mu);
-    pipe->mu.Await(absl::Condition(
-        +[](Pipe* p) { return p->headers || p->done; }, pipe.get()));
+    while (!pipe->mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](Pipe* p) { return p->headers || p->done; }, pipe.get()),
+        absl::Milliseconds(100))) {
+      if (req.peer_closed()) pipe->client_gone = true;
+    }
   }
   metrics_.ObserveUpstream(SecondsSince(start));
   bool headers_came, sse;
@@ -469,32 +484,30 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
   if (sse) {
     const std::string node = target.node.id;
     res.set_chunked_content_provider(
-        "text/event-stream",
-        [pipe](size_t, httplib::DataSink& sink) {
-          std::deque<std::string> chunks;
-          bool done;
-          {
-            absl::MutexLock lock(&pipe->mu);
-            pipe->mu.Await(absl::Condition(
-                +[](Pipe* p) { return !p->chunks.empty() || p->done; },
-                pipe.get()));
-            chunks.swap(pipe->chunks);
-            done = pipe->done;
-          }
-          for (const std::string& c : chunks) {
-            if (!sink.write(c.data(), c.size())) {
+        "text/event-stream", [this, pipe, node](node::ChunkSink& sink) {
+          for (bool done = false; !done;) {
+            std::deque<std::string> chunks;
+            {
               absl::MutexLock lock(&pipe->mu);
-              pipe->client_gone = true;
-              return false;
+              pipe->mu.Await(absl::Condition(
+                  +[](Pipe* p) { return !p->chunks.empty() || p->done; },
+                  pipe.get()));
+              chunks.swap(pipe->chunks);
+              done = pipe->done;
             }
+            bool gone = false;
+            for (const std::string& c : chunks) {
+              if (!sink.write(c.data(), c.size())) {
+                gone = true;
+                break;
+              }
+            }
+            if (gone) break;
           }
-          if (done) sink.done();
-          return true;
-        },
-        [this, pipe, node](bool) {
           {
+            // If it ended early (the client left): stop the upstream too.
             absl::MutexLock lock(&pipe->mu);
-            pipe->client_gone = true;  // if it ended early: stop upstream
+            pipe->client_gone = true;
           }
           placement_.Finished(node);
         });
@@ -513,8 +526,8 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
   return true;
 }
 
-void RouterImpl::HandleGenerate(const httplib::Request& req,
-                                httplib::Response& res) {
+void RouterImpl::HandleGenerate(const node::HttpRequest& req,
+                                node::HttpResponse& res) {
   const auto start = std::chrono::steady_clock::now();
   std::string tenant, session, node_id, route;
   double routing_s = -1;
@@ -583,8 +596,8 @@ void RouterImpl::HandleGenerate(const httplib::Request& req,
       "no node serving model '", model, "' accepts connections; retry later")));
 }
 
-void RouterImpl::HandleSession(const httplib::Request& req,
-                               httplib::Response& res,
+void RouterImpl::HandleSession(const node::HttpRequest& req,
+                               node::HttpResponse& res,
                                const std::string& suffix) {
   const auto start = std::chrono::steady_clock::now();
   std::string tenant, node_id, route;
@@ -619,8 +632,8 @@ void RouterImpl::HandleSession(const httplib::Request& req,
   finish(absl::OkStatus());
 }
 
-void RouterImpl::HandleListSessions(const httplib::Request& req,
-                                    httplib::Response& res) {
+void RouterImpl::HandleListSessions(const node::HttpRequest& req,
+                                    node::HttpResponse& res) {
   absl::StatusOr<std::string> tenant = Tenant(req);
   if (!tenant.ok()) return SendError(res, tenant.status());
   metrics_.Count("kvd_router_directory_ops_total", {{"op", "list"}});
@@ -638,8 +651,8 @@ void RouterImpl::HandleListSessions(const httplib::Request& req,
                   "application/json");
 }
 
-void RouterImpl::HandleModels(const httplib::Request& req,
-                              httplib::Response& res) {
+void RouterImpl::HandleModels(const node::HttpRequest& req,
+                              node::HttpResponse& res) {
   absl::StatusOr<std::string> tenant = Tenant(req);
   if (!tenant.ok()) return SendError(res, tenant.status());
   std::map<std::string, std::vector<std::string>> models;
@@ -657,9 +670,10 @@ void RouterImpl::HandleModels(const httplib::Request& req,
                   "application/json");
 }
 
-void RouterImpl::Log(const httplib::Request& req, const httplib::Response& res,
-                     const std::string& tenant, const std::string& session,
-                     const std::string& node, const std::string& route,
+void RouterImpl::Log(const node::HttpRequest& req,
+                     const node::HttpResponse& res, const std::string& tenant,
+                     const std::string& session, const std::string& node,
+                     const std::string& route,
                      std::chrono::steady_clock::time_point start,
                      double routing_s) {
   if (!options_.log_requests) return;

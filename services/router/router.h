@@ -44,8 +44,10 @@ struct RouterOptions {
   std::string etcd_endpoint;  // host:port
   node::KeyStore keys;        // clients' API keys; none: tenant "local"
   std::string router_token;   // what the nodes trust (--router-token)
-  // Connection threads: each forwarded request holds one while it runs.
+  // Handler threads: each forwarded request holds one while it runs (idle
+  // connections hold none).
   int threads = 256;
+  int max_connections = 10000;  // open at once; 503 beyond
   int retry_after_s = 2;  // Retry-After of a 503 (owner down, no node)
   absl::Duration upstream_connect_timeout = absl::Seconds(3);
   absl::Duration upstream_timeout = absl::Minutes(10);  // a whole generation

@@ -9,6 +9,7 @@ Checks, in order:
   - 100 continued turns each land on their session's owner, counted by the
     nodes' own metrics; both routers agree on every session;
   - the official `openai` client chats through a router, streaming too;
+  - `kvd cluster drain` keeps new sessions off a node;
   - malformed ids, unknown sessions and bad bodies get OpenAI-style errors;
     a node refuses traffic that did not come through a router;
   - a router killed with SIGKILL and restarted has lost nothing;
@@ -23,8 +24,11 @@ Checks, in order:
 """
 
 import collections
+import json
 import os
+import re
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -93,6 +97,25 @@ def spread_and_affinity(c, nodes, gemma, r1, r2):
         agree &= node_of(h1) == node_of(h2) == owners[s]
     check(agree, "two routers send a session to the same node")
     return owners
+
+
+def drain(c, nodes, r):
+    kvd_cluster = [c.kvd, "cluster", "--etcd", c.etcd_endpoint]
+    drained = nodes[2].id
+    subprocess.run(kvd_cluster + ["drain", drained, "--wait", "30"],
+                   check=True, stdout=subprocess.DEVNULL)
+    status = subprocess.run(kvd_cluster + ["status"], check=True,
+                            capture_output=True, text=True).stdout
+    check(any(l.startswith(drained) and " draining " in l
+              for l in status.splitlines()),
+          "kvd cluster status shows the drained node")
+    wait_until("the router to see the drain", lambda: re.search(
+        r"^kvd_router_draining_nodes 1$", r.get("/metrics")[2], re.M), 30)
+    placed = [node_of(r.chat("drained-%d" % i, "hi")[1]) for i in range(8)]
+    check(drained not in placed and all(placed),
+          "no new session goes to a draining node: %s" % placed)
+    subprocess.run(kvd_cluster + ["undrain", drained], check=True,
+                   stdout=subprocess.DEVNULL)
 
 
 def openai_client(r):
@@ -221,7 +244,6 @@ def stopped_node(c, nodes, r, owners):
     key = "/kvd/v1/sessions/local/" + session
     entry = c.directory()[session]
     entry["owner"], entry["epoch"] = survivor.id, entry["epoch"] + 1
-    import json
     c.etcd_put(key, json.dumps(entry))
     victim.process.send(signal.SIGCONT)
     body = {"model": "smollm2", "session_id": session, "max_tokens": 4,
@@ -259,6 +281,7 @@ def main():
         owners = spread_and_affinity(c, nodes, gemma, r1, r2)
         if owners:
             openai_client(r1)
+            drain(c, nodes, r1)
             bad_input(c, nodes, r2)
             router_kill9(c, r1, owners)
             etcd_restart(c, r1, r2, nodes)

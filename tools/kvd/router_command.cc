@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "services/node/async_http.h"
 #include "services/node/auth.h"
 #include "services/router/router.h"
 #include "tools/kvd/args.h"
@@ -32,6 +33,7 @@ absl::Status Run(const Args& args) {
     if (const char* env = std::getenv("KVD_ROUTER_TOKEN")) o.router_token = env;
   }
   o.ca_cert_path = args.Get("ca-cert");
+  node::RaiseOpenFileLimit();  // every open connection is a file descriptor
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
@@ -76,8 +78,8 @@ int RouterCommand(const std::vector<std::string>& argv) {
             "PEM CA of the nodes' certificates, when nodes serve https "
             "(tools/cluster/make_certs.sh)");
   args.Flag("threads", "256",
-            "connection threads; each forwarded request holds one while it "
-            "runs");
+            "handler threads; each forwarded request holds one while it runs "
+            "(idle connections hold none)");
   return args.Main(argv, Run);
 }
 

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "services/node/async_http.h"
 #include "services/node/auth.h"
 #include "services/node/cluster_member.h"
 #include "services/node/grpc_service.h"
@@ -47,13 +48,15 @@ void DeclareFlags(Args& a) {
          "read: $KVD_METRICS_KEY); default: /metrics is open, as Prometheus "
          "scrapes expect");
   a.Flag("http-threads", "0",
-         "HTTP connection threads; each open connection holds one until it "
-         "closes or --http-read-timeout passes, so idle or slow clients can "
-         "use them all: 0 = max(128, inflight + queue + 8). On untrusted "
-         "networks put a reverse proxy in front");
+         "HTTP handler threads (a request holds one while it is handled; "
+         "idle and slow connections hold none): 0 = max(128, inflight + "
+         "queue + 8)");
+  a.Flag("http-max-connections", "10000",
+         "open HTTP connections at once; one more is answered 503 and "
+         "closed");
   a.Flag("http-read-timeout", "10",
-         "seconds an HTTP connection may stay silent while kvd waits for its "
-         "request (or the rest of it) before it is closed");
+         "seconds a request may take to arrive whole, from its first byte, "
+         "before its connection is closed");
   a.Flag("create-sessions", "on-first-use",
          "on-first-use: an HTTP turn for an unknown session_id starts it; "
          "explicit: it is 404 until the session is created (gRPC "
@@ -133,6 +136,8 @@ absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(int64_t http_threads, args.GetInt("http-threads"));
   KVD_ASSIGN_OR_RETURN(int64_t read_timeout_s,
                        args.GetInt("http-read-timeout"));
+  KVD_ASSIGN_OR_RETURN(int64_t max_connections,
+                       args.GetIntIn("http-max-connections", 1, 1 << 20));
   if (http_threads < 0 || http_threads > 65536 || read_timeout_s < 1 ||
       read_timeout_s > 3600) {
     return absl::InvalidArgumentError(
@@ -146,6 +151,8 @@ absl::Status Run(const Args& args) {
   }
   KVD_ASSIGN_OR_RETURN(node::KeyStore keys,
                        node::KeyStore::Load(args.Get("api-keys")));
+  // Every open connection is a file descriptor.
+  node::RaiseOpenFileLimit();
   std::unique_ptr<node::ClusterMember> member;
   if (args.Has("cluster")) {
     std::string token = args.Get("router-token");
@@ -218,6 +225,7 @@ absl::Status Run(const Args& args) {
     o.max_queue = static_cast<int>(queue);
     o.threads = static_cast<int>(http_threads);
     o.read_timeout = absl::Seconds(read_timeout_s);
+    o.max_connections = static_cast<int>(max_connections);
     o.keys = keys;
     o.metrics = metrics;
     o.admission = admission;
