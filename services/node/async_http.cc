@@ -180,6 +180,7 @@ class AsyncHttpServer::Impl {
       asio::make_work_guard(ioc_);
   std::unique_ptr<asio::ssl::context> ssl_;
   tcp::acceptor acceptor_;
+  asio::steady_timer accept_retry_{ioc_};
   asio::thread_pool pool_;
   std::thread io_thread_;
 };
@@ -602,7 +603,13 @@ void AsyncHttpServer::Impl::Accept() {
   acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
     if (ec) {
       if (ec == asio::error::operation_aborted || stopped_.load()) return;
-      return Accept();  // e.g. out of file descriptors: try the next one
+      // E.g. out of file descriptors: the connection waits in the backlog;
+      // try again shortly rather than spin on it.
+      accept_retry_.expires_after(std::chrono::milliseconds(50));
+      accept_retry_.async_wait([this](beast::error_code e) {
+        if (!e && !stopped_.load()) Accept();
+      });
+      return;
     }
     if (registry_->connections.load() >= options_.max_connections) {
       // A clean refusal: the client learns why and when to come back.
@@ -666,6 +673,7 @@ void AsyncHttpServer::Impl::Stop() {
     asio::post(ioc_, [this, what, &done] {
       beast::error_code ec;
       acceptor_.close(ec);
+      accept_retry_.cancel();
       std::vector<std::shared_ptr<SessionBase>> all;
       {
         std::lock_guard<std::mutex> lock(registry_->mu);

@@ -25,15 +25,15 @@
 #include "services/cluster/prefix_watch.h"
 #include "services/node/async_http.h"
 #include "services/node/openai_request.h"
+#include "services/router/grpc_router.h"
 #include "services/router/placement.h"
 #include "services/router/router_metrics.h"
+#include "services/router/routing.h"
 
 namespace kvd::router {
 namespace {
 
 using nlohmann::json;
-
-constexpr char kDrainPrefix[] = "/kvd/v1/drain/";
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t)
@@ -71,12 +71,6 @@ struct Pipe {
   httplib::Error error = httplib::Error::Success;
 };
 
-// Where a request goes, and why (the routing decision, for metrics/logs).
-struct Target {
-  cluster::NodeInfo node;
-  std::string route;  // "owner", "placed", "stateless"
-};
-
 class RouterImpl : public Router {
  public:
   explicit RouterImpl(RouterOptions options) : options_(std::move(options)) {}
@@ -84,6 +78,7 @@ class RouterImpl : public Router {
 
   absl::Status Init();
   int port() const override { return port_; }
+  int grpc_port() const override { return grpc_ ? grpc_->port() : -1; }
   void Stop() override;
 
  private:
@@ -96,17 +91,6 @@ class RouterImpl : public Router {
   void HandleModels(const node::HttpRequest& req, node::HttpResponse& res);
 
   absl::StatusOr<std::string> Tenant(const node::HttpRequest& req);
-  std::vector<cluster::NodeInfo> LiveNodes();
-  std::set<std::string> Drained();
-  absl::StatusOr<Target> Owner(const std::string& tenant,
-                               const std::string& session,
-                               const std::string& model,
-                               cluster::DirectoryEntry* entry);
-  absl::StatusOr<Target> Place(const std::string& tenant,
-                               const std::string& session,
-                               const std::string& model);
-  absl::StatusOr<Target> Stateless(const std::string& model,
-                                   const std::set<std::string>& skip);
   // Forwards `req` to `target`; false (nothing sent) if no connection could
   // be opened, so the caller may try elsewhere.
   bool Forward(const Target& target, const std::string& tenant,
@@ -122,12 +106,9 @@ class RouterImpl : public Router {
            std::chrono::steady_clock::time_point start, double routing_s);
 
   const RouterOptions options_;
-  std::unique_ptr<cluster::EtcdClient> etcd_;
-  std::unique_ptr<cluster::SessionDirectory> directory_;
-  std::unique_ptr<cluster::PrefixWatch> nodes_, drains_;
-  Placement placement_;
-  RouterMetrics metrics_;
+  std::unique_ptr<Routing> routing_;
   std::unique_ptr<node::AsyncHttpServer> server_;
+  std::unique_ptr<GrpcRouter> grpc_;
   int port_ = 0;
   absl::Mutex stop_mu_;
   bool stopped_ ABSL_GUARDED_BY(stop_mu_) = false;
@@ -139,23 +120,10 @@ absl::Status RouterImpl::Init() {
         "the router needs --router-token (or $KVD_ROUTER_TOKEN): the secret "
         "its nodes trust");
   }
-  absl::string_view endpoint = options_.etcd_endpoint;
-  absl::ConsumePrefix(&endpoint, "http://");
-  absl::ConsumeSuffix(&endpoint, "/");
-  absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> etcd =
-      cluster::EtcdClient::Connect({.endpoint = std::string(endpoint)});
-  if (!etcd.ok()) return etcd.status();
-  etcd_ = std::move(*etcd);
-  directory_ = std::make_unique<cluster::SessionDirectory>(etcd_.get());
-  absl::StatusOr<std::unique_ptr<cluster::PrefixWatch>> nodes =
-      cluster::PrefixWatch::Start(etcd_.get(),
-                                  {.prefix = cluster::kNodesPrefix});
-  if (!nodes.ok()) return nodes.status();
-  nodes_ = std::move(*nodes);
-  absl::StatusOr<std::unique_ptr<cluster::PrefixWatch>> drains =
-      cluster::PrefixWatch::Start(etcd_.get(), {.prefix = kDrainPrefix});
-  if (!drains.ok()) return drains.status();
-  drains_ = std::move(*drains);
+  absl::StatusOr<std::unique_ptr<Routing>> routing =
+      Routing::Connect(options_.etcd_endpoint);
+  if (!routing.ok()) return routing.status();
+  routing_ = std::move(*routing);
 
   node::AsyncHttpOptions o;
   o.host = options_.host;
@@ -169,6 +137,17 @@ absl::Status RouterImpl::Init() {
     return absl::Status(s.code(), absl::StrCat("the router ", s.message()));
   }
   port_ = server_->port();
+  if (options_.grpc_port >= 0) {
+    GrpcRouterOptions g;
+    g.address = absl::StrCat(options_.host, ":", options_.grpc_port);
+    g.keys = options_.keys;
+    g.router_token = options_.router_token;
+    g.ca_cert_path = options_.ca_cert_path;
+    absl::StatusOr<std::unique_ptr<GrpcRouter>> grpc =
+        GrpcRouter::Start(routing_.get(), std::move(g));
+    if (!grpc.ok()) return grpc.status();
+    grpc_ = std::move(*grpc);
+  }
   return absl::OkStatus();
 }
 
@@ -179,8 +158,8 @@ void RouterImpl::Stop() {
     stopped_ = true;
   }
   if (server_) server_->Stop();
-  nodes_.reset();
-  drains_.reset();
+  if (grpc_) grpc_->Shutdown();
+  routing_.reset();
 }
 
 void RouterImpl::Routes() {
@@ -193,10 +172,10 @@ void RouterImpl::Routes() {
   server_->Route(
       "GET", "/readyz",
       [this](const node::HttpRequest&, node::HttpResponse& res) {
-        const size_t live = LiveNodes().size();
-        if (!nodes_->synced() || live == 0) {
+        const size_t live = routing_->LiveNodes().size();
+        if (!routing_->synced() || live == 0) {
           res.status = 503;
-          res.set_content(absl::StrCat(!nodes_->synced()
+          res.set_content(absl::StrCat(!routing_->synced()
                                            ? "not ready: etcd is unreachable\n"
                                            : "not ready: no live nodes\n"),
                           "text/plain");
@@ -211,14 +190,15 @@ void RouterImpl::Routes() {
       [this](const node::HttpRequest&, node::HttpResponse& res) {
         const std::string gauges = absl::StrCat(
             "# TYPE kvd_router_live_nodes gauge\n", "kvd_router_live_nodes ",
-            LiveNodes().size(), "\n",
+            routing_->LiveNodes().size(), "\n",
             "# TYPE kvd_router_membership_synced gauge\n",
-            "kvd_router_membership_synced ", nodes_->synced() ? 1 : 0, "\n",
+            "kvd_router_membership_synced ", routing_->synced() ? 1 : 0, "\n",
             "# TYPE kvd_router_membership_resyncs counter\n",
-            "kvd_router_membership_resyncs ", nodes_->resyncs(), "\n",
+            "kvd_router_membership_resyncs ", routing_->resyncs(), "\n",
             "# TYPE kvd_router_draining_nodes gauge\n",
-            "kvd_router_draining_nodes ", Drained().size(), "\n");
-        res.set_content(metrics_.Render(gauges), "text/plain; version=0.0.4");
+            "kvd_router_draining_nodes ", routing_->Drained().size(), "\n");
+        res.set_content(routing_->metrics().Render(gauges),
+                        "text/plain; version=0.0.4");
       },
       /*on_io_thread=*/true);
   server_->Route("GET", "/v1/models",
@@ -265,101 +245,6 @@ absl::StatusOr<std::string> RouterImpl::Tenant(const node::HttpRequest& req) {
   return options_.keys.TenantForBearer(req.get_header_value("Authorization"));
 }
 
-std::vector<cluster::NodeInfo> RouterImpl::LiveNodes() {
-  std::vector<cluster::NodeInfo> out;
-  for (const auto& [key, kv] : nodes_->Snapshot()) {
-    absl::StatusOr<cluster::NodeInfo> n = cluster::DecodeNodeInfo(kv.value);
-    if (!n.ok()) continue;  // not a kvd node's description: never a target
-    placement_.Reported(n->id, kv.mod_revision);
-    out.push_back(*std::move(n));
-  }
-  return out;
-}
-
-std::set<std::string> RouterImpl::Drained() {
-  std::set<std::string> out;
-  for (const auto& [key, kv] : drains_->Snapshot()) {
-    out.insert(key.substr(sizeof(kDrainPrefix) - 1));
-  }
-  return out;
-}
-
-absl::StatusOr<Target> RouterImpl::Owner(const std::string& tenant,
-                                         const std::string& session,
-                                         const std::string& model,
-                                         cluster::DirectoryEntry* entry) {
-  metrics_.Count("kvd_router_directory_ops_total", {{"op", "lookup"}});
-  absl::StatusOr<std::optional<cluster::DirectoryEntry>> e =
-      directory_->Lookup(tenant, session);
-  if (!e.ok()) return e.status();
-  if (!e->has_value()) {
-    return absl::NotFoundError(
-        absl::StrCat("session '", session, "' not found"));
-  }
-  if (entry != nullptr) *entry = **e;
-  for (cluster::NodeInfo& n : LiveNodes()) {
-    if (n.id != (*e)->owner) continue;
-    if (!model.empty() && n.model_id != model) {
-      return node::RequestError(
-          "model", absl::StrCat("session '", session, "' belongs to model '",
-                                n.model_id, "', not '", model, "'"));
-    }
-    return Target{std::move(n), "owner"};
-  }
-  metrics_.Count("kvd_router_errors_total", {{"kind", "owner_down"}});
-  return absl::UnavailableError(absl::StrCat(
-      "session '", session, "' lives on node '", (*e)->owner,
-      "', which is not live (stopped, restarting or cut off from etcd); "
-      "retry after a while: the session comes back with its node (failover "
-      "to a replica is not built yet)"));
-}
-
-absl::StatusOr<Target> RouterImpl::Place(const std::string& tenant,
-                                         const std::string& session,
-                                         const std::string& model) {
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    absl::StatusOr<Target> owner = Owner(tenant, session, model, nullptr);
-    if (owner.status().code() != absl::StatusCode::kNotFound) return owner;
-    const std::vector<cluster::NodeInfo> live = LiveNodes();
-    absl::StatusOr<std::string> id = placement_.Pick(live, model, Drained());
-    if (!id.ok()) {
-      metrics_.Count("kvd_router_errors_total", {{"kind", "no_node"}});
-      return id.status();
-    }
-    metrics_.Count("kvd_router_directory_ops_total", {{"op", "create"}});
-    absl::StatusOr<cluster::DirectoryEntry> created =
-        directory_->Create(tenant, session, *id);
-    if (created.status().code() == absl::StatusCode::kAlreadyExists) {
-      continue;  // another router placed it first: follow its choice
-    }
-    if (!created.ok()) return created.status();
-    placement_.Placed(*id);
-    for (const cluster::NodeInfo& n : live) {
-      if (n.id == *id) return Target{n, "placed"};
-    }
-  }
-  return absl::AbortedError(absl::StrCat(
-      "session '", session, "' kept changing in the directory; retry"));
-}
-
-absl::StatusOr<Target> RouterImpl::Stateless(
-    const std::string& model, const std::set<std::string>& skip) {
-  std::vector<cluster::NodeInfo> live = LiveNodes();
-  std::vector<cluster::NodeInfo> usable;
-  for (cluster::NodeInfo& n : live) {
-    if (skip.count(n.id) == 0) usable.push_back(std::move(n));
-  }
-  absl::StatusOr<std::string> id = placement_.Pick(usable, model, Drained());
-  if (!id.ok()) {
-    metrics_.Count("kvd_router_errors_total", {{"kind", "no_node"}});
-    return id.status();
-  }
-  for (cluster::NodeInfo& n : usable) {
-    if (n.id == *id) return Target{std::move(n), "stateless"};
-  }
-  return absl::InternalError("placement chose a node it was not offered");
-}
-
 bool RouterImpl::Forward(const Target& target, const std::string& tenant,
                          const node::HttpRequest& req, node::HttpResponse& res,
                          const std::string& session) {
@@ -390,7 +275,7 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
   const auto timeout_s = absl::ToInt64Seconds(o.upstream_timeout);
   const std::string ca = o.ca_cert_path;
   const auto start = std::chrono::steady_clock::now();
-  placement_.Started(target.node.id);
+  routing_->placement().Started(target.node.id);
   // The exchange with the node runs on its own thread, so that this one
   // can pass the body on as it arrives (SSE) and notice a client that
   // left (its write fails), which then ends the upstream exchange too.
@@ -442,7 +327,7 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
       if (req.peer_closed()) pipe->client_gone = true;
     }
   }
-  metrics_.ObserveUpstream(SecondsSince(start));
+  routing_->metrics().ObserveUpstream(SecondsSince(start));
   bool headers_came, sse;
   httplib::Error error;
   {
@@ -460,9 +345,10 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
   res.set_header("X-Request-Id", request_id);
   res.set_header("X-Kvd-Node", target.node.id);
   if (!headers_came) {
-    placement_.Finished(target.node.id);
+    routing_->placement().Finished(target.node.id);
     if (error == httplib::Error::Connection) {
-      metrics_.Count("kvd_router_errors_total", {{"kind", "upstream_connect"}});
+      routing_->metrics().Count("kvd_router_errors_total",
+                                {{"kind", "upstream_connect"}});
       if (session.empty()) return false;  // nothing sent: try another node
       SendError(res, absl::UnavailableError(absl::StrCat(
                          "node '", target.node.id, "', which holds session '",
@@ -471,7 +357,8 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
                          "while")));
       return true;
     }
-    metrics_.Count("kvd_router_errors_total", {{"kind", "upstream_failed"}});
+    routing_->metrics().Count("kvd_router_errors_total",
+                              {{"kind", "upstream_failed"}});
     SendError(res, absl::UnavailableError(absl::StrCat(
                        "node '", target.node.id, "' failed before answering (",
                        httplib::to_string(error), ")",
@@ -509,7 +396,7 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
             absl::MutexLock lock(&pipe->mu);
             pipe->client_gone = true;
           }
-          placement_.Finished(node);
+          routing_->placement().Finished(node);
         });
     return true;
   }
@@ -522,7 +409,7 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
                                             ? "application/json"
                                             : pipe->content_type.c_str());
   }
-  placement_.Finished(target.node.id);
+  routing_->placement().Finished(target.node.id);
   return true;
 }
 
@@ -533,9 +420,9 @@ void RouterImpl::HandleGenerate(const node::HttpRequest& req,
   double routing_s = -1;
   auto finish = [&](const absl::Status& s) {
     if (!s.ok()) SendError(res, s);
-    metrics_.Count("kvd_router_requests_total",
-                   {{"route", route.empty() ? "refused" : route},
-                    {"code", absl::StrCat(res.status)}});
+    routing_->metrics().Count("kvd_router_requests_total",
+                              {{"route", route.empty() ? "refused" : route},
+                               {"code", absl::StrCat(res.status)}});
     Log(req, res, tenant, session, node_id, route, start, routing_s);
   };
   absl::StatusOr<std::string> t = Tenant(req);
@@ -566,7 +453,7 @@ void RouterImpl::HandleGenerate(const node::HttpRequest& req,
         !s.ok()) {
       return finish(s);
     }
-    absl::StatusOr<Target> target = Place(tenant, session, model);
+    absl::StatusOr<Target> target = routing_->Place(tenant, session, model);
     if (!target.ok()) return finish(target.status());
     node_id = target->node.id;
     route = target->route;
@@ -578,7 +465,7 @@ void RouterImpl::HandleGenerate(const node::HttpRequest& req,
   // another may take the request.
   std::set<std::string> tried;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    absl::StatusOr<Target> target = Stateless(model, tried);
+    absl::StatusOr<Target> target = routing_->Stateless(model, tried);
     if (!target.ok()) {
       return finish(attempt == 0 ? target.status()
                                  : absl::UnavailableError(absl::StrCat(
@@ -589,7 +476,7 @@ void RouterImpl::HandleGenerate(const node::HttpRequest& req,
     route = target->route;
     routing_s = SecondsSince(start);
     if (Forward(*target, tenant, req, res, "")) return finish(absl::OkStatus());
-    metrics_.Count("kvd_router_retries_total", {});
+    routing_->metrics().Count("kvd_router_retries_total", {});
     tried.insert(target->node.id);
   }
   finish(absl::UnavailableError(absl::StrCat(
@@ -604,9 +491,9 @@ void RouterImpl::HandleSession(const node::HttpRequest& req,
   const std::string session = req.matches[1];
   auto finish = [&](const absl::Status& s) {
     if (!s.ok()) SendError(res, s);
-    metrics_.Count("kvd_router_requests_total",
-                   {{"route", route.empty() ? "refused" : route},
-                    {"code", absl::StrCat(res.status)}});
+    routing_->metrics().Count("kvd_router_requests_total",
+                              {{"route", route.empty() ? "refused" : route},
+                               {"code", absl::StrCat(res.status)}});
     Log(req, res, tenant, session, node_id, route, start, -1);
   };
   absl::StatusOr<std::string> t = Tenant(req);
@@ -617,7 +504,7 @@ void RouterImpl::HandleSession(const node::HttpRequest& req,
     return finish(s);
   }
   cluster::DirectoryEntry entry;
-  absl::StatusOr<Target> target = Owner(tenant, session, "", &entry);
+  absl::StatusOr<Target> target = routing_->Owner(tenant, session, "", &entry);
   if (!target.ok()) return finish(target.status());
   node_id = target->node.id;
   route = target->route;
@@ -626,8 +513,9 @@ void RouterImpl::HandleSession(const node::HttpRequest& req,
       (res.status == 200 || res.status == 204 || res.status == 404)) {
     // Deleted on its owner (or already gone there): the directory forgets
     // it, unless it moved meanwhile.
-    metrics_.Count("kvd_router_directory_ops_total", {{"op", "remove"}});
-    (void)directory_->Remove(tenant, session, entry);
+    routing_->metrics().Count("kvd_router_directory_ops_total",
+                              {{"op", "remove"}});
+    (void)routing_->directory().Remove(tenant, session, entry);
   }
   finish(absl::OkStatus());
 }
@@ -636,8 +524,8 @@ void RouterImpl::HandleListSessions(const node::HttpRequest& req,
                                     node::HttpResponse& res) {
   absl::StatusOr<std::string> tenant = Tenant(req);
   if (!tenant.ok()) return SendError(res, tenant.status());
-  metrics_.Count("kvd_router_directory_ops_total", {{"op", "list"}});
-  auto listed = directory_->List(*tenant);
+  routing_->metrics().Count("kvd_router_directory_ops_total", {{"op", "list"}});
+  auto listed = routing_->directory().List(*tenant);
   if (!listed.ok()) return SendError(res, listed.status());
   json data = json::array();
   for (const auto& [id, e] : *listed) {
@@ -656,7 +544,7 @@ void RouterImpl::HandleModels(const node::HttpRequest& req,
   absl::StatusOr<std::string> tenant = Tenant(req);
   if (!tenant.ok()) return SendError(res, tenant.status());
   std::map<std::string, std::vector<std::string>> models;
-  for (const cluster::NodeInfo& n : LiveNodes()) {
+  for (const cluster::NodeInfo& n : routing_->LiveNodes()) {
     models[n.model_id].push_back(n.id);
   }
   json data = json::array();

@@ -48,7 +48,10 @@ struct RouterOptions {
   // connections hold none).
   int threads = 256;
   int max_connections = 10000;  // open at once; 503 beyond
-  int retry_after_s = 2;  // Retry-After of a 503 (owner down, no node)
+  int retry_after_s = 2;        // Retry-After of a 503 (owner down, no node)
+  // kvd.v1.Sessions (grpc_router.h) on this port of `host`; 0: one the OS
+  // picks; -1: none.
+  int grpc_port = -1;
   absl::Duration upstream_connect_timeout = absl::Seconds(3);
   absl::Duration upstream_timeout = absl::Minutes(10);  // a whole generation
   // PEM CA that signed the nodes' certificates, for https:// nodes.
@@ -60,7 +63,8 @@ class Router {
  public:
   virtual ~Router() = default;
   virtual int port() const = 0;
-  virtual void Stop() = 0;  // idempotent
+  virtual int grpc_port() const = 0;  // -1 when off
+  virtual void Stop() = 0;            // idempotent
 };
 
 // Connects to etcd, loads membership, binds and serves in the background.

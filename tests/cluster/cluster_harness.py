@@ -124,7 +124,7 @@ class Node:
         self.process = Process(node_id, [
             cluster.kvd, "serve", "--cluster", cluster.etcd_endpoint,
             "--node-id", node_id, "--lease-ttl", str(ttl), "--model", model,
-            "--http-port", "0", "--grpc-port", "-1", "--threads", "1",
+            "--http-port", "0", "--grpc-port", "0", "--threads", "1",
             "--data-dir", os.path.join(cluster.dir, node_id)] + cluster.node_tls,
             os.path.join(cluster.dir, node_id + ".log"), env)
         self.url = self.process.url_from_log()
@@ -153,10 +153,14 @@ class Router:
         env = dict(os.environ, KVD_ROUTER_TOKEN=TOKEN)
         self.process = Process("router", [
             self.cluster.kvd, "router", "--etcd", self.cluster.etcd_endpoint,
-            "--port", str(self.port), "--threads", "32"] + self.cluster.router_tls,
+            "--port", str(self.port), "--grpc-port", "0", "--threads", "32"] +
+            self.cluster.router_tls,
             os.path.join(self.cluster.dir, "router-%d.log" % id(self)), env)
         self.url = self.process.url_from_log()
         self.port = int(self.url.rsplit(":", 1)[1])
+        m = re.findall(r"gRPC\s+127\.0\.0\.1:(\d+)",
+                       self.process.log_text(since_start=True))
+        self.grpc_port = int(m[-1]) if m else None
 
     def chat(self, session, text, model="smollm2", max_tokens=4, extra=None):
         body = {"model": model, "temperature": 0, "max_tokens": max_tokens,

@@ -8,7 +8,8 @@ Checks, in order:
     half), never onto the Gemma node;
   - 100 continued turns each land on their session's owner, counted by the
     nodes' own metrics; both routers agree on every session;
-  - the official `openai` client chats through a router, streaming too;
+  - the official `openai` client chats through a router, streaming too,
+    and the official gRPC client reaches sessions through it;
   - `kvd cluster drain` keeps new sessions off a node;
   - malformed ids, unknown sessions and bad bodies get OpenAI-style errors;
     a node refuses traffic that did not come through a router;
@@ -38,7 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "e2e"))
 import test_pyenv  # noqa: E402
 
-test_pyenv.require(["openai"], "cluster_test")
+test_pyenv.require(["openai", "grpc", "grpc_tools"], "cluster_test")
 
 import openai  # noqa: E402
 from cluster_harness import (Cluster, http, wait_until)  # noqa: E402
@@ -97,6 +98,49 @@ def spread_and_affinity(c, nodes, gemma, r1, r2):
         agree &= node_of(h1) == node_of(h2) == owners[s]
     check(agree, "two routers send a session to the same node")
     return owners
+
+
+def grpc_through_router(c, nodes, r, owners):
+    import grpc
+    import grpc_client_test as g  # its stub generation (tests/e2e)
+    g.generate_stubs(tempfile.mkdtemp(dir=c.dir))
+    stub = g.pb_grpc.SessionsStub(
+        grpc.insecure_channel("127.0.0.1:%d" % r.grpc_port))
+    session = "s06"
+    owner = next(n for n in nodes if n.id == owners[session])
+    before = owner.committed_turns()
+    messages, error = g.generate(stub, g.pb.GenerateRequest(
+        session_id=session, sampling=g.greedy(4),
+        messages=[g.pb.ChatMessage(role="user", content="and over gRPC")]))
+    finished = g.finished_of(messages)
+    check(error is None and finished is not None and
+          owner.committed_turns() == before + 1,
+          "gRPC Generate through the router continues a session on its "
+          "owner (%s)" % (error or "ok"))
+    new = g.pb.GenerateRequest(
+        session_id="grpc-new", sampling=g.greedy(4),
+        messages=[g.pb.ChatMessage(role="user", content="Hi")])
+    try:
+        list(stub.Generate(new, timeout=30))
+        check(False, "a new session needs a model when several are served")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and
+              "kvd-model" in e.details(),
+              "a new gRPC session without kvd-model, with two models served, "
+              "is INVALID_ARGUMENT naming kvd-model")
+    replies = list(stub.Generate(new, timeout=30,
+                                 metadata=[("kvd-model", "smollm2")]))
+    got = stub.GetSession(g.pb.GetSessionRequest(session_id="grpc-new"))
+    check(g.finished_of(replies) is not None and
+          "grpc-new" in c.directory() and got.session_id == "grpc-new",
+          "a new session over gRPC (kvd-model) is placed, then found by "
+          "GetSession")
+    try:
+        stub.GetSession(g.pb.GetSessionRequest(session_id="bad/id"))
+        check(False, "a malformed id over gRPC is refused")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.INVALID_ARGUMENT,
+              "a malformed id over gRPC is INVALID_ARGUMENT")
 
 
 def drain(c, nodes, r):
@@ -281,6 +325,7 @@ def main():
         owners = spread_and_affinity(c, nodes, gemma, r1, r2)
         if owners:
             openai_client(r1)
+            grpc_through_router(c, nodes, r2, owners)
             drain(c, nodes, r1)
             bad_input(c, nodes, r2)
             router_kill9(c, r1, owners)

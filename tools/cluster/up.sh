@@ -101,7 +101,7 @@ nodes_live() { [[ "$("$KVD" cluster status --etcd "$ETCD" | grep -c ' live ')" -
 echo "up.sh: starting etcd and $NODES nodes of $MODEL (loading the model takes a while)..." >&2
 wait_for 300 "$NODES nodes" nodes_live
 
-KVD_ROUTER_TOKEN="$TOKEN" "$KVD" router --etcd "$ETCD" --port "$PORT" "${ROUTER_TLS[@]}" \
+KVD_ROUTER_TOKEN="$TOKEN" "$KVD" router --etcd "$ETCD" --port "$PORT" --grpc-port 0 "${ROUTER_TLS[@]}" \
   > "$DIR/router.log" 2>&1 &
 echo "$! router" >> "$DIR/pids"
 wait_for 30 "the router" curl -sf "http://127.0.0.1:$PORT/readyz"
@@ -111,4 +111,5 @@ echo "$ETCD" > "$HOME/.config/kvd/cluster-etcd"
 echo "$ETCD" > "$DIR/etcd-endpoint"
 "$KVD" cluster status --etcd "$ETCD" >&2
 echo "router: http://127.0.0.1:$PORT/v1"
+echo "router gRPC: $(grep -o 'gRPC *127.0.0.1:[0-9]*' "$DIR/router.log" | awk '{print $2}')"
 echo "etcd: $ETCD"

@@ -22,10 +22,13 @@ namespace {
 absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(int64_t port, args.GetIntIn("port", 0, 65535));
   KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetIntIn("threads", 4, 65536));
+  KVD_ASSIGN_OR_RETURN(int64_t grpc_port,
+                       args.GetIntIn("grpc-port", -1, 65535));
   router::RouterOptions o;
   o.host = args.Get("host");
   o.port = static_cast<int>(port);
   o.threads = static_cast<int>(threads);
+  o.grpc_port = static_cast<int>(grpc_port);
   KVD_ASSIGN_OR_RETURN(o.etcd_endpoint, EtcdEndpoint(args));
   KVD_ASSIGN_OR_RETURN(o.keys, node::KeyStore::Load(args.Get("api-keys")));
   o.router_token = args.Get("router-token");
@@ -43,8 +46,13 @@ absl::Status Run(const Args& args) {
                        router::StartRouter(o));
   std::fprintf(stderr,
                "kvd router: cluster at etcd %s\n  OpenAI API  "
-               "http://%s:%d/v1  (metrics: /metrics)\n  %s; Ctrl-C to stop\n",
-               o.etcd_endpoint.c_str(), o.host.c_str(), r->port(),
+               "http://%s:%d/v1  (metrics: /metrics)\n",
+               o.etcd_endpoint.c_str(), o.host.c_str(), r->port());
+  if (r->grpc_port() >= 0) {
+    std::fprintf(stderr, "  gRPC        %s:%d\n", o.host.c_str(),
+                 r->grpc_port());
+  }
+  std::fprintf(stderr, "  %s; Ctrl-C to stop\n",
                o.keys.enabled() ? "API keys required" : "no API keys: open");
   int sig = 0;
   sigwait(&stop, &sig);
@@ -67,6 +75,8 @@ int RouterCommand(const std::vector<std::string>& argv) {
   args.Flag("host", "127.0.0.1",
             "address to listen on (0.0.0.0 for every interface)");
   args.Flag("port", "8000", "HTTP port (0: the OS picks one)");
+  args.Flag("grpc-port", "7000",
+            "gRPC (kvd.v1.Sessions) port; 0: the OS picks one; -1: off");
   DeclareEtcdFlag(args);
   args.Flag("api-keys", "",
             "file of '<key> <tenant>' lines (also read: $KVD_API_KEYS as "

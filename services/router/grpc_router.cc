@@ -1,0 +1,320 @@
+#include "services/router/grpc_router.h"
+
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/kvd/v1/sessions.grpc.pb.h"
+#include "services/node/openai_request.h"
+
+namespace kvd::router {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      std::string(s.message()));
+}
+
+std::string Metadata(const grpc::ServerContext* ctx, const char* key) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(key);
+  return it == md.end() ? ""
+                        : std::string(it->second.data(), it->second.size());
+}
+
+class ForwardingService final : public v1::Sessions::Service {
+ public:
+  ForwardingService(Routing* routing, GrpcRouterOptions options)
+      : routing_(routing), options_(std::move(options)) {
+    if (!options_.ca_cert_path.empty()) {
+      std::ifstream in(options_.ca_cert_path);
+      std::stringstream pem;
+      pem << in.rdbuf();
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = pem.str();
+      credentials_ = grpc::SslCredentials(ssl);
+    } else {
+      credentials_ = grpc::InsecureChannelCredentials();
+    }
+  }
+
+  grpc::Status CreateSession(grpc::ServerContext* ctx,
+                             const v1::CreateSessionRequest* request,
+                             v1::Session* response) override {
+    std::string tenant, model;
+    if (grpc::Status s = Begin(ctx, request->session_id(), &tenant); !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<Target> t = OwnerOrPlace(ctx, tenant, request->session_id());
+    if (!t.ok()) return ToGrpc(t.status());
+    v1::Sessions::Stub* stub = Stub(*t);
+    if (stub == nullptr) return Unreachable(*t);
+    auto up = Upstream(ctx, tenant);
+    return stub->CreateSession(up.get(), *request, response);
+  }
+
+  grpc::Status GetSession(grpc::ServerContext* ctx,
+                          const v1::GetSessionRequest* request,
+                          v1::Session* response) override {
+    std::string tenant;
+    if (grpc::Status s = Begin(ctx, request->session_id(), &tenant); !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<Target> t =
+        routing_->Owner(tenant, request->session_id(), "", nullptr);
+    if (!t.ok()) return ToGrpc(t.status());
+    v1::Sessions::Stub* stub = Stub(*t);
+    if (stub == nullptr) return Unreachable(*t);
+    auto up = Upstream(ctx, tenant);
+    return stub->GetSession(up.get(), *request, response);
+  }
+
+  grpc::Status DeleteSession(grpc::ServerContext* ctx,
+                             const v1::DeleteSessionRequest* request,
+                             v1::DeleteSessionResponse* response) override {
+    std::string tenant;
+    if (grpc::Status s = Begin(ctx, request->session_id(), &tenant); !s.ok()) {
+      return s;
+    }
+    cluster::DirectoryEntry entry;
+    absl::StatusOr<Target> t =
+        routing_->Owner(tenant, request->session_id(), "", &entry);
+    if (!t.ok()) return ToGrpc(t.status());
+    v1::Sessions::Stub* stub = Stub(*t);
+    if (stub == nullptr) return Unreachable(*t);
+    auto up = Upstream(ctx, tenant);
+    grpc::Status s = stub->DeleteSession(up.get(), *request, response);
+    if (s.ok() || s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      (void)routing_->directory().Remove(tenant, request->session_id(), entry);
+    }
+    return s;
+  }
+
+  grpc::Status ListSessions(grpc::ServerContext* ctx,
+                            const v1::ListSessionsRequest*,
+                            v1::ListSessionsResponse* response) override {
+    std::string tenant;
+    if (grpc::Status s = Begin(ctx, "", &tenant); !s.ok()) return s;
+    auto listed = routing_->directory().List(tenant);
+    if (!listed.ok()) return ToGrpc(listed.status());
+    for (const auto& [id, e] : *listed) {
+      response->add_sessions()->set_session_id(id);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Generate(
+      grpc::ServerContext* ctx, const v1::GenerateRequest* request,
+      grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    std::string tenant, model;
+    if (grpc::Status s = Begin(ctx, request->session_id(), &tenant); !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<Target> t;
+    if (request->session_id().empty()) {
+      if (grpc::Status s = Model(ctx, &model); !s.ok()) return s;
+      t = routing_->Stateless(model, {});
+    } else {
+      t = OwnerOrPlace(ctx, tenant, request->session_id());
+    }
+    if (!t.ok()) return ToGrpc(t.status());
+    v1::Sessions::Stub* stub = Stub(*t);
+    if (stub == nullptr) return Unreachable(*t);
+    auto up = Upstream(ctx, tenant);
+    routing_->placement().Started(t->node.id);
+    auto reader = stub->Generate(up.get(), *request);
+    v1::GenerateResponse r;
+    while (reader->Read(&r)) {
+      if (ctx->IsCancelled() || !writer->Write(r)) {
+        up->TryCancel();  // the client left: so does the node's generation
+        break;
+      }
+    }
+    grpc::Status s = reader->Finish();
+    routing_->placement().Finished(t->node.id);
+    return s;
+  }
+
+  grpc::Status ExportSession(
+      grpc::ServerContext* ctx, const v1::ExportSessionRequest* request,
+      grpc::ServerWriter<v1::ExportSessionResponse>* writer) override {
+    std::string tenant;
+    if (grpc::Status s = Begin(ctx, request->session_id(), &tenant); !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<Target> t =
+        routing_->Owner(tenant, request->session_id(), "", nullptr);
+    if (!t.ok()) return ToGrpc(t.status());
+    v1::Sessions::Stub* stub = Stub(*t);
+    if (stub == nullptr) return Unreachable(*t);
+    auto up = Upstream(ctx, tenant);
+    auto reader = stub->ExportSession(up.get(), *request);
+    v1::ExportSessionResponse r;
+    while (reader->Read(&r)) {
+      if (!writer->Write(r)) {
+        up->TryCancel();
+        break;
+      }
+    }
+    return reader->Finish();
+  }
+
+  grpc::Status Cancel(grpc::ServerContext*, const v1::CancelRequest*,
+                      v1::CancelResponse*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "Cancel through a router is not built: cancel the "
+                        "Generate call itself (the router passes it on)");
+  }
+
+  grpc::Status ImportSession(grpc::ServerContext*,
+                             grpc::ServerReader<v1::ImportSessionRequest>*,
+                             v1::Session*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "ImportSession through a router is not built: import "
+                        "on a node (kvd cluster status lists their gRPC "
+                        "addresses)");
+  }
+
+ private:
+  // The caller's tenant, and a valid session id when one is given.
+  grpc::Status Begin(const grpc::ServerContext* ctx, const std::string& session,
+                     std::string* tenant) {
+    absl::StatusOr<std::string> t =
+        options_.keys.TenantForBearer(Metadata(ctx, "authorization"));
+    if (!t.ok()) return ToGrpc(t.status());
+    *tenant = *t;
+    if (!session.empty()) {
+      if (absl::Status s = node::ValidateSessionId(session, "session_id");
+          !s.ok()) {
+        return ToGrpc(s);
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  // The session's owner; a session the directory lacks is placed for the
+  // call's model first.
+  absl::StatusOr<Target> OwnerOrPlace(const grpc::ServerContext* ctx,
+                                      const std::string& tenant,
+                                      const std::string& session) {
+    absl::StatusOr<Target> owner =
+        routing_->Owner(tenant, session, Metadata(ctx, "kvd-model"), nullptr);
+    if (owner.status().code() != absl::StatusCode::kNotFound) return owner;
+    std::string model;
+    if (grpc::Status s = Model(ctx, &model); !s.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          s.error_message());
+    }
+    return routing_->Place(tenant, session, model);
+  }
+
+  // The model a new session or stateless call is placed for.
+  grpc::Status Model(const grpc::ServerContext* ctx, std::string* model) {
+    *model = Metadata(ctx, "kvd-model");
+    if (!model->empty()) return grpc::Status::OK;
+    std::set<std::string> served;
+    for (const cluster::NodeInfo& n : routing_->LiveNodes()) {
+      served.insert(n.model_id);
+    }
+    if (served.size() == 1) {
+      *model = *served.begin();
+      return grpc::Status::OK;
+    }
+    return grpc::Status(served.empty() ? grpc::StatusCode::UNAVAILABLE
+                                       : grpc::StatusCode::INVALID_ARGUMENT,
+                        served.empty()
+                            ? "no live nodes; retry later"
+                            : "the cluster serves several models: name one in "
+                              "the metadata key kvd-model");
+  }
+
+  std::unique_ptr<grpc::ClientContext> Upstream(const grpc::ServerContext* ctx,
+                                                const std::string& tenant) {
+    auto up = std::make_unique<grpc::ClientContext>();
+    up->set_deadline(ctx->deadline());
+    up->AddMetadata("authorization",
+                    absl::StrCat("Bearer ", options_.router_token));
+    up->AddMetadata(node::kForwardedTenantHeader, tenant);
+    return up;
+  }
+
+  // Null when the node serves no gRPC (Unreachable says so).
+  v1::Sessions::Stub* Stub(const Target& t) {
+    if (t.node.grpc_address.empty()) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& stub = stubs_[t.node.grpc_address];
+    if (stub == nullptr) {
+      stub = v1::Sessions::NewStub(
+          grpc::CreateChannel(t.node.grpc_address, credentials_));
+    }
+    return stub.get();
+  }
+
+  static grpc::Status Unreachable(const Target& t) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat("node '", t.node.id,
+                                     "' serves no gRPC (kvd serve --grpc-port "
+                                     "-1); use the router's HTTP API"));
+  }
+
+  Routing* const routing_;
+  const GrpcRouterOptions options_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<v1::Sessions::Stub>> stubs_;
+};
+
+class GrpcRouterImpl : public GrpcRouter {
+ public:
+  GrpcRouterImpl(Routing* routing, GrpcRouterOptions options)
+      : service_(routing, std::move(options)) {}
+  ~GrpcRouterImpl() override { Shutdown(); }
+
+  absl::Status Start(const std::string& address) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+    b.RegisterService(&service_);
+    b.SetMaxReceiveMessageSize((1 << 20) + (64 << 10));
+    server_ = b.BuildAndStart();
+    if (server_ == nullptr || port_ == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("the router cannot listen for gRPC on ", address,
+                       " (in use?): pick another --grpc-port"));
+    }
+    return absl::OkStatus();
+  }
+  int port() const override { return port_; }
+  void Shutdown() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (server_ != nullptr && !shut_down_) {
+      server_->Shutdown(std::chrono::system_clock::now() +
+                        std::chrono::seconds(5));
+      shut_down_ = true;
+    }
+  }
+
+ private:
+  ForwardingService service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::mutex mu_;
+  bool shut_down_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GrpcRouter>> GrpcRouter::Start(
+    Routing* routing, GrpcRouterOptions options) {
+  const std::string address = options.address;
+  auto r = std::make_unique<GrpcRouterImpl>(routing, std::move(options));
+  absl::Status s = r->Start(address);
+  if (!s.ok()) return s;
+  return r;
+}
+
+}  // namespace kvd::router

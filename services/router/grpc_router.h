@@ -1,0 +1,47 @@
+// The router's gRPC front end: kvd.v1.Sessions as a node serves it
+// (proto/kvd/v1/sessions.proto), each call forwarded to the node that
+// should serve it (routing.h) with the tenant from the caller's API key and
+// the cluster's router token, as the HTTP front end does:
+//   - Generate and CreateSession go to the session's owner, placing a new
+//     session first; Generate without a session goes to the least-loaded
+//     node. The model of a new session: metadata `kvd-model`, else the one
+//     model the cluster serves (INVALID_ARGUMENT when it serves several);
+//   - GetSession, DeleteSession and ExportSession go to the owner;
+//     ListSessions answers from the directory (ids only);
+//   - ImportSession and Cancel are UNIMPLEMENTED here (send them to a
+//     node's own gRPC address: docs/CLUSTER.md).
+// A call is never re-sent to another node once it may have reached one.
+//
+// Thread-safety: Shutdown from any thread.
+#ifndef KVD_SERVICES_ROUTER_GRPC_ROUTER_H_
+#define KVD_SERVICES_ROUTER_GRPC_ROUTER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "services/node/auth.h"
+#include "services/router/routing.h"
+
+namespace kvd::router {
+
+struct GrpcRouterOptions {
+  std::string address = "127.0.0.1:0";  // port 0: one the OS picks
+  node::KeyStore keys;                  // clients' API keys
+  std::string router_token;             // what the nodes trust
+  std::string ca_cert_path;             // nodes' CA when they serve TLS
+};
+
+class GrpcRouter {
+ public:
+  // UNAVAILABLE if the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<GrpcRouter>> Start(
+      Routing* routing, GrpcRouterOptions options);
+  virtual ~GrpcRouter() = default;
+  virtual int port() const = 0;
+  virtual void Shutdown() = 0;  // idempotent
+};
+
+}  // namespace kvd::router
+
+#endif  // KVD_SERVICES_ROUTER_GRPC_ROUTER_H_

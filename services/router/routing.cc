@@ -1,0 +1,131 @@
+#include "services/router/routing.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "services/cluster/membership.h"
+#include "services/node/openai_request.h"
+
+namespace kvd::router {
+
+absl::StatusOr<std::unique_ptr<Routing>> Routing::Connect(
+    const std::string& etcd_endpoint) {
+  absl::string_view endpoint = etcd_endpoint;
+  absl::ConsumePrefix(&endpoint, "http://");
+  absl::ConsumeSuffix(&endpoint, "/");
+  std::unique_ptr<Routing> r(new Routing());
+  absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> etcd =
+      cluster::EtcdClient::Connect({.endpoint = std::string(endpoint)});
+  if (!etcd.ok()) return etcd.status();
+  r->etcd_ = std::move(*etcd);
+  r->directory_ = std::make_unique<cluster::SessionDirectory>(r->etcd_.get());
+  absl::StatusOr<std::unique_ptr<cluster::PrefixWatch>> nodes =
+      cluster::PrefixWatch::Start(r->etcd_.get(),
+                                  {.prefix = cluster::kNodesPrefix});
+  if (!nodes.ok()) return nodes.status();
+  r->nodes_ = std::move(*nodes);
+  absl::StatusOr<std::unique_ptr<cluster::PrefixWatch>> drains =
+      cluster::PrefixWatch::Start(r->etcd_.get(), {.prefix = kDrainPrefix});
+  if (!drains.ok()) return drains.status();
+  r->drains_ = std::move(*drains);
+  return r;
+}
+
+std::vector<cluster::NodeInfo> Routing::LiveNodes() {
+  std::vector<cluster::NodeInfo> out;
+  for (const auto& [key, kv] : nodes_->Snapshot()) {
+    absl::StatusOr<cluster::NodeInfo> n = cluster::DecodeNodeInfo(kv.value);
+    if (!n.ok()) continue;  // not a kvd node's description: never a target
+    placement_.Reported(n->id, kv.mod_revision);
+    out.push_back(*std::move(n));
+  }
+  return out;
+}
+
+std::set<std::string> Routing::Drained() {
+  std::set<std::string> out;
+  for (const auto& [key, kv] : drains_->Snapshot()) {
+    out.insert(key.substr(sizeof(kDrainPrefix) - 1));
+  }
+  return out;
+}
+
+absl::StatusOr<Target> Routing::Owner(const std::string& tenant,
+                                      const std::string& session,
+                                      const std::string& model,
+                                      cluster::DirectoryEntry* entry) {
+  metrics_.Count("kvd_router_directory_ops_total", {{"op", "lookup"}});
+  absl::StatusOr<std::optional<cluster::DirectoryEntry>> e =
+      directory_->Lookup(tenant, session);
+  if (!e.ok()) return e.status();
+  if (!e->has_value()) {
+    return absl::NotFoundError(
+        absl::StrCat("session '", session, "' not found"));
+  }
+  if (entry != nullptr) *entry = **e;
+  for (cluster::NodeInfo& n : LiveNodes()) {
+    if (n.id != (*e)->owner) continue;
+    if (!model.empty() && n.model_id != model) {
+      return node::RequestError(
+          "model", absl::StrCat("session '", session, "' belongs to model '",
+                                n.model_id, "', not '", model, "'"));
+    }
+    return Target{std::move(n), "owner"};
+  }
+  metrics_.Count("kvd_router_errors_total", {{"kind", "owner_down"}});
+  return absl::UnavailableError(absl::StrCat(
+      "session '", session, "' lives on node '", (*e)->owner,
+      "', which is not live (stopped, restarting or cut off from etcd); "
+      "retry after a while: the session comes back with its node (failover "
+      "to a replica is not built yet)"));
+}
+
+absl::StatusOr<Target> Routing::Place(const std::string& tenant,
+                                      const std::string& session,
+                                      const std::string& model) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    absl::StatusOr<Target> owner = Owner(tenant, session, model, nullptr);
+    if (owner.status().code() != absl::StatusCode::kNotFound) return owner;
+    const std::vector<cluster::NodeInfo> live = LiveNodes();
+    absl::StatusOr<std::string> id = placement_.Pick(live, model, Drained());
+    if (!id.ok()) {
+      metrics_.Count("kvd_router_errors_total", {{"kind", "no_node"}});
+      return id.status();
+    }
+    metrics_.Count("kvd_router_directory_ops_total", {{"op", "create"}});
+    absl::StatusOr<cluster::DirectoryEntry> created =
+        directory_->Create(tenant, session, *id);
+    if (created.status().code() == absl::StatusCode::kAlreadyExists) {
+      continue;  // another router placed it first: follow its choice
+    }
+    if (!created.ok()) return created.status();
+    placement_.Placed(*id);
+    for (const cluster::NodeInfo& n : live) {
+      if (n.id == *id) return Target{n, "placed"};
+    }
+  }
+  return absl::AbortedError(absl::StrCat(
+      "session '", session, "' kept changing in the directory; retry"));
+}
+
+absl::StatusOr<Target> Routing::Stateless(const std::string& model,
+                                          const std::set<std::string>& skip) {
+  std::vector<cluster::NodeInfo> live = LiveNodes();
+  std::vector<cluster::NodeInfo> usable;
+  for (cluster::NodeInfo& n : live) {
+    if (skip.count(n.id) == 0) usable.push_back(std::move(n));
+  }
+  absl::StatusOr<std::string> id = placement_.Pick(usable, model, Drained());
+  if (!id.ok()) {
+    metrics_.Count("kvd_router_errors_total", {{"kind", "no_node"}});
+    return id.status();
+  }
+  for (cluster::NodeInfo& n : usable) {
+    if (n.id == *id) return Target{std::move(n), "stateless"};
+  }
+  return absl::InternalError("placement chose a node it was not offered");
+}
+
+}  // namespace kvd::router
