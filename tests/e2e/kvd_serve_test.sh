@@ -99,8 +99,9 @@ code="$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/metrics")
 code="$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer wrong' \
   "http://127.0.0.1:$PORT/metrics")"
 [[ "$code" == 401 ]] || fail "/metrics with a wrong key: $code, want 401"
-curl -s -H 'Authorization: Bearer s3cret' "http://127.0.0.1:$PORT/metrics" |
-  grep -q '# TYPE kvd_http_requests_total' || fail "/metrics with the key has no metrics"
+# Read whole first: under pipefail, `curl | grep -q` fails when grep stops reading early.
+metrics="$(curl -s -H 'Authorization: Bearer s3cret' "http://127.0.0.1:$PORT/metrics")"
+grep -q '# TYPE kvd_http_requests_total' <<< "$metrics" || fail "/metrics with the key has no metrics"
 kill -TERM "$PID"; wait "$PID"
 
 # --create-sessions explicit (a node in a cluster): a turn for an unknown session is 404, not a

@@ -510,12 +510,13 @@ absl::Status Run(const Args& args) {
   for (int k = 0; k < 3; ++k) {
     const Stats s = Summarize(recs, k);
     std::printf(
-        "| %lld | %s | %lld | %lld | %lld | %lld | %.1f | %s | %s | %s |\n",
+        "| %lld | %s | %lld | %lld | %lld | %lld | %lld | %.1f | %s | %s | %s "
+        "|\n",
         static_cast<long long>(s.requests), kinds[k],
         static_cast<long long>(s.ok), static_cast<long long>(s.failures),
-        static_cast<long long>(s.refused), static_cast<long long>(s.tokens),
-        s.tokens / wall_s, Pcts(s.ttft).c_str(), Pcts(s.tpot).c_str(),
-        Pcts(s.latency).c_str());
+        static_cast<long long>(s.refused), static_cast<long long>(s.unfinished),
+        static_cast<long long>(s.tokens), s.tokens / wall_s,
+        Pcts(s.ttft).c_str(), Pcts(s.tpot).c_str(), Pcts(s.latency).c_str());
     summary[k == 0   ? "all"
             : k == 1 ? "new"
                      : "continued"] = {
