@@ -360,9 +360,17 @@ absl::Status SessionEngine::ImportSession(
   }
   KVD_RETURN_IF_ERROR(absent);
   // An import is a change of owner: a primary of this node, one epoch past
-  // the exported copy.
-  checkpoint.ReplaceManifest(
-      storage::ImportedBy(checkpoint.manifest(), options_.node_id));
+  // the exported copy; in a cluster, at the epoch the directory gives this
+  // node (it must have placed the session here).
+  v1::SessionManifest imported =
+      storage::ImportedBy(checkpoint.manifest(), options_.node_id);
+  if (options_.fence != nullptr) {
+    KVD_ASSIGN_OR_RETURN(uint64_t epoch,
+                         options_.fence->OwnedEpoch(tenant, session));
+    imported.set_epoch(epoch);
+    KVD_RETURN_IF_ERROR(options_.fence->MayCommit(tenant, session, epoch));
+  }
+  checkpoint.ReplaceManifest(std::move(imported));
   return store_->PutSession(std::move(checkpoint));
 }
 

@@ -112,8 +112,9 @@ struct SessionEngineOptions {
   // whether it may still commit (session_fence.h). A turn for a session the
   // fence gives this node at a higher epoch than its stored copy first
   // takes it at that epoch (as Adopt would); a session the fence gives it
-  // but the store lacks is started by the turn (epoch 1 only). Null: a
-  // standalone node.
+  // but the store lacks is started by the turn (epoch 1 only); an import is
+  // stored at the fence's epoch, and only if the fence gives this node the
+  // session. Null: a standalone node.
   std::shared_ptr<SessionFence> fence;
 };
 

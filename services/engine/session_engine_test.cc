@@ -434,6 +434,22 @@ TEST_P(SessionEngineTest, ClusterFenceDecidesWhatIsServedAndCommitted) {
   fence->Set(uint64_t{2}, absl::OkStatus());
   EXPECT_EQ(Turn(kTurns, &scratch).status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(store_->GetManifest("acme", "chat-1")->epoch(), 3u);
+
+  // An import is stored only where the fence places it, at its epoch.
+  fence->Set(uint64_t{3}, absl::OkStatus());
+  absl::StatusOr<std::shared_ptr<const storage::SessionCheckpoint>> exported =
+      engine_->ExportSession("acme", "chat-1");
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  const storage::SessionCheckpoint copy = **exported;
+  ASSERT_TRUE(engine_->DeleteSession("acme", "chat-1").ok());
+  fence->Set(absl::NotFoundError("not placed"), absl::OkStatus());
+  EXPECT_EQ(engine_->ImportSession(copy).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->GetManifest("acme", "chat-1").status().code(),
+            absl::StatusCode::kNotFound);
+  fence->Set(uint64_t{7}, absl::OkStatus());
+  ASSERT_TRUE(engine_->ImportSession(copy).ok());
+  EXPECT_EQ(store_->GetManifest("acme", "chat-1")->epoch(), 7u);
+  EXPECT_EQ(store_->GetManifest("acme", "chat-1")->owner_node(), "n1");
 }
 
 // A retried request (same id as the session's last committed turn) is

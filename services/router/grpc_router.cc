@@ -171,13 +171,48 @@ class ForwardingService final : public v1::Sessions::Service {
                         "Generate call itself (the router passes it on)");
   }
 
-  grpc::Status ImportSession(grpc::ServerContext*,
-                             grpc::ServerReader<v1::ImportSessionRequest>*,
-                             v1::Session*) override {
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                        "ImportSession through a router is not built: import "
-                        "on a node (kvd cluster status lists their gRPC "
-                        "addresses)");
+  grpc::Status ImportSession(grpc::ServerContext* ctx,
+                             grpc::ServerReader<v1::ImportSessionRequest>* in,
+                             v1::Session* response) override {
+    v1::ImportSessionRequest first;
+    if (!in->Read(&first)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "an import needs at least one message");
+    }
+    if (first.session_id().empty()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "name the session (session_id in the first "
+                          "message) when importing through a router: it "
+                          "places the session before any byte is sent");
+    }
+    std::string tenant;
+    if (grpc::Status s = Begin(ctx, first.session_id(), &tenant); !s.ok()) {
+      return s;
+    }
+    const bool existed =
+        routing_->Owner(tenant, first.session_id(), "", nullptr)
+            .status()
+            .code() != absl::StatusCode::kNotFound;
+    absl::StatusOr<Target> t = OwnerOrPlace(ctx, tenant, first.session_id());
+    if (!t.ok()) return ToGrpc(t.status());
+    v1::Sessions::Stub* stub = Stub(*t);
+    if (stub == nullptr) return Unreachable(*t);
+    auto up = Upstream(ctx, tenant);
+    auto out = stub->ImportSession(up.get(), response);
+    bool ok = out->Write(first);
+    v1::ImportSessionRequest next;
+    while (ok && in->Read(&next)) ok = out->Write(next);
+    out->WritesDone();
+    grpc::Status s = out->Finish();
+    if (!s.ok() && !existed) {
+      // Placed for this import only: the directory forgets it again.
+      cluster::DirectoryEntry entry;
+      if (routing_->Owner(tenant, first.session_id(), "", &entry).ok() &&
+          entry.epoch == 1) {
+        (void)routing_->directory().Remove(tenant, first.session_id(), entry);
+      }
+    }
+    return s;
   }
 
  private:

@@ -7,9 +7,10 @@
 //     node. The model of a new session: metadata `kvd-model`, else the one
 //     model the cluster serves (INVALID_ARGUMENT when it serves several);
 //   - GetSession, DeleteSession and ExportSession go to the owner;
-//     ListSessions answers from the directory (ids only);
-//   - ImportSession and Cancel are UNIMPLEMENTED here (send them to a
-//     node's own gRPC address: docs/CLUSTER.md).
+//     ImportSession (which must name its session) is placed like a new
+//     session and streamed to its node; ListSessions answers from the
+//     directory (ids only);
+//   - Cancel is UNIMPLEMENTED here: cancel the Generate call itself.
 // A call is never re-sent to another node once it may have reached one.
 //
 // Thread-safety: Shutdown from any thread.

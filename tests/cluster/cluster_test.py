@@ -135,6 +135,19 @@ def grpc_through_router(c, nodes, r, owners):
           "grpc-new" in c.directory() and got.session_id == "grpc-new",
           "a new session over gRPC (kvd-model) is placed, then found by "
           "GetSession")
+    # Export a session and import a copy, both through the router.
+    pieces = [m.chunk for m in stub.ExportSession(
+        g.pb.ExportSessionRequest(session_id="s07"), timeout=30)]
+    requests = [g.pb.ImportSessionRequest(
+        session_id="s07-copy" if i == 0 else "", chunk=d)
+        for i, d in enumerate(pieces)]
+    imported = stub.ImportSession(iter(requests), timeout=30,
+                                  metadata=[("kvd-model", "smollm2")])
+    status, headers, _ = r.chat("s07-copy", "and the copy continues")
+    check(imported.session_id == "s07-copy" and status == 200 and
+          node_of(headers) == c.directory()["s07-copy"]["owner"],
+          "a session exported and imported through the router's gRPC "
+          "continues on the node it was placed on (%s)" % status)
     try:
         stub.GetSession(g.pb.GetSessionRequest(session_id="bad/id"))
         check(False, "a malformed id over gRPC is refused")
