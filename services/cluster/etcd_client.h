@@ -35,9 +35,10 @@ namespace kvd::cluster {
 struct EtcdClientOptions {
   std::string endpoint;  // host:port of an etcd client URL (plain gRPC)
   absl::Duration timeout = absl::Seconds(5);  // per call
-  // Idempotent calls (reads, lease keep-alives and grants) are retried
-  // with jittered exponential backoff for up to this long while etcd is
-  // unavailable; writes are not (a lost answer may hide a committed write).
+  // Idempotent calls (reads and lease grants) are retried with jittered
+  // exponential backoff for up to this long while etcd is unavailable;
+  // writes are not (a lost answer may hide a committed write), and
+  // keep-alives are retried by their caller (membership.h).
   absl::Duration retry_for = absl::Seconds(3);
 };
 

@@ -1,5 +1,7 @@
 #include "services/cluster/membership.h"
 
+#include <algorithm>
+#include <chrono>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -37,14 +39,31 @@ absl::StatusOr<std::unique_ptr<NodeRegistration>> NodeRegistration::Start(
   return reg;
 }
 
+namespace {
+
+// A monotonic clock: a wall-clock step (NTP) must not extend a lease.
+int64_t MonotonicNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
 bool NodeRegistration::LeaseLive() const {
-  return registered_.load() &&
-         absl::ToUnixNanos(absl::Now()) < live_until_ns_.load();
+  return registered_.load() && MonotonicNanos() < live_until_ns_.load();
+}
+
+int64_t NodeRegistration::LiveUntil(int64_t asked_ns,
+                                    absl::Duration granted) const {
+  // A tenth of the TTL short of what etcd granted: room for the commit
+  // that follows the check.
+  return asked_ns + absl::ToInt64Nanoseconds(granted - options_.ttl / 10);
 }
 
 absl::Status NodeRegistration::Register() {
   // The lease's clock starts at etcd no earlier than this.
-  const absl::Time asked = absl::Now();
+  const int64_t asked = MonotonicNanos();
   absl::StatusOr<int64_t> lease = etcd_->GrantLease(options_.ttl);
   if (!lease.ok()) return lease.status();
   const std::string value = options_.describe ? options_.describe() : "";
@@ -61,23 +80,27 @@ absl::Status NodeRegistration::Register() {
         "one's lease to end"));
   }
   lease_.store(*lease);
-  live_until_ns_.store(absl::ToUnixNanos(asked + options_.ttl));
+  live_until_ns_.store(LiveUntil(asked, options_.ttl));
   registered_.store(true);
   return absl::OkStatus();
 }
 
 void NodeRegistration::Loop() {
   const absl::Duration every = options_.ttl / 3;
+  absl::Duration wait = every;
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), every)) return;
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), wait)) return;
     }
+    // After a failure, try again soon rather than a third of the TTL later.
+    wait = std::min(every, absl::Milliseconds(500));
     if (registered_.load()) {
-      const absl::Time asked = absl::Now();
+      const int64_t asked = MonotonicNanos();
       absl::StatusOr<absl::Duration> kept = etcd_->KeepAliveOnce(lease_.load());
       if (kept.ok()) {
-        live_until_ns_.store(absl::ToUnixNanos(asked + *kept));
+        wait = every;
+        live_until_ns_.store(LiveUntil(asked, *kept));
         // The description carries the node's load: rewritten each round.
         if (options_.describe) {
           (void)etcd_->Put(key_, options_.describe(), lease_.load());
@@ -90,7 +113,7 @@ void NodeRegistration::Loop() {
       registered_.store(false);
       if (options_.on_lost) options_.on_lost();
     }
-    (void)Register();  // back in when etcd lets it
+    if (Register().ok()) wait = every;  // back in when etcd lets it
   }
 }
 

@@ -60,10 +60,11 @@ class NodeRegistration {
 
   bool registered() const { return registered_.load(); }
   // Registered, and the lease cannot have ended yet by this process's own
-  // clock: the last successful keep-alive plus the TTL etcd granted then is
-  // still ahead. A process paused past its TTL (SIGSTOP, a long GC-like
-  // stall) sees false the moment it runs again, before any thread has
-  // talked to etcd: what a commit checks (self-fencing).
+  // monotonic clock: the last successful keep-alive plus the TTL etcd
+  // granted then, less a tenth of the TTL, is still ahead. A process paused
+  // past its TTL (SIGSTOP, a long GC-like stall) sees false the moment it runs
+  // again, before any thread has talked to etcd: what a commit checks
+  // (self-fencing).
   bool LeaseLive() const;
   int64_t lease() const { return lease_.load(); }
   // Changes on every start of the process: peers tell a restarted node
@@ -74,6 +75,9 @@ class NodeRegistration {
   NodeRegistration(EtcdClient* etcd, Options options);
   absl::Status Register();
   void Loop();
+  // When the lease may have ended, by the monotonic clock: asked + granted,
+  // less a margin.
+  int64_t LiveUntil(int64_t asked_ns, absl::Duration granted) const;
 
   EtcdClient* const etcd_;
   const Options options_;
@@ -81,7 +85,7 @@ class NodeRegistration {
   const std::string incarnation_;
   std::atomic<bool> registered_{false};
   std::atomic<int64_t> lease_{0};
-  std::atomic<int64_t> live_until_ns_{0};  // absl::ToUnixNanos
+  std::atomic<int64_t> live_until_ns_{0};  // steady_clock nanoseconds
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

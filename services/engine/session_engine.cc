@@ -319,11 +319,17 @@ absl::StatusOr<bool> SessionEngine::ClaimForTurn(const Key& key) {
   if (!stored.ok()) return false;
   const uint64_t mine = storage::EpochOf(*stored);
   if (mine < epoch) {
-    // Given back to this node at a later epoch: take it at that epoch
-    // before the turn, so the commit's epoch is the directory's.
-    KVD_RETURN_IF_ERROR(
-        ChangeOwner(key, options_.node_id, epoch, v1::SESSION_ROLE_PRIMARY));
-  } else if (mine > epoch) {
+    // The session moved on and came back: the copy here may be missing
+    // turns committed elsewhere meanwhile. Only a move that brings the
+    // current copy (an import, or a future migration's Adopt) may raise it.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the cluster directory gives ", SessionName(tenant, session),
+        " to this node at epoch ", epoch,
+        ", but this node's copy is from epoch ", mine,
+        " and may be missing later turns; nothing was written. Bring "
+        "the current copy here (export from its last owner, import here)"));
+  }
+  if (mine > epoch) {
     return absl::AbortedError(absl::StrCat(
         SessionName(tenant, session), " is stored here at epoch ", mine,
         ", newer than the cluster directory's ", epoch,

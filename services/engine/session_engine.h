@@ -109,12 +109,12 @@ struct SessionEngineOptions {
   // unfrozen before it is ABORTED.
   absl::Duration frozen_turn_wait = absl::Seconds(30);
   // A node in a cluster: which sessions it may serve, at which epoch, and
-  // whether it may still commit (session_fence.h). A turn for a session the
-  // fence gives this node at a higher epoch than its stored copy first
-  // takes it at that epoch (as Adopt would); a session the fence gives it
-  // but the store lacks is started by the turn (epoch 1 only); an import is
-  // stored at the fence's epoch, and only if the fence gives this node the
-  // session. Null: a standalone node.
+  // whether it may still commit (session_fence.h). A turn runs only when
+  // the stored copy's epoch is the fence's (an older copy may be missing
+  // turns committed elsewhere: FAILED_PRECONDITION); a session the fence
+  // gives this node but the store lacks is started by the turn (epoch 1
+  // only); an import is stored at the fence's epoch, and only if the fence
+  // gives this node the session. Null: a standalone node.
   std::shared_ptr<SessionFence> fence;
 };
 
@@ -385,9 +385,8 @@ class SessionEngine {
   // a primary at the epoch and owner this engine would write.
   absl::Status CheckMayCommit(const v1::SessionManifest& stored) const;
   // Writes an ownership change of the session's stored manifest.
-  // Under the session's lock, with a fence: what the cluster gives this
-  // node (taking the session at a higher epoch first); true if the turn
-  // starts the session.
+  // Under the session's lock, with a fence: checks what the cluster gives
+  // this node against its copy; true if the turn starts the session.
   absl::StatusOr<bool> ClaimForTurn(const Key& key);
   absl::Status NoCopyAt(const std::string& tenant, const std::string& session,
                         uint64_t epoch) const;

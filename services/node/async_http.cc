@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <array>
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
@@ -58,7 +59,8 @@ std::string ErrorJson(absl::string_view message, absl::string_view code = "",
                         {"param", nullptr},
                         {"code", nullptr}}}};
   if (!code.empty()) j["error"]["code"] = code;
-  return j.dump();
+  // Messages quote the request (its path): never throw on invalid UTF-8.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string Reason(int status) {
@@ -269,6 +271,7 @@ class Session : public SessionBase,
   void WaitForRequest() {
     if (closed_) return;
     if (buffer_.size() > 0) return ReadHeader();
+    buffer_.shrink_to_fit();  // an idle connection keeps no large buffer
     Lowest().expires_after(absl::ToChronoNanoseconds(options().idle_timeout));
     stream_.async_read_some(
         buffer_.prepare(4096),
@@ -350,9 +353,34 @@ class Session : public SessionBase,
         Head(status, res, /*keep_alive=*/false, false, res.body.size()) +
         res.body);
     Lowest().expires_after(absl::ToChronoNanoseconds(options().write_timeout));
-    asio::async_write(stream_, asio::buffer(*data),
-                      [self = this->shared_from_this(), data](
-                          beast::error_code, size_t) { self->Close(); });
+    asio::async_write(
+        stream_, asio::buffer(*data),
+        [self = this->shared_from_this(), data](beast::error_code ec, size_t) {
+          if (ec) return self->Close();
+          self->Linger();
+        });
+  }
+
+  // Closing with unread request bytes would reset the connection and the
+  // client might never read the refusal: stop sending, read and drop what
+  // it still sends (up to 1 s or 1 MiB), then close.
+  void Linger() {
+    beast::error_code ec;
+    Lowest().socket().shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) return Close();
+    Lowest().expires_after(std::chrono::seconds(1));
+    Drain(0);
+  }
+
+  void Drain(size_t dropped) {
+    auto buf = std::make_shared<std::array<char, 16384>>();
+    Lowest().async_read_some(asio::buffer(*buf),
+                             [self = this->shared_from_this(), buf, dropped](
+                                 beast::error_code ec, size_t n) {
+                               if (ec || dropped + n > (size_t{1} << 20))
+                                 return self->Close();
+                               self->Drain(dropped + n);
+                             });
   }
 
   void OnRequest() {
@@ -403,24 +431,46 @@ class Session : public SessionBase,
       return WriteWhole(res);
     }
     responding_ = true;
+    head_ = req->method == "HEAD";
     if (route->on_io_thread) {
       auto res = std::make_shared<HttpResponse>();
-      if (options().before) options().before(*req);
-      route->handler(*req, *res);
+      Handle(*req, *route, *res);
       if (options().after) options().after(*req, *res);
       return WriteWhole(res);
     }
     // A client that leaves while its handler runs is seen at once.
     Probe();
+    {
+      std::lock_guard<std::mutex> lock(server_->active_mu_);
+      server_->active_++;
+    }
     asio::post(server_->pool_, [self = this->shared_from_this(), req, route] {
       self->RunOnWorker(*req, *route);
+      AsyncHttpServer::Impl* server = self->server_;
+      std::lock_guard<std::mutex> lock(server->active_mu_);
+      if (--server->active_ == 0) server->active_cv_.notify_all();
     });
+  }
+
+  // Runs the `before` hook and the handler; an exception (a bug) becomes a
+  // 500 instead of ending the process.
+  void Handle(const HttpRequest& req, const RouteEntry& route,
+              HttpResponse& res) {
+    try {
+      if (options().before) options().before(req);
+      route.handler(req, res);
+    } catch (const std::exception& e) {
+      res = HttpResponse();
+      res.status = 500;
+      res.set_content(ErrorJson(absl::StrCat("internal error: ", e.what()), "",
+                                "server_error"),
+                      "application/json");
+    }
   }
 
   void RunOnWorker(const HttpRequest& req, const RouteEntry& route) {
     auto res = std::make_shared<HttpResponse>();
-    if (options().before) options().before(req);
-    route.handler(req, *res);
+    Handle(req, route, *res);
     if (!res->provider) {
       if (options().after) options().after(req, *res);
       asio::post(server_->ioc_, [self = this->shared_from_this(), res] {
@@ -443,10 +493,24 @@ class Session : public SessionBase,
       bool broken_ = false;
       Session* s_;
     } sink(this);
+    const bool head = req.method == "HEAD";
     sink.broken_ = !WriteFromWorker(
         Head(res->status, *res, keep_alive_, /*chunked=*/true, 0));
-    res->provider(sink);
-    if (!sink.broken_ && !WriteFromWorker("0\r\n\r\n")) sink.broken_ = true;
+    // HEAD: the provider still runs (it may hold resources), but writes
+    // nothing.
+    const bool headers_sent = !sink.broken_;
+    if (head) sink.broken_ = true;
+    try {
+      res->provider(sink);
+    } catch (const std::exception&) {
+      sink.broken_ = true;  // the stream ends short: close the connection
+      keep_alive_ = false;
+    }
+    if (head && headers_sent) {
+      sink.broken_ = false;
+    } else if (!sink.broken_ && !WriteFromWorker("0\r\n\r\n")) {
+      sink.broken_ = true;
+    }
     if (sink.broken_) keep_alive_ = false;
     if (options().after) options().after(req, *res);
     ResponseDone();
@@ -457,7 +521,7 @@ class Session : public SessionBase,
   void WriteWhole(const std::shared_ptr<HttpResponse>& res) {
     auto data = std::make_shared<std::string>(
         Head(res->status, *res, keep_alive_, false, res->body.size()));
-    data->append(res->body);
+    if (!head_) data->append(res->body);  // HEAD: the length, not the body
     Write(std::move(*data), nullptr, [self = this->shared_from_this()](bool) {
       self->responding_ = false;
       self->NextRequest();
@@ -539,6 +603,7 @@ class Session : public SessionBase,
   std::optional<http::request_parser<http::string_body>> parser_;
   std::shared_ptr<std::atomic<bool>> peer_closed_;
   std::atomic<bool> keep_alive_{true};  // a worker reads it
+  bool head_ = false;                   // the current request is a HEAD
   bool closed_ = false;
   bool responding_ = false;
   bool probing_ = false;
@@ -653,8 +718,10 @@ void AsyncHttpServer::Impl::Accept() {
 const RouteEntry* AsyncHttpServer::Impl::Match(
     const std::string& method, const std::string& path,
     std::vector<std::string>* matches) const {
+  // HEAD is GET without the body (the server drops it).
+  const std::string wanted = method == "HEAD" ? "GET" : method;
   for (const RouteEntry& r : routes_) {
-    if (r.method != method) continue;
+    if (r.method != wanted) continue;
     std::smatch m;
     if (std::regex_match(path, m, r.pattern)) {
       matches->clear();

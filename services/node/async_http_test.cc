@@ -139,6 +139,23 @@ TEST_F(AsyncHttpTest, ServesRoutesKeepAliveAndStreams) {
   EXPECT_TRUE(absl::StrContains(c.Read("}"), "404")) << "unknown path";
 }
 
+TEST_F(AsyncHttpTest, HeadAndHostilePathsAreAnsweredSafely) {
+  StartServer();
+  RawClient c(port_);
+  // HEAD: GET's headers and length, no body; the connection stays usable.
+  ASSERT_TRUE(c.Send("HEAD /healthz HTTP/1.1\r\n\r\n" + Get("/healthz")));
+  const std::string both = c.Read("ok\n");
+  EXPECT_TRUE(absl::StrContains(both, "Content-Length: 3")) << both;
+  EXPECT_EQ(both.find("ok\n"), both.rfind("ok\n")) << "one body, not two";
+  // A path that is not UTF-8 once decoded gets a 404, not a crash.
+  RawClient bad(port_);
+  ASSERT_TRUE(bad.Send(Get("/%ff%fe")));
+  EXPECT_TRUE(absl::StartsWith(bad.Read("}"), "HTTP/1.1 404"));
+  RawClient after(port_);
+  ASSERT_TRUE(after.Send(Get("/healthz")));
+  EXPECT_TRUE(absl::StrContains(after.Read("ok\n"), "200 OK"));
+}
+
 TEST_F(AsyncHttpTest, LimitsAreEnforcedBeforeTheBytesAreRead) {
   AsyncHttpOptions o;
   o.max_header_bytes = 4096;
@@ -159,6 +176,15 @@ TEST_F(AsyncHttpTest, LimitsAreEnforcedBeforeTheBytesAreRead) {
     const std::string r = c.Read();
     EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 413")) << r;
     EXPECT_TRUE(absl::StrContains(r, "request_too_large"));
+  }
+  {
+    // A client already sending its too-large body still reads the 413 (the
+    // server drains before it closes, so no reset eats the answer).
+    RawClient c(port_);
+    c.Send("POST /echo HTTP/1.1\r\nContent-Length: 200000\r\n\r\n" +
+           std::string(100000, 'x'));
+    const std::string r = c.Read();
+    EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 413")) << r.substr(0, 100);
   }
 }
 

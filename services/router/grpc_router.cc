@@ -87,12 +87,15 @@ class ForwardingService final : public v1::Sessions::Service {
     if (!t.ok()) return ToGrpc(t.status());
     v1::Sessions::Stub* stub = Stub(*t);
     if (stub == nullptr) return Unreachable(*t);
-    auto up = Upstream(ctx, tenant);
-    grpc::Status s = stub->DeleteSession(up.get(), *request, response);
-    if (s.ok() || s.error_code() == grpc::StatusCode::NOT_FOUND) {
-      (void)routing_->directory().Remove(tenant, request->session_id(), entry);
+    // The directory forgets it first, so no turn starts it again between
+    // the node's delete and the directory's.
+    if (absl::Status removed =
+            routing_->directory().Remove(tenant, request->session_id(), entry);
+        !removed.ok()) {
+      return ToGrpc(removed);
     }
-    return s;
+    auto up = Upstream(ctx, tenant);
+    return stub->DeleteSession(up.get(), *request, response);
   }
 
   grpc::Status ListSessions(grpc::ServerContext* ctx,
@@ -189,10 +192,6 @@ class ForwardingService final : public v1::Sessions::Service {
     if (grpc::Status s = Begin(ctx, first.session_id(), &tenant); !s.ok()) {
       return s;
     }
-    const bool existed =
-        routing_->Owner(tenant, first.session_id(), "", nullptr)
-            .status()
-            .code() != absl::StatusCode::kNotFound;
     absl::StatusOr<Target> t = OwnerOrPlace(ctx, tenant, first.session_id());
     if (!t.ok()) return ToGrpc(t.status());
     v1::Sessions::Stub* stub = Stub(*t);
@@ -203,15 +202,10 @@ class ForwardingService final : public v1::Sessions::Service {
     v1::ImportSessionRequest next;
     while (ok && in->Read(&next)) ok = out->Write(next);
     out->WritesDone();
+    // A failed import leaves its placement: the session's first turn would
+    // start it there, empty (removing the entry here could race another
+    // router's placement of the same name).
     grpc::Status s = out->Finish();
-    if (!s.ok() && !existed) {
-      // Placed for this import only: the directory forgets it again.
-      cluster::DirectoryEntry entry;
-      if (routing_->Owner(tenant, first.session_id(), "", &entry).ok() &&
-          entry.epoch == 1) {
-        (void)routing_->directory().Remove(tenant, first.session_id(), entry);
-      }
-    }
     return s;
   }
 

@@ -69,6 +69,15 @@ struct Pipe {
   std::string content_type, retry_after;
   std::deque<std::string> chunks;
   httplib::Error error = httplib::Error::Success;
+  httplib::Client* client = nullptr;  // while the exchange runs
+
+  // The client left: stop the exchange with the node at once (closing the
+  // connection stops the node's generation).
+  void Abandon() {
+    absl::MutexLock lock(&mu);
+    client_gone = true;
+    if (client != nullptr) client->stop();
+  }
 };
 
 class RouterImpl : public Router {
@@ -269,6 +278,17 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
     path += query;
   }
   const std::string url = target.node.http_url;
+  if (!options_.ca_cert_path.empty() && !absl::StartsWith(url, "https://")) {
+    // The router token must not travel in the clear, nor to a "node" that
+    // merely wrote a plain URL into etcd.
+    routing_->metrics().Count("kvd_router_errors_total",
+                              {{"kind", "node_without_tls"}});
+    SendError(res, absl::UnavailableError(absl::StrCat(
+                       "node '", target.node.id, "' advertises ", url,
+                       ", not https, while this router requires TLS "
+                       "(--ca-cert); start the node with --tls-cert")));
+    return true;
+  }
   const std::string method = req.method, body = req.body;
   const RouterOptions& o = options_;
   const auto connect_s = absl::ToInt64Seconds(o.upstream_connect_timeout);
@@ -309,9 +329,16 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
       return true;
     };
     httplib::Response r;
-    httplib::Error error = httplib::Error::Success;
-    cli.send(up, r, error);
+    httplib::Error error = httplib::Error::Canceled;
+    bool go = false;
+    {
+      absl::MutexLock lock(&pipe->mu);
+      go = !pipe->client_gone;
+      if (go) pipe->client = &cli;
+    }
+    if (go) cli.send(up, r, error);
     absl::MutexLock lock(&pipe->mu);
+    pipe->client = nullptr;
     pipe->error = error;
     pipe->done = true;
   }).detach();
@@ -319,13 +346,18 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
   {
     // A client that leaves while the node has not answered yet ends the
     // upstream exchange too.
-    absl::MutexLock lock(&pipe->mu);
+    pipe->mu.Lock();
     while (!pipe->mu.AwaitWithTimeout(
         absl::Condition(
             +[](Pipe* p) { return p->headers || p->done; }, pipe.get()),
         absl::Milliseconds(100))) {
-      if (req.peer_closed()) pipe->client_gone = true;
+      if (req.peer_closed() && !pipe->client_gone) {
+        pipe->mu.Unlock();
+        pipe->Abandon();
+        pipe->mu.Lock();
+      }
     }
+    pipe->mu.Unlock();
   }
   routing_->metrics().ObserveUpstream(SecondsSince(start));
   bool headers_came, sse;
@@ -391,19 +423,26 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
             }
             if (gone) break;
           }
-          {
-            // If it ended early (the client left): stop the upstream too.
-            absl::MutexLock lock(&pipe->mu);
-            pipe->client_gone = true;
-          }
+          pipe->Abandon();  // if it ended early (the client left)
           routing_->placement().Finished(node);
         });
     return true;
   }
   std::string content;
   {
+    // Nothing goes to the client until the node is done, so its leaving
+    // is seen on its connection.
+    pipe->mu.Lock();
+    while (!pipe->mu.AwaitWithTimeout(absl::Condition(&pipe->done),
+                                      absl::Milliseconds(100))) {
+      if (req.peer_closed() && !pipe->client_gone) {
+        pipe->mu.Unlock();
+        pipe->Abandon();
+        pipe->mu.Lock();
+      }
+    }
+    pipe->mu.Unlock();
     absl::MutexLock lock(&pipe->mu);
-    pipe->mu.Await(absl::Condition(&pipe->done));
     for (const std::string& c : pipe->chunks) content += c;
     res.set_content(std::move(content), pipe->content_type.empty()
                                             ? "application/json"
@@ -508,15 +547,19 @@ void RouterImpl::HandleSession(const node::HttpRequest& req,
   if (!target.ok()) return finish(target.status());
   node_id = target->node.id;
   route = target->route;
-  Forward(*target, tenant, req, res, session);
-  if (req.method == "DELETE" &&
-      (res.status == 200 || res.status == 204 || res.status == 404)) {
-    // Deleted on its owner (or already gone there): the directory forgets
-    // it, unless it moved meanwhile.
+  if (req.method == "DELETE") {
+    // The directory forgets the session first (if it did not change since
+    // it was read), so no turn can start it again on its node between the
+    // node's delete and the directory's.
     routing_->metrics().Count("kvd_router_directory_ops_total",
                               {{"op", "remove"}});
-    (void)routing_->directory().Remove(tenant, session, entry);
+    if (absl::Status removed =
+            routing_->directory().Remove(tenant, session, entry);
+        !removed.ok()) {
+      return finish(removed);
+    }
   }
+  Forward(*target, tenant, req, res, session);
   finish(absl::OkStatus());
 }
 

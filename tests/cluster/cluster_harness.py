@@ -139,7 +139,10 @@ class Node:
     def committed_turns(self):
         _, _, text = http("GET", self.url + "/metrics")
         m = re.search(r'kvd_turns_total\{outcome="committed"\} (\d+)', text)
-        return int(m.group(1)) if m else -1
+        if not m:
+            raise AssertionError("node %s has no committed-turns metric: %r" %
+                                 (self.id, text[:200]))
+        return int(m.group(1))
 
 
 class Router:

@@ -287,9 +287,11 @@ absl::Status Run(const Args& args) {
   // gRPC first: its generations stop and leave the admission queue the two
   // front ends share, so HTTP requests queued behind them are not kept
   // waiting while HTTP stops.
-  member.reset();  // leave the cluster first: routers stop sending at once
   if (grpc) grpc->Shutdown();
   if (http) http->Stop();
+  // Leave the cluster only once no turn runs: the engine's fence uses the
+  // membership until then.
+  member.reset();
   return rt->store().Flush();
 }
 
