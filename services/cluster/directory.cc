@@ -19,7 +19,9 @@ std::string Encode(const DirectoryEntry& e) {
       .dump();
 }
 
-absl::StatusOr<DirectoryEntry> Decode(const EtcdKeyValue& kv) {
+}  // namespace
+
+absl::StatusOr<DirectoryEntry> DecodeDirectoryEntry(const EtcdKeyValue& kv) {
   const json j = json::parse(kv.value, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("owner") || !j["owner"].is_string() ||
       !j.contains("epoch") || !j["epoch"].is_number_unsigned()) {
@@ -42,8 +44,6 @@ absl::StatusOr<DirectoryEntry> Decode(const EtcdKeyValue& kv) {
   return e;
 }
 
-}  // namespace
-
 std::string SessionDirectory::Key(const std::string& tenant,
                                   const std::string& session) {
   return absl::StrCat(kSessionsPrefix, tenant, "/", session);
@@ -55,7 +55,7 @@ absl::StatusOr<std::optional<DirectoryEntry>> SessionDirectory::Lookup(
       etcd_->Get(Key(tenant, session));
   if (!kv.ok()) return kv.status();
   if (!kv->has_value()) return std::optional<DirectoryEntry>();
-  absl::StatusOr<DirectoryEntry> e = Decode(**kv);
+  absl::StatusOr<DirectoryEntry> e = DecodeDirectoryEntry(**kv);
   if (!e.ok()) return e.status();
   return std::optional<DirectoryEntry>(*std::move(e));
 }
@@ -134,7 +134,7 @@ SessionDirectory::List(const std::string& tenant) {
   if (!kvs.ok()) return kvs.status();
   std::vector<std::pair<std::string, DirectoryEntry>> out;
   for (const EtcdKeyValue& kv : *kvs) {
-    absl::StatusOr<DirectoryEntry> e = Decode(kv);
+    absl::StatusOr<DirectoryEntry> e = DecodeDirectoryEntry(kv);
     if (!e.ok()) continue;  // reported when that session is looked up
     out.emplace_back(kv.key.substr(prefix.size()), *std::move(e));
   }

@@ -34,6 +34,10 @@ struct DirectoryEntry {
   int64_t mod_revision = 0;      // the entry's etcd revision, for Move
 };
 
+// A directory entry's value as stored under `kv.key`; DATA_LOSS if it does
+// not parse as one.
+absl::StatusOr<DirectoryEntry> DecodeDirectoryEntry(const EtcdKeyValue& kv);
+
 class SessionDirectory {
  public:
   explicit SessionDirectory(EtcdClient* etcd) : etcd_(etcd) {}

@@ -6,15 +6,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 
 namespace kvd::cluster {
 namespace {
-
-EtcdKeyValue FromProto(const mvccpb::KeyValue& kv) {
-  return EtcdKeyValue{kv.key(),          kv.value(),   kv.create_revision(),
-                      kv.mod_revision(), kv.version(), kv.lease()};
-}
 
 // After etcd restarts, reconnect within seconds, not gRPC's default of up
 // to two minutes of backoff: leases and watches are waiting.
@@ -25,6 +21,11 @@ grpc::ChannelArguments ChannelArgs() {
 }
 
 }  // namespace
+
+EtcdKeyValue FromProto(const mvccpb::KeyValue& kv) {
+  return EtcdKeyValue{kv.key(),          kv.value(),   kv.create_revision(),
+                      kv.mod_revision(), kv.version(), kv.lease()};
+}
 
 std::string PrefixRangeEnd(std::string prefix) {
   while (!prefix.empty()) {
@@ -65,6 +66,10 @@ T EtcdClient::Retrying(const std::function<T()>& call) const {
 
 absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
     EtcdClientOptions options) {
+  absl::string_view endpoint = options.endpoint;
+  absl::ConsumePrefix(&endpoint, "http://");
+  absl::ConsumeSuffix(&endpoint, "/");
+  options.endpoint = std::string(endpoint);
   if (options.endpoint.empty()) {
     return absl::InvalidArgumentError(
         "no etcd endpoint given (host:port of an etcd client URL)");
@@ -151,25 +156,33 @@ absl::StatusOr<std::vector<EtcdKeyValue>> EtcdClient::GetPrefix(
   });
 }
 
-absl::StatusOr<bool> EtcdClient::PutIfModRevision(const std::string& key,
-                                                  const std::string& value,
-                                                  int64_t mod_revision,
-                                                  int64_t lease) {
+absl::StatusOr<bool> EtcdClient::IfModRevision(const std::string& key,
+                                               int64_t mod_revision,
+                                               etcdserverpb::RequestOp op) {
   etcdserverpb::TxnRequest txn;
   etcdserverpb::Compare* cmp = txn.add_compare();
   cmp->set_key(key);
   cmp->set_result(etcdserverpb::Compare::EQUAL);
   cmp->set_target(etcdserverpb::Compare::MOD);
   cmp->set_mod_revision(mod_revision);
-  etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
-  put->set_key(key);
-  put->set_value(value);
-  put->set_lease(lease);
+  *txn.add_success() = std::move(op);
   etcdserverpb::TxnResponse resp;
   const absl::Status s =
       FromGrpc(kv_->Txn(Context().get(), txn, &resp), "transaction");
   if (!s.ok()) return s;
   return resp.succeeded();
+}
+
+absl::StatusOr<bool> EtcdClient::PutIfModRevision(const std::string& key,
+                                                  const std::string& value,
+                                                  int64_t mod_revision,
+                                                  int64_t lease) {
+  etcdserverpb::RequestOp op;
+  etcdserverpb::PutRequest* put = op.mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
+  put->set_lease(lease);
+  return IfModRevision(key, mod_revision, std::move(op));
 }
 
 absl::Status EtcdClient::Delete(const std::string& key) {
@@ -181,18 +194,9 @@ absl::Status EtcdClient::Delete(const std::string& key) {
 
 absl::StatusOr<bool> EtcdClient::DeleteIfModRevision(const std::string& key,
                                                      int64_t mod_revision) {
-  etcdserverpb::TxnRequest txn;
-  etcdserverpb::Compare* cmp = txn.add_compare();
-  cmp->set_key(key);
-  cmp->set_result(etcdserverpb::Compare::EQUAL);
-  cmp->set_target(etcdserverpb::Compare::MOD);
-  cmp->set_mod_revision(mod_revision);
-  txn.add_success()->mutable_request_delete_range()->set_key(key);
-  etcdserverpb::TxnResponse resp;
-  const absl::Status s =
-      FromGrpc(kv_->Txn(Context().get(), txn, &resp), "transaction");
-  if (!s.ok()) return s;
-  return resp.succeeded();
+  etcdserverpb::RequestOp op;
+  op.mutable_request_delete_range()->set_key(key);
+  return IfModRevision(key, mod_revision, std::move(op));
 }
 
 absl::StatusOr<int64_t> EtcdClient::GrantLease(absl::Duration ttl) {

@@ -33,7 +33,9 @@
 namespace kvd::cluster {
 
 struct EtcdClientOptions {
-  std::string endpoint;  // host:port of an etcd client URL (plain gRPC)
+  // host:port of an etcd client URL (plain gRPC); an "http://" prefix and
+  // a trailing "/" are accepted and dropped.
+  std::string endpoint;
   absl::Duration timeout = absl::Seconds(5);  // per call
   // Idempotent calls (reads and lease grants) are retried with jittered
   // exponential backoff for up to this long while etcd is unavailable;
@@ -55,6 +57,8 @@ struct EtcdKeyValue {
 // range_end for a prefix query); "\0" means "to the end" when the prefix is
 // all 0xff bytes.
 std::string PrefixRangeEnd(std::string prefix);
+
+EtcdKeyValue FromProto(const mvccpb::KeyValue& kv);
 
 class EtcdClient {
  public:
@@ -114,6 +118,11 @@ class EtcdClient {
   // in all.
   template <typename T>
   T Retrying(const std::function<T()>& call) const;
+  // Runs `op` only if `key`'s mod revision is still `mod_revision`; true if
+  // it ran.
+  absl::StatusOr<bool> IfModRevision(const std::string& key,
+                                     int64_t mod_revision,
+                                     etcdserverpb::RequestOp op);
   absl::StatusOr<int64_t> GrantLeaseOnce(absl::Duration ttl);
   explicit EtcdClient(EtcdClientOptions options);
   std::unique_ptr<grpc::ClientContext> Context() const;

@@ -36,6 +36,8 @@
 namespace kvd::cluster {
 
 inline constexpr char kNodesPrefix[] = "/kvd/v1/nodes/";
+// /kvd/v1/drain/ID: the node takes no new sessions (kvd cluster drain).
+inline constexpr char kDrainPrefix[] = "/kvd/v1/drain/";
 
 class NodeRegistration {
  public:

@@ -114,9 +114,7 @@ absl::Status PrefixWatch::WatchOnce() {
         if (e.type() == mvccpb::Event::DELETE) {
           kvs_.erase(kv.key());
         } else {
-          kvs_[kv.key()] = EtcdKeyValue{
-              kv.key(),          kv.value(),   kv.create_revision(),
-              kv.mod_revision(), kv.version(), kv.lease()};
+          kvs_[kv.key()] = FromProto(kv);
         }
         revision_ = std::max(revision_, kv.mod_revision());
       }

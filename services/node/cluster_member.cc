@@ -74,10 +74,6 @@ class ClusterMember::DirectoryFence : public engine::SessionFence {
 
 absl::StatusOr<std::unique_ptr<ClusterMember>> ClusterMember::Connect(
     ClusterMemberOptions options) {
-  absl::string_view endpoint = options.etcd_endpoint;
-  absl::ConsumePrefix(&endpoint, "http://");
-  absl::ConsumeSuffix(&endpoint, "/");
-  options.etcd_endpoint = std::string(endpoint);
   if (options.node_id.empty()) {
     return absl::InvalidArgumentError(
         "a node in a cluster needs a --node-id (unique in the cluster)");

@@ -12,12 +12,9 @@ namespace kvd::router {
 
 absl::StatusOr<std::unique_ptr<Routing>> Routing::Connect(
     const std::string& etcd_endpoint) {
-  absl::string_view endpoint = etcd_endpoint;
-  absl::ConsumePrefix(&endpoint, "http://");
-  absl::ConsumeSuffix(&endpoint, "/");
   std::unique_ptr<Routing> r(new Routing());
   absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> etcd =
-      cluster::EtcdClient::Connect({.endpoint = std::string(endpoint)});
+      cluster::EtcdClient::Connect({.endpoint = etcd_endpoint});
   if (!etcd.ok()) return etcd.status();
   r->etcd_ = std::move(*etcd);
   r->directory_ = std::make_unique<cluster::SessionDirectory>(r->etcd_.get());
@@ -27,7 +24,8 @@ absl::StatusOr<std::unique_ptr<Routing>> Routing::Connect(
   if (!nodes.ok()) return nodes.status();
   r->nodes_ = std::move(*nodes);
   absl::StatusOr<std::unique_ptr<cluster::PrefixWatch>> drains =
-      cluster::PrefixWatch::Start(r->etcd_.get(), {.prefix = kDrainPrefix});
+      cluster::PrefixWatch::Start(r->etcd_.get(),
+                                  {.prefix = cluster::kDrainPrefix});
   if (!drains.ok()) return drains.status();
   r->drains_ = std::move(*drains);
   return r;
@@ -47,7 +45,7 @@ std::vector<cluster::NodeInfo> Routing::LiveNodes() {
 std::set<std::string> Routing::Drained() {
   std::set<std::string> out;
   for (const auto& [key, kv] : drains_->Snapshot()) {
-    out.insert(key.substr(sizeof(kDrainPrefix) - 1));
+    out.insert(key.substr(sizeof(cluster::kDrainPrefix) - 1));
   }
   return out;
 }

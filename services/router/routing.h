@@ -28,8 +28,6 @@
 
 namespace kvd::router {
 
-inline constexpr char kDrainPrefix[] = "/kvd/v1/drain/";
-
 // Where a request goes, and why (for metrics and logs).
 struct Target {
   cluster::NodeInfo node;

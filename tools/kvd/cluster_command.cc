@@ -22,8 +22,6 @@
 namespace kvd::cli {
 namespace {
 
-constexpr char kDrainPrefix[] = "/kvd/v1/drain/";
-
 absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> Connect(const Args& a) {
   KVD_ASSIGN_OR_RETURN(std::string endpoint, EtcdEndpoint(a));
   absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> etcd =
@@ -50,20 +48,18 @@ absl::Status Status(const Args& a) {
   KVD_ASSIGN_OR_RETURN(std::vector<cluster::EtcdKeyValue> nodes,
                        etcd->GetPrefix(cluster::kNodesPrefix, &revision));
   KVD_ASSIGN_OR_RETURN(std::vector<cluster::EtcdKeyValue> drains,
-                       etcd->GetPrefix(kDrainPrefix));
+                       etcd->GetPrefix(cluster::kDrainPrefix));
   KVD_ASSIGN_OR_RETURN(std::vector<cluster::EtcdKeyValue> sessions,
                        etcd->GetPrefix(cluster::kSessionsPrefix));
   std::set<std::string> drained;
   for (const auto& kv : drains) {
-    drained.insert(kv.key.substr(sizeof(kDrainPrefix) - 1));
+    drained.insert(kv.key.substr(sizeof(cluster::kDrainPrefix) - 1));
   }
   std::map<std::string, int64_t> per_owner;
   for (const auto& kv : sessions) {
-    // The owner only: the value is the directory entry's JSON.
-    const size_t at = kv.value.find("\"owner\":\"");
-    if (at == std::string::npos) continue;
-    const size_t from = at + 9, to = kv.value.find('"', from);
-    per_owner[kv.value.substr(from, to - from)]++;
+    absl::StatusOr<cluster::DirectoryEntry> e =
+        cluster::DecodeDirectoryEntry(kv);
+    if (e.ok()) per_owner[e->owner]++;
   }
   std::printf("etcd %s  revision %lld  %zu sessions in the directory\n\n",
               etcd->endpoint().c_str(), static_cast<long long>(revision),
@@ -103,7 +99,7 @@ absl::Status Status(const Args& a) {
 
 absl::Status Drain(const Args& a, const std::string& node, bool on) {
   KVD_ASSIGN_OR_RETURN(std::unique_ptr<cluster::EtcdClient> etcd, Connect(a));
-  const std::string key = absl::StrCat(kDrainPrefix, node);
+  const std::string key = absl::StrCat(cluster::kDrainPrefix, node);
   if (!on) {
     KVD_RETURN_IF_ERROR(etcd->Delete(key));
     std::printf("node '%s' takes new sessions again\n", node.c_str());
