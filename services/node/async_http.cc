@@ -21,7 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "nlohmann/json.hpp"
+#include "services/node/openai_request.h"
 
 namespace kvd::node {
 namespace {
@@ -50,17 +50,11 @@ std::string PercentDecode(absl::string_view s, bool plus_is_space) {
   return out;
 }
 
-// OpenAI's error format; `code` null when empty.
+// OpenAI's error format (openai_request.h), `code` null when empty.
 std::string ErrorJson(absl::string_view message, absl::string_view code = "",
                       absl::string_view type = "invalid_request_error") {
-  nlohmann::json j = {{"error",
-                       {{"message", message},
-                        {"type", type},
-                        {"param", nullptr},
-                        {"code", nullptr}}}};
-  if (!code.empty()) j["error"]["code"] = code;
-  // Messages quote the request (its path): never throw on invalid UTF-8.
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return ApiErrorJson(ApiError{0, std::string(message), std::string(type), "",
+                               std::string(code)});
 }
 
 std::string Reason(int status) {

@@ -50,12 +50,17 @@ class RawClient {
     char buf[4096];
     while (absl::Now() < deadline) {
       const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
-      if (n == 0) break;
+      if (n == 0) {
+        closed_by_peer_ = true;
+        break;
+      }
       if (n > 0) out.append(buf, n);
       if (!until.empty() && absl::StrContains(out, until)) break;
     }
     return out;
   }
+  // Whether the server closed the connection (seen by Read).
+  bool closed_by_peer() const { return closed_by_peer_; }
   void Close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -64,6 +69,7 @@ class RawClient {
  private:
   int fd_ = -1;
   bool connected_ = false;
+  bool closed_by_peer_ = false;
 };
 
 std::string Get(const std::string& path) {
@@ -218,15 +224,17 @@ TEST_F(AsyncHttpTest, SilentAndSlowConnectionsAreClosed) {
   o.read_timeout = absl::Milliseconds(600);
   StartServer(o);
   RawClient idle(port_);
-  EXPECT_EQ(idle.Read(), "");  // closed by the server, nothing said
+  EXPECT_EQ(idle.Read(), "");          // nothing said...
+  EXPECT_TRUE(idle.closed_by_peer());  // ...and closed by the server
   RawClient slow(port_);
   slow.Send("GET /healthz HTTP/1.1\r\n");
-  // Trickles a header line every 200 ms: the request never completes.
-  std::string got;
+  // Trickles a header line every 200 ms, so it is never silent for the idle
+  // timeout; the request never completes, and the read timeout closes it.
   for (int i = 0; i < 10 && slow.Send("X: y\r\n"); ++i) {
     absl::SleepFor(absl::Milliseconds(200));
   }
   EXPECT_FALSE(absl::StrContains(slow.Read(), "200 OK"));
+  EXPECT_TRUE(slow.closed_by_peer());
 }
 
 TEST_F(AsyncHttpTest, AClientThatLeavesIsSeenAtOnce) {

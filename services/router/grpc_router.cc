@@ -46,56 +46,49 @@ class ForwardingService final : public v1::Sessions::Service {
   grpc::Status CreateSession(grpc::ServerContext* ctx,
                              const v1::CreateSessionRequest* request,
                              v1::Session* response) override {
-    std::string tenant, model;
-    if (grpc::Status s = Begin(ctx, request->session_id(), &tenant); !s.ok()) {
+    if (request->session_id().empty()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "name the session (session_id) when creating it "
+                          "through a router: it is placed by its name");
+    }
+    Call call;
+    if (grpc::Status s =
+            Resolve(ctx, request->session_id(), How::kPlace, &call);
+        !s.ok()) {
       return s;
     }
-    absl::StatusOr<Target> t = OwnerOrPlace(ctx, tenant, request->session_id());
-    if (!t.ok()) return ToGrpc(t.status());
-    v1::Sessions::Stub* stub = Stub(*t);
-    if (stub == nullptr) return Unreachable(*t);
-    auto up = Upstream(ctx, tenant);
-    return stub->CreateSession(up.get(), *request, response);
+    return call.stub->CreateSession(call.up.get(), *request, response);
   }
 
   grpc::Status GetSession(grpc::ServerContext* ctx,
                           const v1::GetSessionRequest* request,
                           v1::Session* response) override {
-    std::string tenant;
-    if (grpc::Status s = Begin(ctx, request->session_id(), &tenant); !s.ok()) {
+    Call call;
+    if (grpc::Status s =
+            Resolve(ctx, request->session_id(), How::kOwner, &call);
+        !s.ok()) {
       return s;
     }
-    absl::StatusOr<Target> t =
-        routing_->Owner(tenant, request->session_id(), "", nullptr);
-    if (!t.ok()) return ToGrpc(t.status());
-    v1::Sessions::Stub* stub = Stub(*t);
-    if (stub == nullptr) return Unreachable(*t);
-    auto up = Upstream(ctx, tenant);
-    return stub->GetSession(up.get(), *request, response);
+    return call.stub->GetSession(call.up.get(), *request, response);
   }
 
   grpc::Status DeleteSession(grpc::ServerContext* ctx,
                              const v1::DeleteSessionRequest* request,
                              v1::DeleteSessionResponse* response) override {
-    std::string tenant;
-    if (grpc::Status s = Begin(ctx, request->session_id(), &tenant); !s.ok()) {
+    Call call;
+    if (grpc::Status s =
+            Resolve(ctx, request->session_id(), How::kOwner, &call);
+        !s.ok()) {
       return s;
     }
-    cluster::DirectoryEntry entry;
-    absl::StatusOr<Target> t =
-        routing_->Owner(tenant, request->session_id(), "", &entry);
-    if (!t.ok()) return ToGrpc(t.status());
-    v1::Sessions::Stub* stub = Stub(*t);
-    if (stub == nullptr) return Unreachable(*t);
     // The directory forgets it first, so no turn starts it again between
     // the node's delete and the directory's.
-    if (absl::Status removed =
-            routing_->directory().Remove(tenant, request->session_id(), entry);
+    if (absl::Status removed = routing_->directory().Remove(
+            call.tenant, request->session_id(), call.entry);
         !removed.ok()) {
       return ToGrpc(removed);
     }
-    auto up = Upstream(ctx, tenant);
-    return stub->DeleteSession(up.get(), *request, response);
+    return call.stub->DeleteSession(call.up.get(), *request, response);
   }
 
   grpc::Status ListSessions(grpc::ServerContext* ctx,
@@ -114,57 +107,30 @@ class ForwardingService final : public v1::Sessions::Service {
   grpc::Status Generate(
       grpc::ServerContext* ctx, const v1::GenerateRequest* request,
       grpc::ServerWriter<v1::GenerateResponse>* writer) override {
-    std::string tenant, model;
-    if (grpc::Status s = Begin(ctx, request->session_id(), &tenant); !s.ok()) {
+    Call call;
+    if (grpc::Status s =
+            Resolve(ctx, request->session_id(), How::kPlace, &call);
+        !s.ok()) {
       return s;
     }
-    absl::StatusOr<Target> t;
-    if (request->session_id().empty()) {
-      if (grpc::Status s = Model(ctx, &model); !s.ok()) return s;
-      t = routing_->Stateless(model, {});
-    } else {
-      t = OwnerOrPlace(ctx, tenant, request->session_id());
-    }
-    if (!t.ok()) return ToGrpc(t.status());
-    v1::Sessions::Stub* stub = Stub(*t);
-    if (stub == nullptr) return Unreachable(*t);
-    auto up = Upstream(ctx, tenant);
-    routing_->placement().Started(t->node.id);
-    auto reader = stub->Generate(up.get(), *request);
-    v1::GenerateResponse r;
-    while (reader->Read(&r)) {
-      if (ctx->IsCancelled() || !writer->Write(r)) {
-        up->TryCancel();  // the client left: so does the node's generation
-        break;
-      }
-    }
-    grpc::Status s = reader->Finish();
-    routing_->placement().Finished(t->node.id);
+    routing_->placement().Started(call.target.node.id);
+    grpc::Status s =
+        Relay(call.stub->Generate(call.up.get(), *request), ctx, writer, call);
+    routing_->placement().Finished(call.target.node.id);
     return s;
   }
 
   grpc::Status ExportSession(
       grpc::ServerContext* ctx, const v1::ExportSessionRequest* request,
       grpc::ServerWriter<v1::ExportSessionResponse>* writer) override {
-    std::string tenant;
-    if (grpc::Status s = Begin(ctx, request->session_id(), &tenant); !s.ok()) {
+    Call call;
+    if (grpc::Status s =
+            Resolve(ctx, request->session_id(), How::kOwner, &call);
+        !s.ok()) {
       return s;
     }
-    absl::StatusOr<Target> t =
-        routing_->Owner(tenant, request->session_id(), "", nullptr);
-    if (!t.ok()) return ToGrpc(t.status());
-    v1::Sessions::Stub* stub = Stub(*t);
-    if (stub == nullptr) return Unreachable(*t);
-    auto up = Upstream(ctx, tenant);
-    auto reader = stub->ExportSession(up.get(), *request);
-    v1::ExportSessionResponse r;
-    while (reader->Read(&r)) {
-      if (!writer->Write(r)) {
-        up->TryCancel();
-        break;
-      }
-    }
-    return reader->Finish();
+    return Relay(call.stub->ExportSession(call.up.get(), *request), ctx, writer,
+                 call);
   }
 
   grpc::Status Cancel(grpc::ServerContext*, const v1::CancelRequest*,
@@ -188,16 +154,12 @@ class ForwardingService final : public v1::Sessions::Service {
                           "message) when importing through a router: it "
                           "places the session before any byte is sent");
     }
-    std::string tenant;
-    if (grpc::Status s = Begin(ctx, first.session_id(), &tenant); !s.ok()) {
+    Call call;
+    if (grpc::Status s = Resolve(ctx, first.session_id(), How::kPlace, &call);
+        !s.ok()) {
       return s;
     }
-    absl::StatusOr<Target> t = OwnerOrPlace(ctx, tenant, first.session_id());
-    if (!t.ok()) return ToGrpc(t.status());
-    v1::Sessions::Stub* stub = Stub(*t);
-    if (stub == nullptr) return Unreachable(*t);
-    auto up = Upstream(ctx, tenant);
-    auto out = stub->ImportSession(up.get(), response);
+    auto out = call.stub->ImportSession(call.up.get(), response);
     bool ok = out->Write(first);
     v1::ImportSessionRequest next;
     while (ok && in->Read(&next)) ok = out->Write(next);
@@ -205,11 +167,61 @@ class ForwardingService final : public v1::Sessions::Service {
     // A failed import leaves its placement: the session's first turn would
     // start it there, empty (removing the entry here could race another
     // router's placement of the same name).
-    grpc::Status s = out->Finish();
-    return s;
+    return out->Finish();
   }
 
  private:
+  // Where a call goes: the tenant, the node, its stub and the upstream
+  // call's context (deadline, router token, tenant).
+  struct Call {
+    std::string tenant;
+    Target target;
+    cluster::DirectoryEntry entry;  // kOwner: the entry read
+    v1::Sessions::Stub* stub = nullptr;
+    std::unique_ptr<grpc::ClientContext> up;
+  };
+  // kOwner: the session's owner; kPlace: the owner, placing a session the
+  // directory lacks first, or (no session) any node of the call's model.
+  enum class How { kOwner, kPlace };
+
+  grpc::Status Resolve(const grpc::ServerContext* ctx,
+                       const std::string& session, How how, Call* call) {
+    if (grpc::Status s = Begin(ctx, session, &call->tenant); !s.ok()) return s;
+    absl::StatusOr<Target> t;
+    if (how == How::kOwner) {
+      t = routing_->Owner(call->tenant, session, "", &call->entry);
+    } else if (!session.empty()) {
+      t = OwnerOrPlace(ctx, call->tenant, session);
+    } else {
+      std::string model;
+      if (grpc::Status s = Model(ctx, &model); !s.ok()) return s;
+      t = routing_->Stateless(model, {});
+    }
+    if (!t.ok()) return ToGrpc(t.status());
+    call->target = *std::move(t);
+    call->stub = Stub(call->target);
+    if (call->stub == nullptr) return Unreachable(call->target);
+    call->up = Upstream(ctx, call->tenant);
+    return grpc::Status::OK;
+  }
+
+  // Passes a node's response stream on; a client that leaves cancels the
+  // node's call too.
+  template <typename Response>
+  static grpc::Status Relay(
+      std::unique_ptr<grpc::ClientReader<Response>> reader,
+      grpc::ServerContext* ctx, grpc::ServerWriter<Response>* writer,
+      const Call& call) {
+    Response r;
+    while (reader->Read(&r)) {
+      if (ctx->IsCancelled() || !writer->Write(r)) {
+        call.up->TryCancel();
+        break;
+      }
+    }
+    return reader->Finish();
+  }
+
   // The caller's tenant, and a valid session id when one is given.
   grpc::Status Begin(const grpc::ServerContext* ctx, const std::string& session,
                      std::string* tenant) {

@@ -27,7 +27,6 @@
 #include "services/node/openai_request.h"
 #include "services/router/grpc_router.h"
 #include "services/router/placement.h"
-#include "services/router/router_metrics.h"
 #include "services/router/routing.h"
 
 namespace kvd::router {
@@ -43,19 +42,6 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 std::string NewRequestId() {
   thread_local std::mt19937_64 rng(std::random_device{}());
   return absl::StrFormat("req-%016x", rng());
-}
-
-std::string PercentEncode(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.' ||
-        c == '~') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      absl::StrAppendFormat(&out, "%%%02X", c);
-    }
-  }
-  return out;
 }
 
 // What one forwarded request's upstream thread hands the client's thread:
@@ -75,6 +61,21 @@ struct Pipe {
   // connection stops the node's generation).
   void Abandon() {
     absl::MutexLock lock(&mu);
+    AbandonLocked();
+  }
+
+  // Waits until `until` holds; a client that leaves meanwhile abandons the
+  // exchange (and `until` should then hold soon: the exchange ends).
+  void AwaitWatchingClient(const absl::Condition& until,
+                           const node::HttpRequest& req) {
+    absl::MutexLock lock(&mu);
+    while (!mu.AwaitWithTimeout(until, absl::Milliseconds(100))) {
+      if (req.peer_closed() && !client_gone) AbandonLocked();
+    }
+  }
+
+ private:
+  void AbandonLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     client_gone = true;
     if (client != nullptr) client->stop();
   }
@@ -197,17 +198,12 @@ void RouterImpl::Routes() {
   server_->Route(
       "GET", "/metrics",
       [this](const node::HttpRequest&, node::HttpResponse& res) {
-        const std::string gauges = absl::StrCat(
-            "# TYPE kvd_router_live_nodes gauge\n", "kvd_router_live_nodes ",
-            routing_->LiveNodes().size(), "\n",
-            "# TYPE kvd_router_membership_synced gauge\n",
-            "kvd_router_membership_synced ", routing_->synced() ? 1 : 0, "\n",
-            "# TYPE kvd_router_membership_resyncs counter\n",
-            "kvd_router_membership_resyncs ", routing_->resyncs(), "\n",
-            "# TYPE kvd_router_draining_nodes gauge\n",
-            "kvd_router_draining_nodes ", routing_->Drained().size(), "\n");
-        res.set_content(routing_->metrics().Render(gauges),
-                        "text/plain; version=0.0.4");
+        node::Metrics& m = routing_->metrics();
+        m.Set("kvd_router_live_nodes", {}, routing_->LiveNodes().size());
+        m.Set("kvd_router_draining_nodes", {}, routing_->Drained().size());
+        m.Set("kvd_router_membership_synced", {}, routing_->synced() ? 1 : 0);
+        m.Set("kvd_router_membership_resyncs", {}, routing_->resyncs());
+        res.set_content(m.Render(), "text/plain; version=0.0.4");
       },
       /*on_io_thread=*/true);
   server_->Route("GET", "/v1/models",
@@ -268,21 +264,13 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
   for (const char* h : {"Content-Type", "Accept", "X-Session-Id"}) {
     if (req.has_header(h)) headers.emplace(h, req.get_header_value(h));
   }
-  std::string path = req.path;
-  if (!req.params.empty()) {
-    std::string query;
-    for (const auto& [k, v] : req.params) {
-      absl::StrAppend(&query, query.empty() ? "?" : "&", PercentEncode(k), "=",
-                      PercentEncode(v));
-    }
-    path += query;
-  }
+  const std::string path = req.target;  // as the client sent it, query too
   const std::string url = target.node.http_url;
   if (!options_.ca_cert_path.empty() && !absl::StartsWith(url, "https://")) {
     // The router token must not travel in the clear, nor to a "node" that
     // merely wrote a plain URL into etcd.
-    routing_->metrics().Count("kvd_router_errors_total",
-                              {{"kind", "node_without_tls"}});
+    routing_->metrics().Add("kvd_router_errors_total",
+                            {{"kind", "node_without_tls"}});
     SendError(res, absl::UnavailableError(absl::StrCat(
                        "node '", target.node.id, "' advertises ", url,
                        ", not https, while this router requires TLS "
@@ -346,20 +334,13 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
   {
     // A client that leaves while the node has not answered yet ends the
     // upstream exchange too.
-    pipe->mu.Lock();
-    while (!pipe->mu.AwaitWithTimeout(
+    pipe->AwaitWatchingClient(
         absl::Condition(
             +[](Pipe* p) { return p->headers || p->done; }, pipe.get()),
-        absl::Milliseconds(100))) {
-      if (req.peer_closed() && !pipe->client_gone) {
-        pipe->mu.Unlock();
-        pipe->Abandon();
-        pipe->mu.Lock();
-      }
-    }
-    pipe->mu.Unlock();
+        req);
   }
-  routing_->metrics().ObserveUpstream(SecondsSince(start));
+  routing_->metrics().Observe("kvd_router_upstream_seconds", {},
+                              SecondsSince(start));
   bool headers_came, sse;
   httplib::Error error;
   {
@@ -379,8 +360,8 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
   if (!headers_came) {
     routing_->placement().Finished(target.node.id);
     if (error == httplib::Error::Connection) {
-      routing_->metrics().Count("kvd_router_errors_total",
-                                {{"kind", "upstream_connect"}});
+      routing_->metrics().Add("kvd_router_errors_total",
+                              {{"kind", "upstream_connect"}});
       if (session.empty()) return false;  // nothing sent: try another node
       SendError(res, absl::UnavailableError(absl::StrCat(
                          "node '", target.node.id, "', which holds session '",
@@ -389,8 +370,8 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
                          "while")));
       return true;
     }
-    routing_->metrics().Count("kvd_router_errors_total",
-                              {{"kind", "upstream_failed"}});
+    routing_->metrics().Add("kvd_router_errors_total",
+                            {{"kind", "upstream_failed"}});
     SendError(res, absl::UnavailableError(absl::StrCat(
                        "node '", target.node.id, "' failed before answering (",
                        httplib::to_string(error), ")",
@@ -432,16 +413,7 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
   {
     // Nothing goes to the client until the node is done, so its leaving
     // is seen on its connection.
-    pipe->mu.Lock();
-    while (!pipe->mu.AwaitWithTimeout(absl::Condition(&pipe->done),
-                                      absl::Milliseconds(100))) {
-      if (req.peer_closed() && !pipe->client_gone) {
-        pipe->mu.Unlock();
-        pipe->Abandon();
-        pipe->mu.Lock();
-      }
-    }
-    pipe->mu.Unlock();
+    pipe->AwaitWatchingClient(absl::Condition(&pipe->done), req);
     absl::MutexLock lock(&pipe->mu);
     for (const std::string& c : pipe->chunks) content += c;
     res.set_content(std::move(content), pipe->content_type.empty()
@@ -459,9 +431,9 @@ void RouterImpl::HandleGenerate(const node::HttpRequest& req,
   double routing_s = -1;
   auto finish = [&](const absl::Status& s) {
     if (!s.ok()) SendError(res, s);
-    routing_->metrics().Count("kvd_router_requests_total",
-                              {{"route", route.empty() ? "refused" : route},
-                               {"code", absl::StrCat(res.status)}});
+    routing_->metrics().Add("kvd_router_requests_total",
+                            {{"route", route.empty() ? "refused" : route},
+                             {"code", absl::StrCat(res.status)}});
     Log(req, res, tenant, session, node_id, route, start, routing_s);
   };
   absl::StatusOr<std::string> t = Tenant(req);
@@ -515,7 +487,7 @@ void RouterImpl::HandleGenerate(const node::HttpRequest& req,
     route = target->route;
     routing_s = SecondsSince(start);
     if (Forward(*target, tenant, req, res, "")) return finish(absl::OkStatus());
-    routing_->metrics().Count("kvd_router_retries_total", {});
+    routing_->metrics().Add("kvd_router_retries_total", {});
     tried.insert(target->node.id);
   }
   finish(absl::UnavailableError(absl::StrCat(
@@ -530,9 +502,9 @@ void RouterImpl::HandleSession(const node::HttpRequest& req,
   const std::string session = req.matches[1];
   auto finish = [&](const absl::Status& s) {
     if (!s.ok()) SendError(res, s);
-    routing_->metrics().Count("kvd_router_requests_total",
-                              {{"route", route.empty() ? "refused" : route},
-                               {"code", absl::StrCat(res.status)}});
+    routing_->metrics().Add("kvd_router_requests_total",
+                            {{"route", route.empty() ? "refused" : route},
+                             {"code", absl::StrCat(res.status)}});
     Log(req, res, tenant, session, node_id, route, start, -1);
   };
   absl::StatusOr<std::string> t = Tenant(req);
@@ -551,8 +523,8 @@ void RouterImpl::HandleSession(const node::HttpRequest& req,
     // The directory forgets the session first (if it did not change since
     // it was read), so no turn can start it again on its node between the
     // node's delete and the directory's.
-    routing_->metrics().Count("kvd_router_directory_ops_total",
-                              {{"op", "remove"}});
+    routing_->metrics().Add("kvd_router_directory_ops_total",
+                            {{"op", "remove"}});
     if (absl::Status removed =
             routing_->directory().Remove(tenant, session, entry);
         !removed.ok()) {
@@ -567,7 +539,7 @@ void RouterImpl::HandleListSessions(const node::HttpRequest& req,
                                     node::HttpResponse& res) {
   absl::StatusOr<std::string> tenant = Tenant(req);
   if (!tenant.ok()) return SendError(res, tenant.status());
-  routing_->metrics().Count("kvd_router_directory_ops_total", {{"op", "list"}});
+  routing_->metrics().Add("kvd_router_directory_ops_total", {{"op", "list"}});
   auto listed = routing_->directory().List(*tenant);
   if (!listed.ok()) return SendError(res, listed.status());
   json data = json::array();

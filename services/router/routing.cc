@@ -10,6 +10,27 @@
 
 namespace kvd::router {
 
+Routing::Routing() {
+  metrics_.DeclareCounter("kvd_router_requests_total",
+                          "Requests by routing decision and status code.");
+  metrics_.DeclareCounter("kvd_router_directory_ops_total",
+                          "Directory reads and transactions, by operation.");
+  metrics_.DeclareCounter("kvd_router_errors_total", "Routing errors by kind.");
+  metrics_.DeclareCounter("kvd_router_retries_total",
+                          "Stateless requests tried on another node.");
+  metrics_.DeclareHistogram(
+      "kvd_router_upstream_seconds",
+      "Time until a node answered with its response headers.",
+      {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10});
+  metrics_.DeclareGauge("kvd_router_live_nodes", "Nodes in membership.");
+  metrics_.DeclareGauge("kvd_router_draining_nodes", "Nodes being drained.");
+  metrics_.DeclareGauge("kvd_router_membership_synced",
+                        "1 while the membership watch is up to date.");
+  metrics_.DeclareGauge("kvd_router_membership_resyncs",
+                        "Membership reloads after etcd compacted the watch's "
+                        "revision.");
+}
+
 absl::StatusOr<std::unique_ptr<Routing>> Routing::Connect(
     const std::string& etcd_endpoint) {
   std::unique_ptr<Routing> r(new Routing());
@@ -54,7 +75,7 @@ absl::StatusOr<Target> Routing::Owner(const std::string& tenant,
                                       const std::string& session,
                                       const std::string& model,
                                       cluster::DirectoryEntry* entry) {
-  metrics_.Count("kvd_router_directory_ops_total", {{"op", "lookup"}});
+  metrics_.Add("kvd_router_directory_ops_total", {{"op", "lookup"}});
   absl::StatusOr<std::optional<cluster::DirectoryEntry>> e =
       directory_->Lookup(tenant, session);
   if (!e.ok()) return e.status();
@@ -72,7 +93,7 @@ absl::StatusOr<Target> Routing::Owner(const std::string& tenant,
     }
     return Target{std::move(n), "owner"};
   }
-  metrics_.Count("kvd_router_errors_total", {{"kind", "owner_down"}});
+  metrics_.Add("kvd_router_errors_total", {{"kind", "owner_down"}});
   return absl::UnavailableError(absl::StrCat(
       "session '", session, "' lives on node '", (*e)->owner,
       "', which is not live (stopped, restarting or cut off from etcd); "
@@ -89,10 +110,10 @@ absl::StatusOr<Target> Routing::Place(const std::string& tenant,
     const std::vector<cluster::NodeInfo> live = LiveNodes();
     absl::StatusOr<std::string> id = placement_.Pick(live, model, Drained());
     if (!id.ok()) {
-      metrics_.Count("kvd_router_errors_total", {{"kind", "no_node"}});
+      metrics_.Add("kvd_router_errors_total", {{"kind", "no_node"}});
       return id.status();
     }
-    metrics_.Count("kvd_router_directory_ops_total", {{"op", "create"}});
+    metrics_.Add("kvd_router_directory_ops_total", {{"op", "create"}});
     absl::StatusOr<cluster::DirectoryEntry> created =
         directory_->Create(tenant, session, *id);
     if (created.status().code() == absl::StatusCode::kAlreadyExists) {
@@ -117,7 +138,7 @@ absl::StatusOr<Target> Routing::Stateless(const std::string& model,
   }
   absl::StatusOr<std::string> id = placement_.Pick(usable, model, Drained());
   if (!id.ok()) {
-    metrics_.Count("kvd_router_errors_total", {{"kind", "no_node"}});
+    metrics_.Add("kvd_router_errors_total", {{"kind", "no_node"}});
     return id.status();
   }
   for (cluster::NodeInfo& n : usable) {

@@ -23,8 +23,8 @@
 #include "services/cluster/etcd_client.h"
 #include "services/cluster/node_info.h"
 #include "services/cluster/prefix_watch.h"
+#include "services/node/metrics.h"
 #include "services/router/placement.h"
-#include "services/router/router_metrics.h"
 
 namespace kvd::router {
 
@@ -62,19 +62,19 @@ class Routing {
   std::set<std::string> Drained();
   cluster::SessionDirectory& directory() { return *directory_; }
   Placement& placement() { return placement_; }
-  RouterMetrics& metrics() { return metrics_; }
+  node::Metrics& metrics() { return metrics_; }
   // Membership's watch: up to date, and how often it reloaded.
   bool synced() const { return nodes_->synced(); }
   int64_t resyncs() const { return nodes_->resyncs(); }
 
  private:
-  Routing() = default;
+  Routing();
 
   std::unique_ptr<cluster::EtcdClient> etcd_;
   std::unique_ptr<cluster::SessionDirectory> directory_;
   std::unique_ptr<cluster::PrefixWatch> nodes_, drains_;
   Placement placement_;
-  RouterMetrics metrics_;
+  node::Metrics metrics_;
 };
 
 }  // namespace kvd::router

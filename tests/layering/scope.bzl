@@ -275,7 +275,6 @@ SCOPE = [
     "//services/router:placement",
     "//services/router:placement_test",
     "//services/router:router",
-    "//services/router:router_metrics",
     "//services/router:routing",
     "//storage/checkpoint:codec",
     "//storage/checkpoint:codec_fuzz_test",
