@@ -318,6 +318,17 @@ absl::StatusOr<bool> SessionEngine::ClaimForTurn(const Key& key) {
   // A damaged manifest is the restore's to report (and salvage).
   if (!stored.ok()) return false;
   const uint64_t mine = storage::EpochOf(*stored);
+  if (mine + 1 == epoch && storage::IsReplica(*stored)) {
+    // A copy handed to this node (StoreReplica) before the directory moved
+    // the session here: the move committed it, so this node takes it up.
+    // The directory moves a session only to a node that holds its whole
+    // committed state, which makes this copy current.
+    KVD_RETURN_IF_ERROR(
+        ChangeOwner(key, options_.node_id, epoch, v1::SESSION_ROLE_PRIMARY));
+    absl::MutexLock lock(&mu_);
+    stats_.replicas_adopted++;
+    return false;
+  }
   if (mine < epoch) {
     // The session moved on and came back: the copy here may be missing
     // turns committed elsewhere meanwhile. Only a move that brings the
@@ -378,6 +389,48 @@ absl::Status SessionEngine::ImportSession(
   }
   checkpoint.ReplaceManifest(std::move(imported));
   return store_->PutSession(std::move(checkpoint));
+}
+
+absl::Status SessionEngine::StoreReplica(
+    storage::SessionCheckpoint checkpoint) {
+  const v1::SessionManifest& m = checkpoint.manifest();
+  const std::string& tenant = m.tenant();
+  const std::string& session = m.session_id();
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  KVD_RETURN_IF_ERROR(storage::CheckCompatible(m.model(), identity_, session));
+  const Key key(tenant, session);
+  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  absl::MutexLock session_lock(session_mu.get());
+  const uint64_t epoch = storage::EpochOf(m);
+  absl::StatusOr<v1::SessionManifest> mine =
+      store_->GetManifest(tenant, session);
+  if (mine.ok()) {
+    const uint64_t my_epoch = storage::EpochOf(*mine);
+    const bool live_here = !storage::IsReplica(*mine) &&
+                           mine->owner_node() == options_.node_id &&
+                           my_epoch >= epoch;
+    if (my_epoch > epoch || live_here) {
+      return absl::AbortedError(absl::StrCat(
+          SessionName(tenant, session), " is stored here at epoch ", my_epoch,
+          " as ", storage::IsReplica(*mine) ? "a replica" : "its primary",
+          "; a copy from epoch ", epoch,
+          " would replace a newer one. Nothing was written"));
+    }
+  } else if (mine.status().code() != absl::StatusCode::kNotFound &&
+             mine.status().code() != absl::StatusCode::kDataLoss) {
+    return mine.status();
+  }
+  v1::SessionManifest replica = m;
+  replica.set_format_version(storage::kCheckpointFormatVersion);
+  replica.set_role(v1::SESSION_ROLE_REPLICA);
+  replica.set_epoch(epoch);
+  checkpoint.ReplaceManifest(std::move(replica));
+  Drop(key);  // hot state of an older copy
+  KVD_RETURN_IF_ERROR(store_->PutSession(std::move(checkpoint)));
+  absl::MutexLock lock(&mu_);
+  stats_.replicas_stored++;
+  return absl::OkStatus();
 }
 
 absl::Status SessionEngine::CheckMayCommit(

@@ -189,6 +189,9 @@ struct EngineStats {
   int64_t restore_pauses = 0;
   // Turns that found their session frozen (a move) and waited.
   int64_t turns_held_frozen = 0;
+  // Replica copies stored (StoreReplica) and adopted by a turn.
+  int64_t replicas_stored = 0;
+  int64_t replicas_adopted = 0;
   SchedulerStats scheduler;  // running / waiting sequences, steps, tokens
 };
 
@@ -291,6 +294,15 @@ class SessionEngine {
   // names this node (it was released to it). ABORTED for a stale epoch.
   absl::Status Adopt(const std::string& tenant, const std::string& session,
                      uint64_t epoch);
+
+  // Stores `checkpoint`, another node's committed copy that the caller has
+  // verified (a migration's target: services/migration), as a replica copy
+  // here: unlisted and refusing turns, under the owner and epoch its manifest
+  // names. Once the directory gives this node the session at that epoch + 1,
+  // its next turn adopts the copy (see RunTurn). ABORTED if this node's own
+  // copy is from a later epoch, or is the live primary at that epoch;
+  // FAILED_PRECONDITION for another model or precision.
+  absl::Status StoreReplica(storage::SessionCheckpoint checkpoint);
 
   // ---- The rest of the session facade: front ends (HTTP, gRPC, kvd chat)
   // reach stored sessions only through the engine, so tiers, ownership and

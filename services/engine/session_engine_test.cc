@@ -387,6 +387,54 @@ TEST_P(SessionEngineTest, FreezeReleaseAdoptContinuesBitIdentically) {
       << stale.status();
 }
 
+// A migration's target: another node's committed copy is stored as a
+// replica, refused while the directory still names the old epoch, and
+// adopted by the first turn once the directory gives it the next epoch; the
+// conversation continues bit-identically.
+TEST_P(SessionEngineTest, StoredReplicaIsAdoptedByTheNextTurnBitIdentically) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
+  const Transcript reference = Converse(v, nullptr);
+  int between = 0;
+  const Transcript got = Converse(v, [&] {
+    if (++between != 2) return;  // after two turns
+    absl::StatusOr<std::shared_ptr<const storage::SessionCheckpoint>> sent =
+        engine_->ExportSession("acme", "chat-1");
+    ASSERT_TRUE(sent.ok()) << sent.status();
+    storage::SessionCheckpoint copy = **sent;
+    // Node b: a fresh store, the directory still at the source's epoch.
+    FreshDir();
+    OpenStore();
+    auto fence = std::make_shared<FenceTestDouble>();
+    NewEngine(v, identity_, "node-b", fence);
+    ASSERT_TRUE(engine_->StoreReplica(copy).ok());
+    EXPECT_EQ(engine_->GetSession("acme", "chat-1").status().code(),
+              absl::StatusCode::kNotFound);  // a replica is not live
+    Transcript ignored;
+    EXPECT_FALSE(Turn(2, &ignored).ok());
+    // An older copy does not replace it.
+    storage::SessionCheckpoint older = copy;
+    v1::SessionManifest m = older.manifest();
+    m.set_epoch(0);
+    older.ReplaceManifest(m);
+    ASSERT_TRUE(engine_->StoreReplica(older).ok());  // epoch 0 reads as 1
+    // The directory moves the session to node b at the next epoch.
+    fence->Set(storage::EpochOf(copy.manifest()) + 1, absl::OkStatus());
+  });
+  ExpectSameBits(reference, got);
+  EXPECT_EQ(engine_->stats().replicas_adopted, 1);
+  absl::StatusOr<v1::SessionManifest> m = engine_->GetSession("acme", "chat-1");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->owner_node(), "node-b");
+  EXPECT_EQ(m->epoch(), 2u);
+  // Now primary here at epoch 2: a copy from epoch 1 is refused.
+  storage::SessionCheckpoint stale;
+  v1::SessionManifest old = *m;
+  old.set_epoch(1);
+  old.set_owner_node("node-a");
+  stale.Reset(old, {});
+  EXPECT_EQ(engine_->StoreReplica(stale).code(), absl::StatusCode::kAborted);
+}
+
 // In a cluster the fence decides: a session the directory lacks is not
 // served (not even started), one placed here is started by its first turn,
 // a commit the fence refuses writes nothing, a copy older than the

@@ -43,10 +43,11 @@ def kvd_gpu_test(name, tags = [], **kwargs):
         **kwargs
     )
 
-def kvd_proto_library(name, srcs, grpc = False, deps = [], visibility = None):
+def kvd_proto_library(name, srcs, grpc = False, deps = [], imports = [], visibility = None):
     """Generates C++ protobuf (and optionally gRPC) code with the system protoc.
 
-    srcs are .proto files in this package; imports resolve from the workspace root.
+    srcs are .proto files in this package; imports resolve from the workspace root, and
+    `imports` lists the .proto files of `deps` that srcs import (protoc reads them).
     """
     outs = []
     for src in srcs:
@@ -62,7 +63,7 @@ def kvd_proto_library(name, srcs, grpc = False, deps = [], visibility = None):
                " ".join(["$(location %s)" % s for s in srcs]))
     native.genrule(
         name = name + "_gen",
-        srcs = srcs + [d + "_srcs" for d in []],
+        srcs = srcs + imports,
         outs = outs,
         cmd = cmd,
     )
