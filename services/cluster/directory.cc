@@ -141,4 +141,23 @@ SessionDirectory::List(const std::string& tenant) {
   return out;
 }
 
+absl::StatusOr<std::vector<SessionDirectory::OwnedSession>>
+SessionDirectory::ListOwnedBy(const std::string& owner) {
+  absl::StatusOr<std::vector<EtcdKeyValue>> kvs =
+      etcd_->GetPrefix(kSessionsPrefix);
+  if (!kvs.ok()) return kvs.status();
+  std::vector<OwnedSession> out;
+  const size_t prefix = std::string(kSessionsPrefix).size();
+  for (const EtcdKeyValue& kv : *kvs) {
+    absl::StatusOr<DirectoryEntry> e = DecodeDirectoryEntry(kv);
+    if (!e.ok() || e->owner != owner) continue;
+    const std::string rest = kv.key.substr(prefix);
+    const size_t slash = rest.find('/');
+    if (slash == std::string::npos) continue;
+    out.push_back(
+        {rest.substr(0, slash), rest.substr(slash + 1), *std::move(e)});
+  }
+  return out;
+}
+
 }  // namespace kvd::cluster

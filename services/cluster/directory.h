@@ -66,6 +66,16 @@ class SessionDirectory {
   absl::StatusOr<std::vector<std::pair<std::string, DirectoryEntry>>> List(
       const std::string& tenant);
 
+  // Every session `owner` owns, across tenants, in key order (a drain's
+  // work list).
+  struct OwnedSession {
+    std::string tenant;
+    std::string session;
+    DirectoryEntry entry;
+  };
+  absl::StatusOr<std::vector<OwnedSession>> ListOwnedBy(
+      const std::string& owner);
+
   static std::string Key(const std::string& tenant, const std::string& session);
 
  private:

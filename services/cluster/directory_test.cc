@@ -82,5 +82,21 @@ TEST_F(DirectoryTest, ListsATenantsSessionsAndRemovesOnlyTheEntryItRead) {
   EXPECT_FALSE(dir.Lookup("acme", "a")->has_value());
 }
 
+TEST_F(DirectoryTest, ListsWhatANodeOwnsAcrossTenants) {
+  SessionDirectory dir(client_.get());
+  ASSERT_TRUE(dir.Create("acme", "a", "n1").ok());
+  ASSERT_TRUE(dir.Create("acme", "b", "n2").ok());
+  ASSERT_TRUE(dir.Create("zeta", "c.1", "n1").ok());
+  auto owned = dir.ListOwnedBy("n1");
+  ASSERT_TRUE(owned.ok()) << owned.status();
+  ASSERT_EQ(owned->size(), 2u);
+  EXPECT_EQ((*owned)[0].tenant, "acme");
+  EXPECT_EQ((*owned)[0].session, "a");
+  EXPECT_EQ((*owned)[1].tenant, "zeta");
+  EXPECT_EQ((*owned)[1].session, "c.1");
+  EXPECT_EQ((*owned)[1].entry.epoch, 1u);
+  EXPECT_TRUE(dir.ListOwnedBy("n9")->empty());
+}
+
 }  // namespace
 }  // namespace kvd::cluster

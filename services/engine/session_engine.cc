@@ -391,6 +391,17 @@ absl::Status SessionEngine::ImportSession(
   return store_->PutSession(std::move(checkpoint));
 }
 
+absl::Status SessionEngine::TakeUp(const std::string& tenant,
+                                   const std::string& session) {
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  if (options_.fence == nullptr) return absl::OkStatus();
+  const Key key(tenant, session);
+  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  absl::MutexLock session_lock(session_mu.get());
+  return ClaimForTurn(key).status();
+}
+
 absl::Status SessionEngine::StoreReplica(
     storage::SessionCheckpoint checkpoint) {
   const v1::SessionManifest& m = checkpoint.manifest();

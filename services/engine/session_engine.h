@@ -303,6 +303,11 @@ class SessionEngine {
   // copy is from a later epoch, or is the live primary at that epoch;
   // FAILED_PRECONDITION for another model or precision.
   absl::Status StoreReplica(storage::SessionCheckpoint checkpoint);
+  // Adopts the session as a turn would (the fence's checks, and a replica
+  // copy the directory has given this node becomes its primary) without
+  // running one: a session moved here and moved on before any turn used it.
+  // OK for a standalone engine (no fence) and for a primary already here.
+  absl::Status TakeUp(const std::string& tenant, const std::string& session);
 
   // ---- The rest of the session facade: front ends (HTTP, gRPC, kvd chat)
   // reach stored sessions only through the engine, so tiers, ownership and

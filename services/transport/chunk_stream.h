@@ -47,6 +47,9 @@ class ChunkSender {
   virtual absl::Status Send(absl::string_view chunk) = 0;
   // Ends the stream: the receiver's Receive returns false after the last
   // chunk. Destroying a sender without Close breaks the stream instead.
+  // OK means the end was sent, not that it arrived: a receiver that has
+  // everything may already be gone. Delivery is the receiver's to confirm
+  // (e.g. over the control channel).
   virtual absl::Status Close() = 0;
 };
 

@@ -17,7 +17,7 @@
 #   engine     services/engine                              base kernels ops storage planner engine
 #   transport  services/transport services/collective       base transport
 #   cluster    services/cluster (etcd client, membership)   base cluster
-#   server     services/node services/router                everything but the leaves
+#   server     services/node services/router services/migration  everything but the leaves
 #   leaf       tools/ tests/                                everything
 #
 # One exception: a *_test rule may read a source file under //tests/golden/ (golden data:
@@ -66,7 +66,8 @@ report="$(
       if (under(p, "services/engine")) return "engine"
       if (under(p, "services/transport") || under(p, "services/collective")) return "transport"
       if (under(p, "services/cluster")) return "cluster"
-      if (under(p, "services/node") || under(p, "services/router")) return "server"
+      if (under(p, "services/node") || under(p, "services/router") ||
+          under(p, "services/migration")) return "server"
       if (under(p, "tools") || under(p, "tests")) return "leaf"
       return ""
     }
