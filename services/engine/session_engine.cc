@@ -307,8 +307,11 @@ absl::Status SessionEngine::CreateSession(
 
 absl::StatusOr<bool> SessionEngine::ClaimForTurn(const Key& key) {
   const auto& [tenant, session] = key;
-  KVD_ASSIGN_OR_RETURN(uint64_t epoch,
-                       options_.fence->OwnedEpoch(tenant, session));
+  absl::StatusOr<uint64_t> owned = options_.fence->OwnedEpoch(tenant, session);
+  if (owned.status().code() == absl::StatusCode::kAborted) {
+    return MarkNotRun(owned.status(), "moved");  // another node owns it
+  }
+  KVD_ASSIGN_OR_RETURN(uint64_t epoch, std::move(owned));
   absl::StatusOr<v1::SessionManifest> stored =
       store_->GetManifest(tenant, session);
   if (stored.status().code() == absl::StatusCode::kNotFound) {
@@ -389,6 +392,37 @@ absl::Status SessionEngine::ImportSession(
   }
   checkpoint.ReplaceManifest(std::move(imported));
   return store_->PutSession(std::move(checkpoint));
+}
+
+absl::Status SessionEngine::ReadyForTurn(const std::string& tenant,
+                                         const std::string& session,
+                                         bool check_owner) {
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  const Key key(tenant, session);
+  {
+    absl::MutexLock lock(&mu_);
+    auto thawed = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !frozen_.contains(key);
+    };
+    if (!thawed()) stats_.turns_held_frozen++;
+    if (!mu_.AwaitWithTimeout(absl::Condition(&thawed),
+                              options_.frozen_turn_wait)) {
+      return MarkNotRun(
+          absl::AbortedError(absl::StrCat(
+              SessionName(tenant, session),
+              " is being moved to another node (frozen for longer than ",
+              absl::FormatDuration(options_.frozen_turn_wait),
+              "); nothing was run, retry the turn")),
+          "moving");
+    }
+  }
+  if (!check_owner || options_.fence == nullptr) return absl::OkStatus();
+  absl::Status owned = options_.fence->OwnedEpoch(tenant, session).status();
+  if (owned.code() == absl::StatusCode::kAborted) {
+    return MarkNotRun(owned, "moved");
+  }
+  return owned;
 }
 
 absl::Status SessionEngine::TakeUp(const std::string& tenant,
@@ -825,20 +859,24 @@ absl::Status SessionEngine::LockForTurn(const Key& key, absl::Mutex* session_mu,
       };
       if (fail_if_busy && !thawed()) {
         // A server's turn must not hold its admission slot through a move.
-        return absl::AbortedError(absl::StrCat(
-            SessionName(key.first, key.second),
-            " is being moved to another node; nothing was run, retry the "
-            "turn shortly"));
+        return MarkNotRun(
+            absl::AbortedError(absl::StrCat(
+                SessionName(key.first, key.second),
+                " is being moved to another node; nothing was run, retry "
+                "the turn shortly")),
+            "moving");
       }
       stats_.turns_held_frozen += !thawed();
       const bool thawed_in_time =
           mu_.AwaitWithDeadline(absl::Condition(&thawed), deadline);
       if (!thawed_in_time) {
-        return absl::AbortedError(absl::StrCat(
-            SessionName(key.first, key.second),
-            " is being moved to another node (frozen for longer than ",
-            absl::FormatDuration(options_.frozen_turn_wait),
-            "); nothing was run, retry the turn"));
+        return MarkNotRun(
+            absl::AbortedError(absl::StrCat(
+                SessionName(key.first, key.second),
+                " is being moved to another node (frozen for longer than ",
+                absl::FormatDuration(options_.frozen_turn_wait),
+                "); nothing was run, retry the turn")),
+            "moving");
       }
     }
     if (fail_if_busy) {

@@ -303,6 +303,15 @@ class SessionEngine {
   // copy is from a later epoch, or is the live primary at that epoch;
   // FAILED_PRECONDITION for another model or precision.
   absl::Status StoreReplica(storage::SessionCheckpoint checkpoint);
+  // For a server, before it admits a turn of the session (and, for a
+  // stream, before it answers 200): waits while the session is frozen for
+  // a move (up to frozen_turn_wait), then, if `check_owner`, asks the fence
+  // whether this node owns it. A session that moved, or is still moving,
+  // gets ABORTED marked with MarkNotRun (session_fence.h): nothing ran, and
+  // a router may send the turn to the session's new owner. The turn's own
+  // checks still run; this only lets a refusal come before a stream starts.
+  absl::Status ReadyForTurn(const std::string& tenant,
+                            const std::string& session, bool check_owner);
   // Adopts the session as a turn would (the fence's checks, and a replica
   // copy the directory has given this node becomes its primary) without
   // running one: a session moved here and moved on before any turn used it.

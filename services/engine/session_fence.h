@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace kvd::engine {
 
@@ -39,6 +40,16 @@ class SessionFence {
   // lapsed); OK when turns may. Readiness (/readyz, gRPC health) reports it.
   virtual absl::Status Ready() { return absl::OkStatus(); }
 };
+
+// A refused turn that ran nothing and may be sent again, to wherever the
+// directory says the session lives then: the session is being moved
+// ("moving": wait a moment) or lives on another node ("moved"). Servers
+// pass the reason on (HTTP header X-Kvd-Retry, gRPC trailer kvd-retry) so a
+// router can resend the turn instead of failing the client.
+inline constexpr char kNotRunPayload[] = "type.kvd.dev/not-run";
+absl::Status MarkNotRun(absl::Status status, absl::string_view reason);
+// "moving", "moved", or "" when `status` is not such a refusal.
+std::string NotRunReason(const absl::Status& status);
 
 }  // namespace kvd::engine
 

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
 #include "proto/kvd/v1/migration.grpc.pb.h"
 #include "services/migration/inbound.h"
 #include "services/transport/secure_stream.h"
@@ -39,6 +40,29 @@ storage::TurnUpdate CheckpointDelta(const storage::SessionCheckpoint& before,
     if (after.chunks().count(id) == 0) d.erase.push_back(id);
   }
   return d;
+}
+
+std::string MigrationReportJson(const MigrationReport& r,
+                                const std::string& session,
+                                const std::string& from) {
+  return nlohmann::json{
+      {"object", "session.migration"},
+      {"id", session},
+      {"from", from},
+      {"to", r.target},
+      {"epoch", r.epoch},
+      {"tokens", r.tokens},
+      {"turns", r.turns},
+      {"snapshot_bytes", r.snapshot_bytes},
+      {"delta_bytes", r.delta_bytes},
+      {"delta_chunks", r.delta_chunks},
+      {"wire_bytes", r.wire_bytes},
+      {"pause_ms", absl::ToDoubleMilliseconds(r.pause)},
+      {"total_ms", absl::ToDoubleMilliseconds(r.total)},
+      {"restore_path", r.restore_path},
+      {"transport", r.transport},
+  }
+      .dump();
 }
 
 Migrator::Migrator(engine::SessionEngine* engine,

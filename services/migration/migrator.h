@@ -92,6 +92,11 @@ struct MigratorStats {
 storage::TurnUpdate CheckpointDelta(const storage::SessionCheckpoint& before,
                                     const storage::SessionCheckpoint& after);
 
+// The report as the HTTP API returns it (object "session.migration").
+std::string MigrationReportJson(const MigrationReport& r,
+                                const std::string& session,
+                                const std::string& from);
+
 class Migrator {
  public:
   // Everything passed in outlives the Migrator.

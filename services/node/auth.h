@@ -95,6 +95,10 @@ class KeyStore {
 
 // The header (gRPC metadata key) a router forwards the tenant in.
 inline constexpr char kForwardedTenantHeader[] = "x-kvd-tenant";
+// The header (gRPC trailer key) on a refused turn that ran nothing and may
+// be resent where the directory says the session lives now: "moving" or
+// "moved" (engine::NotRunReason).
+inline constexpr char kRetryHeader[] = "x-kvd-retry";
 
 // Equality of `a` and `b` in time that depends only on their lengths, not on
 // where they differ (so a remote caller cannot guess a key byte by byte).

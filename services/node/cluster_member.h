@@ -63,6 +63,10 @@ class ClusterMember {
 
   // Registered with a live lease (for /readyz and logs).
   bool LeaseLive() const;
+  // The cluster's etcd and session directory, for what else the node does
+  // in the cluster (moving sessions: services/migration).
+  cluster::EtcdClient* etcd() const { return etcd_.get(); }
+  cluster::SessionDirectory* directory() const { return directory_.get(); }
   const std::string& incarnation() const;
 
  private:

@@ -123,6 +123,39 @@ grpc::Status SessionsService::GetSession(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+grpc::Status SessionsService::MigrateSession(
+    grpc::ServerContext* ctx, const v1::MigrateSessionRequest* request,
+    v1::MigrateSessionResponse* response) {
+  absl::StatusOr<std::string> tenant = Tenant(ctx);
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
+  if (absl::Status name =
+          storage::ValidateName("session id", request->session_id());
+      !name.ok()) {
+    return ToGrpcStatus(name);
+  }
+  if (options_.migrator == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "moving sessions needs a cluster: this node runs "
+                        "alone (kvd serve --cluster; see docs/CLUSTER.md)");
+  }
+  absl::StatusOr<migration::MigrationReport> r = options_.migrator->Migrate(
+      *tenant, request->session_id(), request->target_node());
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  response->set_source_node(options_.migrator->node_id());
+  response->set_target_node(r->target);
+  response->set_epoch(r->epoch);
+  response->set_tokens(r->tokens);
+  response->set_turns(r->turns);
+  response->set_snapshot_bytes(r->snapshot_bytes);
+  response->set_delta_bytes(r->delta_bytes);
+  response->set_wire_bytes(r->wire_bytes);
+  response->set_pause_ms(absl::ToDoubleMilliseconds(r->pause));
+  response->set_total_ms(absl::ToDoubleMilliseconds(r->total));
+  response->set_restore_path(r->restore_path);
+  response->set_transport(r->transport);
+  return grpc::Status::OK;
+}
+
 grpc::Status SessionsService::ListSessions(
     grpc::ServerContext* ctx, const v1::ListSessionsRequest* request,
     v1::ListSessionsResponse* response) {
@@ -265,6 +298,10 @@ grpc::Status SessionsService::FailedGenerate(grpc::ServerContext* ctx,
     // full disk (HTTP 507) is not worth a quick retry.
     ctx->AddTrailingMetadata("grpc-retry-pushback-ms",
                              absl::StrCat(options_.retry_after_ms));
+  }
+  // Nothing ran: a router may resend the turn where the session is now.
+  if (std::string why = engine::NotRunReason(status); !why.empty()) {
+    ctx->AddTrailingMetadata(kRetryHeader, why);
   }
   return ToGrpcStatus(status);
 }
@@ -540,6 +577,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
   builder.RegisterService(sessions.get());
   builder.RegisterService(health.get());
   builder.RegisterService(health_v1.get());
+  for (grpc::Service* extra : options.extra_services) {
+    builder.RegisterService(extra);
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat(

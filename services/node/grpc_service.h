@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -41,6 +42,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/kvd/v1/health.grpc.pb.h"
 #include "proto/kvd/v1/sessions.grpc.pb.h"
+#include "services/migration/migrator.h"
 #include "services/node/admission.h"
 #include "services/node/auth.h"
 #include "services/node/grpc_health_v1.h"
@@ -82,6 +84,11 @@ struct GrpcServerOptions {
   int64_t max_import_bytes = int64_t{4} << 30;
   // Bytes per ExportSession message.
   int64_t export_chunk_bytes = 1 << 20;
+  // Moves sessions (MigrateSession); null on a node that runs alone.
+  std::shared_ptr<migration::Migrator> migrator;
+  // More services on the same server (a cluster node's kvd.v1.Migration);
+  // not owned, they outlive the server.
+  std::vector<grpc::Service*> extra_services;
 };
 
 // kvd.v1.Sessions over a NodeRuntime.
@@ -115,6 +122,9 @@ class SessionsService final : public v1::Sessions::Service {
       grpc::ServerContext* ctx,
       grpc::ServerReader<v1::ImportSessionRequest>* reader,
       v1::Session* response) override;
+  grpc::Status MigrateSession(grpc::ServerContext* ctx,
+                              const v1::MigrateSessionRequest* request,
+                              v1::MigrateSessionResponse* response) override;
 
   // Makes every running and later Generate stop (server shutdown).
   void StopAll() { stopping_.store(true); }

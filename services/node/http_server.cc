@@ -137,6 +137,7 @@ class HttpServerImpl : public HttpServer {
   void HandleSessions(const HttpRequest& req, HttpResponse& res);
   void HandleSession(const HttpRequest& req, HttpResponse& res);
   void HandleExport(const HttpRequest& req, HttpResponse& res);
+  void HandleMigrate(const HttpRequest& req, HttpResponse& res);
   void HandleMetrics(HttpResponse& res);
 
   // Answers `job` (admitted with `permit`) as JSON or as an SSE stream.
@@ -290,6 +291,10 @@ void HttpServerImpl::Routes() {
   auto session = [this](const HttpRequest& req, HttpResponse& res) {
     HandleSession(req, res);
   };
+  server_->Route("POST", R"(/v1/sessions/([^/]+)/migrate)",
+                 [this](const HttpRequest& req, HttpResponse& res) {
+                   HandleMigrate(req, res);
+                 });
   server_->Route("GET", R"(/v1/sessions/([^/]+))", session);
   server_->Route("DELETE", R"(/v1/sessions/([^/]+))", session);
   server_->Route(
@@ -372,6 +377,10 @@ void HttpServerImpl::SendError(HttpResponse& res, const absl::Status& status) {
   if (e.http_status == 401) {
     res.set_header("WWW-Authenticate", "Bearer");
   }
+  // Nothing ran: a router may resend the turn where the session is now.
+  if (std::string why = engine::NotRunReason(status); !why.empty()) {
+    res.set_header(kRetryHeader, why);
+  }
   res.set_content(ApiErrorJson(e), "application/json");
 }
 
@@ -440,9 +449,17 @@ void HttpServerImpl::HandleChat(const HttpRequest& req, HttpResponse& res) {
           PrepareGeneration(*runtime_, options_.default_max_tokens, *job);
       !s.ok())
     return SendError(res, s);
-  // A cold session starts loading into the DRAM tier now, while the request
-  // may still wait for a slot; its turn then restores from memory.
   if (!job->session.empty()) {
+    // A session being moved waits here, not in a generation slot; one that
+    // moved to another node is refused before a stream starts, so a router
+    // can send the turn on to its new owner (X-Kvd-Retry).
+    if (absl::Status s = runtime_->engine().ReadyForTurn(
+            job->tenant, job->session, /*check_owner=*/job->common.stream);
+        !s.ok()) {
+      return SendError(res, s);
+    }
+    // A cold session starts loading into the DRAM tier now, while the
+    // request may still wait for a slot; its turn then restores from memory.
     runtime_->engine().Prefetch(job->tenant, job->session);
   }
   absl::StatusOr<Admission::Permit> permit =
@@ -672,6 +689,38 @@ void HttpServerImpl::HandleSession(const HttpRequest& req, HttpResponse& res) {
       runtime_->engine().GetSession(*tenant, id);
   if (!m.ok()) return SendError(res, m.status());
   res.set_content(SessionJson(*m), "application/json");
+}
+
+void HttpServerImpl::HandleMigrate(const HttpRequest& req,
+                                   HttpResponse& res) {
+  absl::StatusOr<std::string> tenant = Tenant(req);
+  if (!tenant.ok()) return SendError(res, tenant.status());
+  const std::string id = req.matches[1];
+  t_log.session = id;
+  if (absl::Status s = ValidateSessionId(id, "session_id"); !s.ok()) {
+    return SendError(res, s);
+  }
+  if (options_.migrator == nullptr) {
+    return SendError(
+        res, absl::FailedPreconditionError(
+                 "moving sessions needs a cluster: this node runs alone "
+                 "(kvd serve --cluster; see docs/CLUSTER.md)"));
+  }
+  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (!body.is_object() || !body.contains("to") || !body["to"].is_string() ||
+      body["to"].get<std::string>().empty()) {
+    return SendError(res, RequestError("to",
+                                       "the body must be a JSON object "
+                                       "naming the target node: {\"to\": "
+                                       "\"NODE\"} (kvd cluster status lists "
+                                       "them)"));
+  }
+  absl::StatusOr<migration::MigrationReport> r =
+      options_.migrator->Migrate(*tenant, id, body["to"].get<std::string>());
+  if (!r.ok()) return SendError(res, r.status());
+  res.set_content(
+      migration::MigrationReportJson(*r, id, options_.migrator->node_id()),
+      "application/json");
 }
 
 void HttpServerImpl::HandleExport(const HttpRequest& req, HttpResponse& res) {

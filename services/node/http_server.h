@@ -54,6 +54,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "services/migration/migrator.h"
 #include "services/node/admission.h"
 #include "services/node/auth.h"
 #include "services/node/metrics.h"
@@ -88,6 +89,9 @@ struct HttpServerOptions {
   // PEM files; both or neither. Neither: plain HTTP (loopback, tests).
   std::string tls_cert_path;
   std::string tls_key_path;
+  // Moves sessions to other nodes (POST /v1/sessions/ID/migrate); null on a
+  // node that runs alone.
+  std::shared_ptr<migration::Migrator> migrator;
   // Where metrics go; null: the server keeps its own. Shared with the gRPC
   // front end so one /metrics covers both.
   std::shared_ptr<Metrics> metrics;

@@ -72,6 +72,18 @@ class ForwardingService final : public v1::Sessions::Service {
     return call.stub->GetSession(call.up.get(), *request, response);
   }
 
+  grpc::Status MigrateSession(grpc::ServerContext* ctx,
+                              const v1::MigrateSessionRequest* request,
+                              v1::MigrateSessionResponse* response) override {
+    Call call;
+    if (grpc::Status s =
+            Resolve(ctx, request->session_id(), How::kOwner, &call);
+        !s.ok()) {
+      return s;
+    }
+    return call.stub->MigrateSession(call.up.get(), *request, response);
+  }
+
   grpc::Status DeleteSession(grpc::ServerContext* ctx,
                              const v1::DeleteSessionRequest* request,
                              v1::DeleteSessionResponse* response) override {

@@ -53,6 +53,7 @@ struct Pipe {
   bool client_gone = false;
   int status = 0;
   std::string content_type, retry_after;
+  std::string not_run;  // the node's X-Kvd-Retry: it ran nothing
   std::deque<std::string> chunks;
   httplib::Error error = httplib::Error::Success;
   httplib::Client* client = nullptr;  // while the exchange runs
@@ -101,11 +102,24 @@ class RouterImpl : public Router {
   void HandleModels(const node::HttpRequest& req, node::HttpResponse& res);
 
   absl::StatusOr<std::string> Tenant(const node::HttpRequest& req);
-  // Forwards `req` to `target`; false (nothing sent) if no connection could
-  // be opened, so the caller may try elsewhere.
-  bool Forward(const Target& target, const std::string& tenant,
-               const node::HttpRequest& req, node::HttpResponse& res,
-               const std::string& session);
+  enum class Forwarded {
+    kAnswered,   // res holds the node's answer (or an error about it)
+    kNotSent,    // no connection could be opened: try elsewhere
+    kNotRun,     // the node ran nothing and says where to look (res holds
+                 // its 409): resend after a fresh directory lookup
+  };
+  // Forwards `req` to `target`. `not_run` gets the node's reason with
+  // kNotRun ("moving" or "moved").
+  Forwarded Forward(const Target& target, const std::string& tenant,
+                    const node::HttpRequest& req, node::HttpResponse& res,
+                    const std::string& session, std::string* not_run = nullptr);
+  // A session's turn: to its owner, resent while the node says it ran
+  // nothing because the session is moving or moved (a migration), until
+  // options_.moved_retry_budget is spent.
+  void ForwardTurn(Target target, const std::string& tenant,
+                   const std::string& session, const std::string& model,
+                   const node::HttpRequest& req, node::HttpResponse& res,
+                   std::string* node_id, std::string* route);
   void SendError(node::HttpResponse& res, const absl::Status& status);
   // `routing_s`: from the request's arrival until it was sent to the node
   // (authentication, parsing, directory and placement): what the router
@@ -229,6 +243,10 @@ void RouterImpl::Routes() {
                  [this](const node::HttpRequest& req, node::HttpResponse& res) {
                    HandleSession(req, res, "");
                  });
+  server_->Route("POST", R"(/v1/sessions/([^/]+)/migrate)",
+                 [this](const node::HttpRequest& req, node::HttpResponse& res) {
+                   HandleSession(req, res, "/migrate");
+                 });
   server_->Route("GET", R"(/v1/sessions/([^/]+)/export)",
                  [this](const node::HttpRequest& req, node::HttpResponse& res) {
                    HandleSession(req, res, "/export");
@@ -250,9 +268,12 @@ absl::StatusOr<std::string> RouterImpl::Tenant(const node::HttpRequest& req) {
   return options_.keys.TenantForBearer(req.get_header_value("Authorization"));
 }
 
-bool RouterImpl::Forward(const Target& target, const std::string& tenant,
-                         const node::HttpRequest& req, node::HttpResponse& res,
-                         const std::string& session) {
+RouterImpl::Forwarded RouterImpl::Forward(const Target& target,
+                                          const std::string& tenant,
+                                          const node::HttpRequest& req,
+                                          node::HttpResponse& res,
+                                          const std::string& session,
+                                          std::string* not_run) {
   auto pipe = std::make_shared<Pipe>();
   httplib::Headers headers = {
       {"Authorization", absl::StrCat("Bearer ", options_.router_token)},
@@ -275,7 +296,7 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
                        "node '", target.node.id, "' advertises ", url,
                        ", not https, while this router requires TLS "
                        "(--ca-cert); start the node with --tls-cert")));
-    return true;
+    return Forwarded::kAnswered;
   }
   const std::string method = req.method, body = req.body;
   const RouterOptions& o = options_;
@@ -306,6 +327,7 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
       pipe->status = r.status;
       pipe->content_type = r.get_header_value("Content-Type");
       pipe->retry_after = r.get_header_value("Retry-After");
+      pipe->not_run = r.get_header_value(node::kRetryHeader);
       pipe->headers = true;
       return !pipe->client_gone;
     };
@@ -362,13 +384,13 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
     if (error == httplib::Error::Connection) {
       routing_->metrics().Add("kvd_router_errors_total",
                               {{"kind", "upstream_connect"}});
-      if (session.empty()) return false;  // nothing sent: try another node
+      if (session.empty()) return Forwarded::kNotSent;  // try another node
       SendError(res, absl::UnavailableError(absl::StrCat(
                          "node '", target.node.id, "', which holds session '",
                          session,
                          "', does not accept connections; retry after a "
                          "while")));
-      return true;
+      return Forwarded::kAnswered;
     }
     routing_->metrics().Add("kvd_router_errors_total",
                             {{"kind", "upstream_failed"}});
@@ -379,7 +401,7 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
                            ? std::string()
                            : "; the turn may or may not have committed: GET "
                              "the session to see before you send it again")));
-    return true;
+    return Forwarded::kAnswered;
   }
   if (sse) {
     const std::string node = target.node.id;
@@ -407,7 +429,7 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
           pipe->Abandon();  // if it ended early (the client left)
           routing_->placement().Finished(node);
         });
-    return true;
+    return Forwarded::kAnswered;
   }
   std::string content;
   {
@@ -419,9 +441,14 @@ bool RouterImpl::Forward(const Target& target, const std::string& tenant,
     res.set_content(std::move(content), pipe->content_type.empty()
                                             ? "application/json"
                                             : pipe->content_type.c_str());
+    if (pipe->status == 409 && !pipe->not_run.empty() && not_run != nullptr) {
+      *not_run = pipe->not_run;
+      routing_->placement().Finished(target.node.id);
+      return Forwarded::kNotRun;
+    }
   }
   routing_->placement().Finished(target.node.id);
-  return true;
+  return Forwarded::kAnswered;
 }
 
 void RouterImpl::HandleGenerate(const node::HttpRequest& req,
@@ -469,7 +496,7 @@ void RouterImpl::HandleGenerate(const node::HttpRequest& req,
     node_id = target->node.id;
     route = target->route;
     routing_s = SecondsSince(start);
-    Forward(*target, tenant, req, res, session);
+    ForwardTurn(*target, tenant, session, model, req, res, &node_id, &route);
     return finish(absl::OkStatus());
   }
   // Stateless: a node that could not even be connected to got nothing, so
@@ -486,12 +513,45 @@ void RouterImpl::HandleGenerate(const node::HttpRequest& req,
     node_id = target->node.id;
     route = target->route;
     routing_s = SecondsSince(start);
-    if (Forward(*target, tenant, req, res, "")) return finish(absl::OkStatus());
+    if (Forward(*target, tenant, req, res, "") != Forwarded::kNotSent) {
+      return finish(absl::OkStatus());
+    }
     routing_->metrics().Add("kvd_router_retries_total", {});
     tried.insert(target->node.id);
   }
   finish(absl::UnavailableError(absl::StrCat(
       "no node serving model '", model, "' accepts connections; retry later")));
+}
+
+void RouterImpl::ForwardTurn(Target target, const std::string& tenant,
+                             const std::string& session,
+                             const std::string& model,
+                             const node::HttpRequest& req,
+                             node::HttpResponse& res, std::string* node_id,
+                             std::string* route) {
+  const absl::Time give_up = absl::Now() + options_.moved_retry_budget;
+  absl::Duration pause = absl::Milliseconds(50);
+  for (;;) {
+    std::string not_run;
+    if (Forward(target, tenant, req, res, session, &not_run) !=
+            Forwarded::kNotRun ||
+        absl::Now() >= give_up) {
+      return;  // res holds the answer (or the last refusal)
+    }
+    // The node ran nothing: the session is being moved (wait a moment for
+    // the move to finish) or lives elsewhere now (look again at once).
+    routing_->metrics().Add("kvd_router_retries_total", {{"reason", not_run}});
+    if (not_run == "moving") {
+      absl::SleepFor(pause);
+      pause = std::min(pause * 2, absl::Seconds(1));
+    }
+    absl::StatusOr<Target> next = routing_->Place(tenant, session, model);
+    if (!next.ok()) return;  // keep the node's refusal
+    target = *std::move(next);
+    *node_id = target.node.id;
+    *route = target.route;
+    res = node::HttpResponse();
+  }
 }
 
 void RouterImpl::HandleSession(const node::HttpRequest& req,

@@ -54,6 +54,10 @@ struct RouterOptions {
   int grpc_port = -1;
   absl::Duration upstream_connect_timeout = absl::Seconds(3);
   absl::Duration upstream_timeout = absl::Minutes(10);  // a whole generation
+  // How long a turn whose node ran nothing because its session was moving
+  // or had moved (a migration) is resent to where the directory says the
+  // session lives; the client sees the last refusal after that.
+  absl::Duration moved_retry_budget = absl::Seconds(30);
   // PEM CA that signed the nodes' certificates, for https:// nodes.
   std::string ca_cert_path;
   bool log_requests = true;  // one JSON line per request on stderr

@@ -193,7 +193,8 @@ class Cluster:
             subprocess.run([make_certs, certs], check=True,
                            stdout=subprocess.DEVNULL)
             self.node_tls = ["--tls-cert", os.path.join(certs, "node.pem"),
-                             "--tls-key", os.path.join(certs, "node.key")]
+                             "--tls-key", os.path.join(certs, "node.key"),
+                             "--ca-cert", os.path.join(certs, "ca.pem")]
             self.router_tls = ["--ca-cert", os.path.join(certs, "ca.pem")]
             SSL_CONTEXT = ssl.create_default_context(
                 cafile=os.path.join(certs, "ca.pem"))

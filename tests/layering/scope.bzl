@@ -240,6 +240,7 @@ SCOPE = [
     "//services/engine:session_chunks_test",
     "//services/engine:session_engine",
     "//services/engine:session_engine_test",
+    "//services/migration:drainer",
     "//services/migration:inbound",
     "//services/migration:migration_service",
     "//services/migration:migration_test",

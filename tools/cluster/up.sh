@@ -76,7 +76,7 @@ NODE_TLS=()
 ROUTER_TLS=()
 if [[ "$TLS" == 1 ]]; then
   [[ -s "$DIR/certs/node.pem" ]] || "$ROOT/tools/cluster/make_certs.sh" "$DIR/certs" > /dev/null
-  NODE_TLS=(--tls-cert "$DIR/certs/node.pem" --tls-key "$DIR/certs/node.key")
+  NODE_TLS=(--tls-cert "$DIR/certs/node.pem" --tls-key "$DIR/certs/node.key" --ca-cert "$DIR/certs/ca.pem")
   ROUTER_TLS=(--ca-cert "$DIR/certs/ca.pem")
 fi
 

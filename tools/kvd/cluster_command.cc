@@ -117,9 +117,13 @@ absl::Status Drain(const Args& a, const std::string& node, bool on) {
           .status());
   std::printf("node '%s' is draining: routers place no new sessions there\n",
               node.c_str());
-  // Until migration lands, its sessions stay; wait for the running turns.
+  // The node moves its sessions away itself (services/migration/drainer.h);
+  // this waits until the directory gives it none and it runs no turns.
   KVD_ASSIGN_OR_RETURN(int64_t wait_s, a.GetIntIn("wait", 0, 86400));
+  if (wait_s == 0) return absl::OkStatus();
+  cluster::SessionDirectory directory(etcd.get());
   const absl::Time until = absl::Now() + absl::Seconds(wait_s);
+  int64_t first = -1, last = -1;
   for (;;) {
     KVD_ASSIGN_OR_RETURN(info,
                          etcd->Get(absl::StrCat(cluster::kNodesPrefix, node)));
@@ -129,22 +133,32 @@ absl::Status Drain(const Args& a, const std::string& node, bool on) {
     }
     KVD_ASSIGN_OR_RETURN(cluster::NodeInfo n,
                          cluster::DecodeNodeInfo(info->value));
+    KVD_ASSIGN_OR_RETURN(auto owned, directory.ListOwnedBy(node));
+    const int64_t left = static_cast<int64_t>(owned.size());
+    if (first < 0) first = left;
     const int64_t busy = n.load.running + n.load.queued;
-    if (busy == 0) {
+    if (left == 0 && busy == 0) {
       std::printf(
-          "node '%s' runs no turns now; its sessions stay on it (moving them "
-          "needs migration, not built yet)\n",
-          node.c_str());
+          "node '%s' is empty: %lld sessions moved to other nodes; it owns "
+          "none and runs no turns. Stop it, or undrain it to take sessions "
+          "again\n",
+          node.c_str(), static_cast<long long>(first));
       return absl::OkStatus();
     }
     if (absl::Now() >= until) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("node '", node, "' still runs ", busy,
-                       " turns (as of its last report); it stays draining"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "node '", node, "' still owns ", left, " sessions and runs ", busy,
+          " turns; it stays draining and keeps moving them (see its log; "
+          "kvd cluster status)"));
     }
-    std::printf("  waiting: %lld turns running or queued\n",
-                static_cast<long long>(busy));
-    absl::SleepFor(absl::Seconds(1));
+    if (left != last) {
+      std::printf("  %lld of %lld sessions left on node '%s'\n",
+                  static_cast<long long>(left), static_cast<long long>(first),
+                  node.c_str());
+      std::fflush(stdout);
+      last = left;
+    }
+    absl::SleepFor(absl::Milliseconds(500));
   }
 }
 
@@ -155,15 +169,17 @@ int ClusterCommand(const std::vector<std::string>& argv) {
             "A kvd cluster's state, from its etcd.\n"
             "  kvd cluster status          nodes, health, load, sessions per "
             "node\n"
-            "  kvd cluster drain NODE      no new sessions on NODE; waits for "
-            "its running turns\n"
+            "  kvd cluster drain NODE      no new sessions on NODE; it moves "
+            "its sessions to\n"
+            "                              the other nodes; waits until it "
+            "owns none\n"
             "  kvd cluster undrain NODE    NODE takes new sessions again");
   args.Positional("action", "status, drain or undrain");
   args.Positional("node...", "the node, for drain and undrain");
   DeclareEtcdFlag(args);
-  args.Flag("wait", "60",
-            "drain: seconds to wait for the node's running turns (0: do not "
-            "wait)");
+  args.Flag("wait", "600",
+            "drain: seconds to wait until the node owns no sessions and runs "
+            "no turns (0: do not wait; it drains on)");
   return args.Main(argv, [](const Args& a) -> absl::Status {
     const std::vector<std::string>& p = a.positional();
     const std::string action = p.empty() ? "status" : p[0];

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -12,11 +14,18 @@
 #include "absl/time/time.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "services/cluster/membership.h"
+#include "services/cluster/node_info.h"
+#include "services/migration/drainer.h"
+#include "services/migration/inbound.h"
+#include "services/migration/migration_service.h"
+#include "services/migration/migrator.h"
 #include "services/node/async_http.h"
 #include "services/node/auth.h"
 #include "services/node/cluster_member.h"
 #include "services/node/grpc_service.h"
 #include "services/node/http_server.h"
+#include "services/transport/ucx_transport.h"
 #include "tools/kvd/commands.h"
 #include "tools/kvd/session_runtime.h"
 
@@ -77,6 +86,13 @@ void DeclareFlags(Args& a) {
          "in a cluster: the secret routers send as 'Authorization: Bearer "
          "<token>' with the tenant in X-Kvd-Tenant (also read: "
          "$KVD_ROUTER_TOKEN); other traffic is refused");
+  a.Flag("ca-cert", "",
+         "in a TLS cluster: PEM of the cluster CA, to verify the peers this "
+         "node moves sessions to (tools/cluster/make_certs.sh makes it)");
+  a.Flag("ucx-tls", "",
+         "UCX transports that carry moved sessions, in UCX_TLS syntax (tcp; "
+         "sm = shared memory; empty = UCX's choice, which honours "
+         "$UCX_TLS)");
   a.Flag("tls-cert", "", "PEM certificate: serve HTTPS and gRPC over TLS");
   a.Flag("tls-key", "", "PEM private key for --tls-cert");
   DeclareModelFlags(a);
@@ -154,8 +170,9 @@ absl::Status Run(const Args& args) {
   // Every open connection is a file descriptor.
   node::RaiseOpenFileLimit();
   std::unique_ptr<node::ClusterMember> member;
+  std::string token;
   if (args.Has("cluster")) {
-    std::string token = args.Get("router-token");
+    token = args.Get("router-token");
     if (token.empty()) {
       if (const char* env = std::getenv("KVD_ROUTER_TOKEN")) token = env;
     }
@@ -206,6 +223,67 @@ absl::Status Run(const Args& args) {
             o.create_sessions_on_first_use = mode == "on-first-use";
             return absl::OkStatus();
           }));
+  // Moving sessions between nodes: the data plane (UCX), the inbound side
+  // peers call over gRPC, the outbound Migrator, and the drain loop.
+  std::unique_ptr<transport::UcxTransport> ucx;
+  std::unique_ptr<migration::InboundTransfers> inbound;
+  std::unique_ptr<migration::MigrationService> migration_service;
+  std::shared_ptr<migration::Migrator> migrator;
+  std::unique_ptr<migration::Drainer> drainer;
+  if (member) {
+    if (grpc_port < 0) {
+      return absl::InvalidArgumentError(
+          "a node in a cluster needs its gRPC API (--grpc-port): its peers "
+          "move sessions to it over gRPC");
+    }
+    std::string ca_pem;
+    if (args.Has("ca-cert")) {
+      std::ifstream in(args.Get("ca-cert"));
+      std::stringstream pem;
+      pem << in.rdbuf();
+      if (!in || pem.str().empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cannot read --ca-cert ", args.Get("ca-cert")));
+      }
+      ca_pem = pem.str();
+    } else if (args.Has("tls-cert")) {
+      return absl::InvalidArgumentError(
+          "a node serving TLS in a cluster needs --ca-cert, the cluster CA "
+          "it verifies its peers with when it moves sessions to them");
+    }
+    KVD_ASSIGN_OR_RETURN(
+        ucx, transport::UcxTransport::Create({.tls = args.Get("ucx-tls")}));
+    inbound = std::make_unique<migration::InboundTransfers>(
+        &rt->engine(), ucx.get(), migration::InboundOptions());
+    migration_service =
+        std::make_unique<migration::MigrationService>(inbound.get(), token);
+    cluster::EtcdClient* etcd = member->etcd();
+    migration::PeerResolver resolve =
+        [etcd](const std::string& id) -> absl::StatusOr<migration::PeerNode> {
+      KVD_ASSIGN_OR_RETURN(std::optional<cluster::EtcdKeyValue> kv,
+                           etcd->Get(absl::StrCat(cluster::kNodesPrefix, id)));
+      if (!kv.has_value()) {
+        return absl::NotFoundError(absl::StrCat(
+            "node '", id,
+            "' is not a live member of the cluster (kvd cluster status "
+            "lists them)"));
+      }
+      KVD_ASSIGN_OR_RETURN(cluster::NodeInfo n,
+                           cluster::DecodeNodeInfo(kv->value));
+      if (n.grpc_address.empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("node '", id, "' serves no gRPC API"));
+      }
+      return migration::PeerNode{n.grpc_address, n.model_fingerprint};
+    };
+    migration::MigratorOptions mo;
+    mo.node_id = args.Get("node-id");
+    mo.cluster_token = token;
+    mo.ca_cert_pem = ca_pem;
+    migrator = std::make_shared<migration::Migrator>(
+        &rt->engine(), member->directory(), ucx.get(), std::move(resolve),
+        std::move(mo));
+  }
   const std::string host = args.Get("host");
   auto metrics = std::make_shared<node::Metrics>();
   // One admission control for both front ends: --max-inflight bounds the
@@ -232,6 +310,7 @@ absl::Status Run(const Args& args) {
     o.metrics_key = metrics_key;
     o.tls_cert_path = args.Get("tls-cert");
     o.tls_key_path = args.Get("tls-key");
+    o.migrator = migrator;
     KVD_ASSIGN_OR_RETURN(http, node::StartHttpServer(rt.get(), std::move(o)));
   }
   std::unique_ptr<node::GrpcServer> grpc;
@@ -242,6 +321,8 @@ absl::Status Run(const Args& args) {
     o.metrics = metrics;
     o.tls_cert_path = args.Get("tls-cert");
     o.tls_key_path = args.Get("tls-key");
+    o.migrator = migrator;
+    if (migration_service) o.extra_services.push_back(migration_service.get());
     KVD_ASSIGN_OR_RETURN(grpc,
                          node::StartGrpcServer(rt.get(), keys, std::move(o)));
   }
@@ -258,9 +339,15 @@ absl::Status Run(const Args& args) {
         member->Join(rt.get(), admission.get(), http_url, grpc_address));
     std::fprintf(stderr,
                  "kvd serve: node '%s' joined the cluster at %s (incarnation "
-                 "%s)\n",
+                 "%s); sessions move over %s\n",
                  args.Get("node-id").c_str(), args.Get("cluster").c_str(),
-                 member->incarnation().c_str());
+                 member->incarnation().c_str(), ucx->name().c_str());
+    drainer = std::make_unique<migration::Drainer>(
+        member->etcd(), member->directory(), migrator.get(),
+        migration::DrainerOptions{
+            .node_id = args.Get("node-id"),
+            .model_fingerprint = rt->engine().identity().fingerprint()});
+    drainer->Start();
   }
   std::fprintf(stderr,
                "kvd serve: model %s (%s) on the %s backend, sessions in "
@@ -284,11 +371,13 @@ absl::Status Run(const Args& args) {
   sigwait(&stop, &sig);
   std::fprintf(stderr, "kvd serve: %s, stopping\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM");
+  drainer.reset();  // no new moves; one in progress finishes first
   // gRPC first: its generations stop and leave the admission queue the two
   // front ends share, so HTTP requests queued behind them are not kept
   // waiting while HTTP stops.
   if (grpc) grpc->Shutdown();
   if (http) http->Stop();
+  inbound.reset();
   // Leave the cluster only once no turn runs: the engine's fence uses the
   // membership until then.
   member.reset();

@@ -1,7 +1,10 @@
 // `kvd sessions ls|show|rm|export|import`: operator access to the sessions
 // stored under a data directory. Works without loading a model; a session
 // imported here is checked against the model when it is next resumed.
+#include <httplib.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -14,9 +17,11 @@
 #include "absl/time/time.h"
 #include "base/status_macros.h"
 #include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
 #include "storage/checkpoint/codec.h"
 #include "storage/checkpoint/ownership.h"
 #include "storage/checkpoint/session_file.h"
+#include "tools/kvd/chat_client.h"
 #include "tools/kvd/commands.h"
 #include "tools/kvd/session_runtime.h"
 
@@ -44,7 +49,12 @@ constexpr char kSummary[] =
     "standalone\n"
     "                                      node) the session's owner, one "
     "epoch\n"
-    "                                      on (a node renamed, or retired)";
+    "                                      on (a node renamed, or retired)\n"
+    "  kvd sessions migrate NAME --to NODE [--server URL]\n"
+    "                                      move a live session to another\n"
+    "                                      node of a cluster (through its\n"
+    "                                      router; default "
+    "http://127.0.0.1:8000)";
 
 std::string Time(int64_t unix_ms) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms),
@@ -241,8 +251,70 @@ absl::Status ImportAll(storage::TieredStore& store, const std::string& dir) {
   return absl::OkStatus();
 }
 
+// Asks the cluster (through a router) to move a live session; prints the
+// report. The session keeps serving during the move.
+absl::Status Migrate(const Args& args, const std::string& session) {
+  const std::string to = args.Get("to");
+  if (to.empty()) {
+    return absl::InvalidArgumentError(
+        "usage: kvd sessions migrate NAME --to NODE (kvd cluster status "
+        "lists the nodes)");
+  }
+  KVD_ASSIGN_OR_RETURN(ServerUrl url, ParseServerUrl(args.Get("server")));
+  std::string key = args.Get("api-key");
+  if (key.empty()) {
+    if (const char* k = std::getenv("KVD_API_KEY")) key = k;
+  }
+  httplib::Client client(url.scheme_host_port);
+  client.set_read_timeout(600, 0);
+  httplib::Headers headers;
+  if (!key.empty()) headers.emplace("Authorization", "Bearer " + key);
+  const std::string path =
+      absl::StrCat(url.prefix, "/v1/sessions/", session, "/migrate");
+  httplib::Result r = client.Post(
+      path, headers, nlohmann::json{{"to", to}}.dump(), "application/json");
+  if (!r) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach ", url.scheme_host_port, " (",
+                     httplib::to_string(r.error()),
+                     "); is the cluster's router there (--server)?"));
+  }
+  const nlohmann::json body =
+      nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+  if (r->status != 200) {
+    std::string message = r->body;
+    if (body.is_object() && body.contains("error") &&
+        body["error"].is_object() && body["error"].contains("message")) {
+      message = body["error"]["message"].dump();
+    }
+    return absl::UnknownError(absl::StrCat("HTTP ", r->status, ": ", message));
+  }
+  if (!body.is_object()) {
+    return absl::DataLossError("the router's answer is not JSON");
+  }
+  std::printf(
+      "moved session '%s' from node %s to node %s (epoch %s): %s tokens, %s "
+      "turns; %s bytes copied while serving, %s while frozen; paused %.1f "
+      "ms, %.1f ms in all, over %s; the target resumes from %s\n",
+      session.c_str(), body.value("from", "?").c_str(),
+      body.value("to", "?").c_str(), body["epoch"].dump().c_str(),
+      body["tokens"].dump().c_str(), body["turns"].dump().c_str(),
+      body["snapshot_bytes"].dump().c_str(), body["delta_bytes"].dump().c_str(),
+      body.value("pause_ms", 0.0), body.value("total_ms", 0.0),
+      body.value("transport", "?").c_str(),
+      body.value("restore_path", "?").c_str());
+  return absl::OkStatus();
+}
+
 absl::Status Run(const Args& args) {
   const std::vector<std::string>& p = args.positional();
+  if (!p.empty() && p[0] == "migrate") {
+    if (p.size() != 2) {
+      return absl::InvalidArgumentError(
+          "usage: kvd sessions migrate NAME --to NODE");
+    }
+    return Migrate(args, p[1]);
+  }
   if (p.empty()) {
     return absl::InvalidArgumentError(
         "missing action: ls, show, rm, export, import, sweep or adopt (see "
@@ -348,11 +420,18 @@ int SessionsCommand(const std::vector<std::string>& argv) {
   args.Positional("ACTION ARGS...",
                   "ls | show NAME | rm NAME | export NAME FILE "
                   "| export --all DIR | import FILE [NAME] "
-                  "| import --all DIR | sweep | adopt NAME");
+                  "| import --all DIR | sweep | adopt NAME "
+                  "| migrate NAME --to NODE");
   args.Switch("all",
               "export/import: every session of every tenant, to or from "
               "DIR/TENANT/NAME.kvds");
   args.Flag("node-id", "", "adopt: the new owner (empty: a standalone node)");
+  args.Flag("to", "", "migrate: the node to move the session to");
+  args.Flag("server", "http://127.0.0.1:8000",
+            "migrate: the cluster's router (tools/cluster/up.sh's default)");
+  args.Flag("api-key", "",
+            "migrate: the router's API key for the session's tenant "
+            "(default: $KVD_API_KEY)");
   DeclareStoreFlags(args);
   return args.Main(argv, Run);
 }
