@@ -717,9 +717,17 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
   KVD_RETURN_IF_ERROR(LockForTurn(key, session_mu.get(), request.fail_if_busy));
   struct Unlock {
+    SessionEngine* engine;
+    Key key;
     absl::Mutex* mu;
-    ~Unlock() { mu->Unlock(); }
-  } session_lock{session_mu.get()};
+    ~Unlock() {
+      {
+        absl::MutexLock lock(&engine->mu_);
+        engine->turning_.erase(key);
+      }
+      mu->Unlock();
+    }
+  } session_lock{this, key, session_mu.get()};
 
   bool create_if_missing = request.create_if_missing;
   if (options_.fence != nullptr) {
@@ -887,10 +895,20 @@ absl::Status SessionEngine::LockForTurn(const Key& key, absl::Mutex* session_mu,
         locked = session_mu->TryLock();
       }
       if (!locked) {
-        return absl::AbortedError(absl::StrCat(
-            SessionName(key.first, key.second),
-            " is busy: another turn of it (or its deletion or import) is "
-            "running; send the next turn when that has finished"));
+        bool turn_running = false;
+        {
+          absl::MutexLock lock(&mu_);
+          turn_running = turning_.contains(key);
+        }
+        if (turn_running) {
+          return absl::AbortedError(absl::StrCat(
+              SessionName(key.first, key.second),
+              " is busy: another turn of it is running; send the next turn "
+              "when that has finished"));
+        }
+        // Held briefly by something else (a delete, an import, a move's
+        // bookkeeping): worth waiting for, unlike a turn.
+        session_mu->Lock();
       }
     } else {
       session_mu->Lock();
@@ -899,7 +917,10 @@ absl::Status SessionEngine::LockForTurn(const Key& key, absl::Mutex* session_mu,
     // session between the wait above and this lock: then wait again.
     {
       absl::MutexLock lock(&mu_);
-      if (!frozen_.contains(key)) return absl::OkStatus();
+      if (!frozen_.contains(key)) {
+        turning_.insert(key);
+        return absl::OkStatus();
+      }
     }
     session_mu->Unlock();
   }

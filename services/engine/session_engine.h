@@ -433,6 +433,9 @@ class SessionEngine {
   absl::flat_hash_map<Key, std::shared_ptr<Active>> hot_ ABSL_GUARDED_BY(mu_);
   // Frozen sessions (Freeze): their turns wait.
   absl::flat_hash_set<Key> frozen_ ABSL_GUARDED_BY(mu_);
+  // Sessions whose turn holds their mutex (LockForTurn to the turn's end):
+  // a fail_if_busy turn is refused only for these.
+  absl::flat_hash_set<Key> turning_ ABSL_GUARDED_BY(mu_);
   // One mutex per session that has a turn in flight or hot state, so turns
   // of one session never interleave.
   absl::flat_hash_map<Key, std::shared_ptr<absl::Mutex>> session_mu_

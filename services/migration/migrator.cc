@@ -57,6 +57,7 @@ std::string MigrationReportJson(const MigrationReport& r,
       {"delta_bytes", r.delta_bytes},
       {"delta_chunks", r.delta_chunks},
       {"wire_bytes", r.wire_bytes},
+      {"freeze_wait_ms", absl::ToDoubleMilliseconds(r.freeze_wait)},
       {"pause_ms", absl::ToDoubleMilliseconds(r.pause)},
       {"total_ms", absl::ToDoubleMilliseconds(r.total)},
       {"restore_path", r.restore_path},
@@ -91,6 +92,11 @@ absl::StatusOr<MigrationReport> Migrator::Migrate(const std::string& tenant,
         absl::StrCat(name, " is on node '", target, "' already"));
   }
   KVD_ASSIGN_OR_RETURN(PeerNode peer, resolve_(target));
+  if (peer.draining) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node '", target, "' is draining (kvd cluster undrain ",
+                     target, " to let it take sessions)"));
+  }
   if (peer.model_fingerprint != engine_->identity().fingerprint()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "node '", target, "' serves another model (fingerprint ",
@@ -175,10 +181,12 @@ absl::StatusOr<MigrationReport> Migrator::Migrate(const std::string& tenant,
     KVD_RETURN_IF_ERROR(written);
     report.snapshot_bytes = out->payload_bytes();
 
-    freeze_start = absl::Now();
+    const absl::Time freeze_asked = absl::Now();
     KVD_ASSIGN_OR_RETURN(engine::SessionEngine::FrozenSession f,
                          engine_->Freeze(tenant, session));
     frozen = true;
+    freeze_start = absl::Now();
+    report.freeze_wait = freeze_start - freeze_asked;
     if (f.epoch != epoch) {
       return absl::AbortedError(absl::StrCat(
           name, " changed owner while it was copied (epoch ", f.epoch, ")"));

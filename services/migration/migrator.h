@@ -46,6 +46,7 @@ namespace kvd::migration {
 struct PeerNode {
   std::string grpc_address;  // host:port of its gRPC API
   std::string model_fingerprint;
+  bool draining = false;  // kvd cluster drain: it takes no sessions
 };
 // NOT_FOUND / UNAVAILABLE when the node is not a live member.
 using PeerResolver =
@@ -73,7 +74,10 @@ struct MigrationReport {
   int64_t delta_chunks = 0;    // chunks new or changed since the copy
   int64_t wire_bytes = 0;      // everything on the data plane, framing too
   absl::Duration total;
-  // Freeze to the directory naming the target: how long a turn could wait.
+  // Waiting for the session's running turn to finish before the freeze
+  // (that turn is not delayed, it completes here).
+  absl::Duration freeze_wait;
+  // Frozen to the directory naming the target: how long a new turn waits.
   absl::Duration pause;
   std::string restore_path;  // the target's: "residuals" or "tokens"
   std::string transport;
@@ -106,7 +110,8 @@ class Migrator {
 
   // INVALID_ARGUMENT for this node as the target; NOT_FOUND for a session
   // this node does not hold; FAILED_PRECONDITION if the directory does not
-  // give it to this node, or the target serves another model; ABORTED if the
+  // give it to this node, or the target serves another model or is
+  // draining; ABORTED if the
   // directory changed meanwhile; the target's or the transport's error
   // otherwise. On every error the session stays here, serving.
   absl::StatusOr<MigrationReport> Migrate(const std::string& tenant,

@@ -149,6 +149,7 @@ grpc::Status SessionsService::MigrateSession(
   response->set_snapshot_bytes(r->snapshot_bytes);
   response->set_delta_bytes(r->delta_bytes);
   response->set_wire_bytes(r->wire_bytes);
+  response->set_freeze_wait_ms(absl::ToDoubleMilliseconds(r->freeze_wait));
   response->set_pause_ms(absl::ToDoubleMilliseconds(r->pause));
   response->set_total_ms(absl::ToDoubleMilliseconds(r->total));
   response->set_restore_path(r->restore_path);

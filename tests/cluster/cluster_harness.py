@@ -125,7 +125,8 @@ class Node:
             cluster.kvd, "serve", "--cluster", cluster.etcd_endpoint,
             "--node-id", node_id, "--lease-ttl", str(ttl), "--model", model,
             "--http-port", "0", "--grpc-port", "0", "--threads", "1",
-            "--data-dir", os.path.join(cluster.dir, node_id)] + cluster.node_tls,
+            "--data-dir", os.path.join(cluster.dir, node_id)] +
+            cluster.node_tls + cluster.node_flags,
             os.path.join(cluster.dir, node_id + ".log"), env)
         self.url = self.process.url_from_log()
 
@@ -181,9 +182,11 @@ class Cluster:
     """`make_certs`: tools/cluster/make_certs.sh; given, nodes serve HTTPS
     with a certificate of a fresh cluster CA and routers verify it."""
 
-    def __init__(self, kvd, directory, ttl=3, make_certs=None):
+    def __init__(self, kvd, directory, ttl=3, make_certs=None,
+                 node_flags=None):
         global SSL_CONTEXT
         self.kvd, self.dir, self.ttl = kvd, directory, ttl
+        self.node_flags = list(node_flags or [])
         self.etcd = None
         self.nodes, self.routers = [], []
         self.etcd_endpoint = None

@@ -274,7 +274,10 @@ absl::Status Run(const Args& args) {
         return absl::FailedPreconditionError(
             absl::StrCat("node '", id, "' serves no gRPC API"));
       }
-      return migration::PeerNode{n.grpc_address, n.model_fingerprint};
+      KVD_ASSIGN_OR_RETURN(std::optional<cluster::EtcdKeyValue> drain,
+                           etcd->Get(absl::StrCat(cluster::kDrainPrefix, id)));
+      return migration::PeerNode{n.grpc_address, n.model_fingerprint,
+                                 drain.has_value()};
     };
     migration::MigratorOptions mo;
     mo.node_id = args.Get("node-id");
