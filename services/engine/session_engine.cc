@@ -478,6 +478,46 @@ absl::Status SessionEngine::StoreReplica(
   return absl::OkStatus();
 }
 
+absl::Status SessionEngine::ApplyReplicaUpdate(storage::TurnUpdate update) {
+  const std::string tenant = update.manifest.tenant();
+  const std::string session = update.manifest.session_id();
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  KVD_RETURN_IF_ERROR(
+      storage::CheckCompatible(update.manifest.model(), identity_, session));
+  const Key key(tenant, session);
+  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  absl::MutexLock session_lock(session_mu.get());
+  KVD_RETURN_IF_ERROR(store_->GetManifest(tenant, session).status());
+  update.manifest.set_format_version(storage::kCheckpointFormatVersion);
+  update.manifest.set_epoch(storage::EpochOf(update.manifest));
+  update.manifest.set_role(v1::SESSION_ROLE_REPLICA);
+  update.ownership_change = false;
+  update.replica_update = true;
+  return store_->CommitTurn(update, storage::CommitMode::kWriteThrough);
+}
+
+absl::Status SessionEngine::DropReplica(const std::string& tenant,
+                                        const std::string& session) {
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  const Key key(tenant, session);
+  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  absl::MutexLock session_lock(session_mu.get());
+  absl::StatusOr<v1::SessionManifest> m = store_->GetManifest(tenant, session);
+  if (m.status().code() == absl::StatusCode::kNotFound) {
+    return absl::OkStatus();
+  }
+  KVD_RETURN_IF_ERROR(m.status());
+  if (!storage::IsReplica(*m)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        SessionName(tenant, session),
+        " is live here (a primary); only a replica copy is dropped"));
+  }
+  Drop(key);
+  return store_->Delete(tenant, session);
+}
+
 absl::Status SessionEngine::CheckMayCommit(
     const v1::SessionManifest& stored) const {
   v1::SessionManifest mine = stored;

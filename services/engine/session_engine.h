@@ -303,6 +303,17 @@ class SessionEngine {
   // copy is from a later epoch, or is the live primary at that epoch;
   // FAILED_PRECONDITION for another model or precision.
   absl::Status StoreReplica(storage::SessionCheckpoint checkpoint);
+  // Applies `update`, turns another node committed (verified by the
+  // caller), to this node's replica copy of the session, durably
+  // (storage::CheckReplicaUpdate: the same owner and epoch, never
+  // backwards). NOT_FOUND without a copy here; ABORTED if the copy here is
+  // not such a replica.
+  absl::Status ApplyReplicaUpdate(storage::TurnUpdate update);
+  // Deletes this node's replica copy of the session (a move that was given
+  // up); OK if there is none. FAILED_PRECONDITION for a live primary, which
+  // is never deleted this way.
+  absl::Status DropReplica(const std::string& tenant,
+                           const std::string& session);
   // For a server, before it admits a turn of the session (and, for a
   // stream, before it answers 200): waits while the session is frozen for
   // a move (up to frozen_turn_wait), then, if `check_owner`, asks the fence

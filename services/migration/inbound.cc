@@ -1,5 +1,6 @@
 #include "services/migration/inbound.h"
 
+#include <atomic>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -24,10 +25,14 @@ struct InboundTransfers::Transfer {
   std::unique_ptr<transport::SecureReceiver> receiver;
   std::thread thread;
   absl::Notification done;
-  // Set by the thread before `done`.
-  absl::StatusOr<storage::SessionCheckpoint> received =
+  // Set by the thread before `staged`: the copy stored as a replica.
+  absl::Notification staged;
+  absl::Status stage_status = absl::UnknownError("not received");
+  v1::SessionManifest staged_manifest;
+  // Set by the thread before `done`: the delta since the copy.
+  absl::StatusOr<storage::TurnUpdate> delta =
       absl::UnknownError("not received");
-  int64_t payload_bytes = 0;
+  std::atomic<int64_t> payload_bytes{0};
 
   // Ends a Receive in progress; safe against the thread dropping the
   // receiver when it finishes.
@@ -156,6 +161,10 @@ void InboundTransfers::Receive(Transfer* t) {
         }
         held = true;
       }
+      if (piece[0] == kSnapshotEnd && tag == kSnapshotPiece) {
+        held = false;  // the copy's end: consumed here
+        return false;
+      }
       if (piece[0] != tag) return false;
       out->assign(piece, 1, std::string::npos);
       held = false;
@@ -164,39 +173,52 @@ void InboundTransfers::Receive(Transfer* t) {
   };
   absl::StatusOr<storage::SessionCheckpoint> cp =
       storage::ReadSessionPieces(section(kSnapshotPiece), where);
-  absl::StatusOr<storage::TurnUpdate> delta =
-      cp.ok() ? storage::ReadTurnUpdatePieces(section(kDeltaPiece), where)
-              : absl::StatusOr<storage::TurnUpdate>(cp.status());
-  if (stream.ok() && delta.ok() && (held || !ended)) {
-    // Something follows the delta: wait for the end, which must come next.
-    std::string extra;
-    if (held) {
-      stream = absl::DataLossError(
-          absl::StrCat(where,
-                       ": the migration stream goes on after its "
-                       "delta"));
-    } else {
-      absl::StatusOr<bool> more =
-          t->receiver->Receive(&extra, absl::Now() + options_.idle_timeout);
-      if (!more.ok()) {
-        stream = more.status();
-      } else if (*more) {
-        stream = absl::DataLossError(absl::StrCat(
-            where, ": the migration stream goes on after its delta"));
-      }
+  absl::Status staged = stream;  // the transport's reason comes first
+  if (staged.ok()) staged = cp.status();
+  if (staged.ok()) {
+    const v1::OpenInboundRequest& open = t->request;
+    const v1::SessionManifest& m = cp->manifest();
+    if (m.tenant() != open.tenant() || m.session_id() != open.session_id()) {
+      staged = absl::DataLossError(
+          absl::StrCat("the migration stream carried session '", m.session_id(),
+                       "' of tenant '", m.tenant(), "', not the one opened"));
+    } else if (storage::EpochOf(m) != open.epoch() ||
+               m.owner_node() != open.source_node()) {
+      staged = absl::AbortedError(absl::StrCat(
+          "the migrated copy is at epoch ", storage::EpochOf(m), " owned by ",
+          storage::OwnerName(m.owner_node()), "; the move was opened at epoch ",
+          open.epoch(), " from node '", open.source_node(), "'"));
     }
   }
-  absl::Status status = stream;  // the transport's reason comes first
-  if (status.ok()) status = cp.status();
-  if (status.ok()) status = delta.status();
-  if (status.ok()) status = cp->Apply(*delta);
-  if (status.ok()) status = storage::ValidateCheckpointContents(*cp, where);
-  t->payload_bytes = total;
-  if (status.ok()) {
-    t->received = std::move(*cp);
-  } else {
-    t->received = status;
+  if (staged.ok()) {
+    t->staged_manifest = cp->manifest();
+    // Durable here before the source freezes the session.
+    staged = engine_->StoreReplica(*std::move(cp));
   }
+  t->payload_bytes.store(total);
+  t->stage_status = staged;
+  t->staged.Notify();
+
+  absl::StatusOr<storage::TurnUpdate> delta =
+      staged.ok() ? storage::ReadTurnUpdatePieces(section(kDeltaPiece), where)
+                  : absl::StatusOr<storage::TurnUpdate>(staged);
+  if (stream.ok() && delta.ok() && (held || !ended)) {
+    // The end must come next.
+    std::string extra;
+    absl::StatusOr<bool> more =
+        held
+            ? absl::StatusOr<bool>(true)
+            : t->receiver->Receive(&extra, absl::Now() + options_.idle_timeout);
+    if (!more.ok()) {
+      stream = more.status();
+    } else if (*more) {
+      stream = absl::DataLossError(absl::StrCat(
+          where, ": the migration stream goes on after its delta"));
+    }
+  }
+  t->payload_bytes.store(total);
+  t->delta = stream.ok() ? std::move(delta)
+                         : absl::StatusOr<storage::TurnUpdate>(stream);
   // Frees the data plane now (a broken sender's endpoint fails at once).
   t->DropReceiver();
   t->done.Notify();
@@ -216,6 +238,29 @@ InboundTransfers::Take(const std::string& id) {
   return t;
 }
 
+absl::StatusOr<v1::StageInboundResponse> InboundTransfers::Stage(
+    const v1::StageInboundRequest& request) {
+  std::shared_ptr<Transfer> t;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = open_.find(request.transfer_id());
+    if (it == open_.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "no open transfer '", request.transfer_id(), "' on this node"));
+    }
+    t = it->second;
+  }
+  if (!t->staged.WaitForNotificationWithTimeout(options_.commit_wait)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the migrated copy did not arrive within ",
+                     absl::FormatDuration(options_.commit_wait)));
+  }
+  if (!t->stage_status.ok()) return t->stage_status;
+  v1::StageInboundResponse response;
+  response.set_payload_bytes(t->payload_bytes.load());
+  return response;
+}
+
 absl::StatusOr<v1::CommitInboundResponse> InboundTransfers::Commit(
     const v1::CommitInboundRequest& request) {
   KVD_ASSIGN_OR_RETURN(std::shared_ptr<Transfer> t,
@@ -228,23 +273,19 @@ absl::StatusOr<v1::CommitInboundResponse> InboundTransfers::Commit(
     t->Cancel();
   }
   t->thread.join();
-  if (status.ok()) status = t->received.status();
-  const v1::OpenInboundRequest& open = t->request;
-  v1::CommitInboundResponse response;
+  if (status.ok()) status = t->stage_status;
+  if (status.ok()) status = t->delta.status();
   if (status.ok()) {
-    const v1::SessionManifest& m = t->received->manifest();
-    if (m.tenant() != open.tenant() || m.session_id() != open.session_id()) {
+    const v1::SessionManifest& m = t->delta->manifest;
+    const v1::SessionManifest& staged = t->staged_manifest;
+    if (m.tenant() != staged.tenant() ||
+        m.session_id() != staged.session_id()) {
       status = absl::DataLossError(
-          absl::StrCat("the migration stream carried session '", m.session_id(),
-                       "' of tenant '", m.tenant(), "', not the one opened"));
-    } else if (storage::EpochOf(m) != open.epoch() ||
-               storage::EpochOf(m) != request.epoch() ||
-               m.owner_node() != open.source_node()) {
-      status = absl::AbortedError(absl::StrCat(
-          "the migrated copy is at epoch ", storage::EpochOf(m), " owned by ",
-          storage::OwnerName(m.owner_node()), "; the move was opened at epoch ",
-          open.epoch(), " from node '", open.source_node(),
-          "' and committed at epoch ", request.epoch()));
+          "the migration's delta is for another session than its copy");
+    } else if (storage::EpochOf(m) != request.epoch()) {
+      status = absl::AbortedError(
+          absl::StrCat("the migrated delta is at epoch ", storage::EpochOf(m),
+                       "; the source froze epoch ", request.epoch()));
     } else if (m.token_count() != request.token_count() ||
                m.turn_ends_size() != request.turns()) {
       status = absl::DataLossError(absl::StrCat(
@@ -253,16 +294,21 @@ absl::StatusOr<v1::CommitInboundResponse> InboundTransfers::Commit(
           request.token_count(), " in ", request.turns()));
     }
   }
+  v1::CommitInboundResponse response;
   if (status.ok()) {
     response.set_restore_path(
-        storage::SameNumerics(t->received->manifest().model(),
-                              engine_->identity())
+        storage::SameNumerics(t->staged_manifest.model(), engine_->identity())
                 .ok()
             ? "residuals"
             : "tokens");
-    response.set_payload_bytes(t->payload_bytes);
-    response.set_chunks(static_cast<int64_t>(t->received->chunks().size()));
-    status = engine_->StoreReplica(std::move(*t->received));
+    response.set_payload_bytes(t->payload_bytes.load());
+    response.set_chunks(static_cast<int64_t>(t->delta->put.size()));
+    status = engine_->ApplyReplicaUpdate(*std::move(t->delta));
+  }
+  if (!status.ok() && t->stage_status.ok()) {
+    // The staged copy is not the session's: nothing of it stays.
+    engine_->DropReplica(t->request.tenant(), t->request.session_id())
+        .IgnoreError();
   }
   absl::MutexLock lock(&mu_);
   if (!status.ok()) {
@@ -270,7 +316,7 @@ absl::StatusOr<v1::CommitInboundResponse> InboundTransfers::Commit(
     return status;
   }
   stats_.committed++;
-  stats_.bytes_committed += t->payload_bytes;
+  stats_.bytes_committed += t->payload_bytes.load();
   return response;
 }
 
@@ -278,6 +324,10 @@ absl::Status InboundTransfers::Abort(const std::string& transfer_id) {
   KVD_ASSIGN_OR_RETURN(std::shared_ptr<Transfer> t, Take(transfer_id));
   t->Cancel();
   t->thread.join();
+  if (t->stage_status.ok()) {
+    engine_->DropReplica(t->request.tenant(), t->request.session_id())
+        .IgnoreError();
+  }
   absl::MutexLock lock(&mu_);
   stats_.failed++;
   return absl::OkStatus();

@@ -5,13 +5,17 @@
 // arrives:
 //   'S' + a piece of the session file (storage/checkpoint/session_file.h):
 //       the committed checkpoint, copied while the session kept serving;
+//   'F' alone: the copy is complete (the source then waits for Stage);
 //   'D' + a piece of a turn-update stream: what the session committed
 //       between that copy and its freeze (possibly nothing).
-// Commit then checks everything before anything becomes visible: every
-// chunk's CRC32C and the stream's own checks (session_file.h), the model
-// (fingerprint, precision), the epoch and owner the source froze at, and
-// the token and turn counts it froze; only then is the copy stored, as a
-// replica (SessionEngine::StoreReplica). Other numerics are accepted: the
+// The copy is checked as it arrives (every chunk's CRC32C and the stream's
+// own checks, session_file.h; the model's fingerprint and precision; the
+// owner and epoch the move was opened at) and stored as a replica
+// (SessionEngine::StoreReplica: unlisted, refusing turns) while the session
+// still serves on its source; Stage reports when that is done. Commit
+// checks the delta (its records, the epoch and the token and turn counts
+// the source froze) and applies it to the replica. Nothing is live here
+// until the directory names this node. Other numerics are accepted: the
 // session then re-prefills from its token ids on its first turn here, and
 // Commit says so.
 //
@@ -36,6 +40,7 @@ namespace kvd::migration {
 
 // Section tags: the first byte of every chunk a migration sends.
 inline constexpr char kSnapshotPiece = 'S';
+inline constexpr char kSnapshotEnd = 'F';  // alone: the copy is complete
 inline constexpr char kDeltaPiece = 'D';
 
 struct InboundOptions {
@@ -69,8 +74,15 @@ class InboundTransfers {
   // resumed here); RESOURCE_EXHAUSTED when max_open are open.
   absl::StatusOr<v1::OpenInboundResponse> Open(
       const v1::OpenInboundRequest& request);
-  // NOT_FOUND for an unknown (or already ended) transfer; the stream's or
-  // the checks' error otherwise. The transfer ends either way.
+  // Waits until the copy sent while the session served has arrived, passed
+  // its checks and is stored as a replica. NOT_FOUND for an unknown
+  // transfer; the stream's or the checks' error otherwise.
+  absl::StatusOr<v1::StageInboundResponse> Stage(
+      const v1::StageInboundRequest& request);
+  // Applies the delta to the staged copy once it has arrived and passed its
+  // checks. NOT_FOUND for an unknown (or already ended) transfer; the
+  // stream's or the checks' error otherwise, and the staged copy is
+  // dropped. The transfer ends either way.
   absl::StatusOr<v1::CommitInboundResponse> Commit(
       const v1::CommitInboundRequest& request);
   // Ends the transfer, storing nothing. NOT_FOUND if unknown.

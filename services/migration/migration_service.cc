@@ -38,6 +38,16 @@ grpc::Status MigrationService::OpenInbound(
   return grpc::Status::OK;
 }
 
+grpc::Status MigrationService::StageInbound(
+    grpc::ServerContext* ctx, const v1::StageInboundRequest* request,
+    v1::StageInboundResponse* response) {
+  if (grpc::Status ok = Authorize(ctx); !ok.ok()) return ok;
+  absl::StatusOr<v1::StageInboundResponse> r = inbound_->Stage(*request);
+  if (!r.ok()) return ToGrpc(r.status());
+  *response = *std::move(r);
+  return grpc::Status::OK;
+}
+
 grpc::Status MigrationService::CommitInbound(
     grpc::ServerContext* ctx, const v1::CommitInboundRequest* request,
     v1::CommitInboundResponse* response) {

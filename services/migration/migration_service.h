@@ -23,6 +23,9 @@ class MigrationService final : public v1::Migration::Service {
   grpc::Status OpenInbound(grpc::ServerContext* ctx,
                            const v1::OpenInboundRequest* request,
                            v1::OpenInboundResponse* response) override;
+  grpc::Status StageInbound(grpc::ServerContext* ctx,
+                            const v1::StageInboundRequest* request,
+                            v1::StageInboundResponse* response) override;
   grpc::Status CommitInbound(grpc::ServerContext* ctx,
                              const v1::CommitInboundRequest* request,
                              v1::CommitInboundResponse* response) override;

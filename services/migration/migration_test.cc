@@ -23,6 +23,7 @@
 #include "services/migration/inbound.h"
 #include "services/migration/migration_service.h"
 #include "services/migration/migrator.h"
+#include "services/migration/testing/directory_fence_for_test.h"
 #include "services/transport/fault_injecting_transport.h"
 #include "services/transport/loopback_transport.h"
 #include "services/transport/ucx_transport.h"
@@ -33,34 +34,7 @@ namespace {
 
 constexpr char kToken[] = "cluster-secret-for-test";
 
-// The node's fence (services/node/cluster_member.h) reduced to its
-// directory checks, over the real etcd directory: a test double (no lease).
-class DirectoryFenceForTest : public engine::SessionFence {
- public:
-  DirectoryFenceForTest(cluster::SessionDirectory* dir, std::string node)
-      : dir_(dir), node_(std::move(node)) {}
-  absl::StatusOr<uint64_t> OwnedEpoch(const std::string& tenant,
-                                      const std::string& session) override {
-    auto e = dir_->Lookup(tenant, session);
-    if (!e.ok()) return e.status();
-    if (!e->has_value()) return absl::NotFoundError("not in the directory");
-    if ((*e)->owner != node_) {
-      return absl::AbortedError(absl::StrCat("moved to ", (*e)->owner));
-    }
-    return (*e)->epoch;
-  }
-  absl::Status MayCommit(const std::string& tenant, const std::string& session,
-                         uint64_t epoch) override {
-    absl::StatusOr<uint64_t> owned = OwnedEpoch(tenant, session);
-    if (!owned.ok()) return owned.status();
-    if (*owned != epoch) return absl::AbortedError("epoch moved on");
-    return absl::OkStatus();
-  }
-
- private:
-  cluster::SessionDirectory* const dir_;
-  const std::string node_;
-};
+using testing::DirectoryFenceForTest;
 
 struct Node {
   std::string id;

@@ -179,7 +179,16 @@ absl::StatusOr<MigrationReport> Migrator::Migrate(const std::string& tenant,
         *copy, options_.piece_bytes, emit(kSnapshotPiece));
     KVD_RETURN_IF_ERROR(sent);
     KVD_RETURN_IF_ERROR(written);
+    KVD_RETURN_IF_ERROR(out->Send(absl::string_view(&kSnapshotEnd, 1)));
     report.snapshot_bytes = out->payload_bytes();
+    // The target stores the copy before the session stops: the pause then
+    // covers only what the turns since wrote.
+    v1::StageInboundRequest stage_req;
+    stage_req.set_transfer_id(open.transfer_id());
+    v1::StageInboundResponse staged;
+    KVD_RETURN_IF_ERROR(
+        FromGrpc(stub->StageInbound(context().get(), stage_req, &staged),
+                 absl::StrCat("node '", target, "' refused the copy")));
 
     const absl::Time freeze_asked = absl::Now();
     KVD_ASSIGN_OR_RETURN(engine::SessionEngine::FrozenSession f,

@@ -6,11 +6,12 @@
 //      cluster token over TLS) and hands back a data-plane address and a
 //      one-time secret (services/transport/secure_stream.h);
 //   2. the committed checkpoint is copied over the data plane while turns
-//      keep committing here;
+//      keep committing here; the target checks it and stores it as a
+//      replica (StageInbound returns once it has);
 //   3. at a turn boundary the session is frozen (SessionEngine::Freeze: a
 //      running turn finishes, later ones wait), and the delta since the copy
 //      is sent: what those turns committed;
-//   4. the target verifies everything and stores the copy (CommitInbound);
+//   4. the target verifies the delta and applies it (CommitInbound);
 //   5. the directory moves the session to the target at epoch + 1 in one
 //      transaction on the revision read at the start, so of racing moves
 //      one wins, and a session that moved meanwhile is not moved again;

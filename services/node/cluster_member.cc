@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "services/cluster/node_info.h"
 
 namespace kvd::node {
@@ -18,6 +19,10 @@ class ClusterMember::DirectoryFence : public engine::SessionFence {
   void set_registration(const cluster::NodeRegistration* r) {
     registration_.store(r);
   }
+  // Between the node's key appearing in etcd (routers may send it turns at
+  // once) and set_registration, a turn waits for the registration rather
+  // than being refused.
+  void set_joining(bool joining) { joining_.store(joining); }
 
   absl::StatusOr<uint64_t> OwnedEpoch(const std::string& tenant,
                                       const std::string& session) override {
@@ -59,6 +64,10 @@ class ClusterMember::DirectoryFence : public engine::SessionFence {
  private:
   absl::Status CheckLease() const {
     const cluster::NodeRegistration* r = registration_.load();
+    for (int i = 0; r == nullptr && joining_.load() && i < 500; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+      r = registration_.load();
+    }
     if (r != nullptr && r->LeaseLive()) return absl::OkStatus();
     return absl::UnavailableError(absl::StrCat(
         "node '", node_id_,
@@ -70,6 +79,7 @@ class ClusterMember::DirectoryFence : public engine::SessionFence {
   cluster::SessionDirectory* const directory_;
   const std::string node_id_;
   std::atomic<const cluster::NodeRegistration*> registration_{nullptr};
+  std::atomic<bool> joining_{false};
 };
 
 absl::StatusOr<std::unique_ptr<ClusterMember>> ClusterMember::Connect(
@@ -142,11 +152,16 @@ absl::Status ClusterMember::Join(NodeRuntime* runtime,
   };
   *incarnation = cluster::NewIncarnation();
   o.incarnation = *incarnation;
+  fence_->set_joining(true);
   absl::StatusOr<std::unique_ptr<cluster::NodeRegistration>> reg =
       cluster::NodeRegistration::Start(etcd_.get(), std::move(o));
-  if (!reg.ok()) return reg.status();
+  if (!reg.ok()) {
+    fence_->set_joining(false);
+    return reg.status();
+  }
   registration_ = std::move(*reg);
   fence_->set_registration(registration_.get());
+  fence_->set_joining(false);
   return absl::OkStatus();
 }
 

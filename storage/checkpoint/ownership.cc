@@ -64,6 +64,32 @@ absl::Status CheckOwnershipChange(const v1::SessionManifest& stored,
                    " is stale (epochs only grow). Nothing was written"));
 }
 
+absl::Status CheckReplicaUpdate(const v1::SessionManifest& stored,
+                                const v1::SessionManifest& next) {
+  if (!IsReplica(stored) || !IsReplica(next)) {
+    return absl::AbortedError(absl::StrCat(
+        Name(stored), " is ", IsReplica(stored) ? "a replica" : "a primary",
+        " here; only a replica copy takes another node's turns. Nothing was "
+        "written"));
+  }
+  if (EpochOf(next) != EpochOf(stored) ||
+      next.owner_node() != stored.owner_node()) {
+    return absl::AbortedError(absl::StrCat(
+        Name(stored), " is a replica of ", OwnerName(stored.owner_node()),
+        " at epoch ", EpochOf(stored), "; an update from ",
+        OwnerName(next.owner_node()), " at epoch ", EpochOf(next),
+        " does not follow it. Nothing was written"));
+  }
+  if (next.turn_ends_size() < stored.turn_ends_size() ||
+      next.token_count() < stored.token_count()) {
+    return absl::AbortedError(
+        absl::StrCat(Name(stored), ": an update with ", next.turn_ends_size(),
+                     " turns would replace a replica copy with ",
+                     stored.turn_ends_size(), ". Nothing was written"));
+  }
+  return absl::OkStatus();
+}
+
 v1::SessionManifest ImportedBy(const v1::SessionManifest& m,
                                const std::string& node) {
   v1::SessionManifest out = m;

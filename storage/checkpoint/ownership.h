@@ -41,6 +41,12 @@ absl::Status CheckTurnFence(const v1::SessionManifest& stored,
 absl::Status CheckOwnershipChange(const v1::SessionManifest& stored,
                                   const v1::SessionManifest& next);
 
+// OK if `next`, a later committed state of a session another node owns,
+// may replace this node's replica copy `stored`: both replicas of the same
+// owner at the same epoch, and `next` no shorter (turns and tokens).
+absl::Status CheckReplicaUpdate(const v1::SessionManifest& stored,
+                                const v1::SessionManifest& next);
+
 // `m` as a session imported on `node`: a new primary there, one epoch past
 // the exported copy (an import is a change of owner), in the current format.
 v1::SessionManifest ImportedBy(const v1::SessionManifest& m,

@@ -76,5 +76,35 @@ TEST(OwnershipTest, OwnershipOnlyMovesForward) {
             absl::StatusCode::kAborted);
 }
 
+TEST(OwnershipTest, AReplicaTakesOnlyLaterTurnsOfItsOwnerAtItsEpoch) {
+  constexpr auto kReplica = v1::SESSION_ROLE_REPLICA;
+  v1::SessionManifest stored = Manifest("n1", 2, kReplica);
+  stored.set_token_count(10);
+  stored.add_turn_ends(10);
+  v1::SessionManifest next = stored;
+  next.set_token_count(20);
+  next.add_turn_ends(20);
+  EXPECT_TRUE(CheckReplicaUpdate(stored, next).ok());
+  EXPECT_TRUE(CheckReplicaUpdate(stored, stored).ok());  // nothing new
+  // Not onto a primary, not as a primary, not from another owner or epoch,
+  // and never backwards.
+  EXPECT_EQ(CheckReplicaUpdate(Manifest("n1", 2), next).code(),
+            absl::StatusCode::kAborted);
+  v1::SessionManifest primary = next;
+  primary.set_role(v1::SESSION_ROLE_PRIMARY);
+  EXPECT_EQ(CheckReplicaUpdate(stored, primary).code(),
+            absl::StatusCode::kAborted);
+  v1::SessionManifest other = next;
+  other.set_owner_node("n9");
+  EXPECT_EQ(CheckReplicaUpdate(stored, other).code(),
+            absl::StatusCode::kAborted);
+  v1::SessionManifest later = next;
+  later.set_epoch(3);
+  EXPECT_EQ(CheckReplicaUpdate(stored, later).code(),
+            absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(CheckReplicaUpdate(next, stored).message()),
+              HasSubstr("would replace"));
+}
+
 }  // namespace
 }  // namespace kvd::storage

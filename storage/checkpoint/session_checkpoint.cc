@@ -49,6 +49,9 @@ absl::Status SessionCheckpoint::Apply(const TurnUpdate& update) {
 
 absl::Status CheckFence(const v1::SessionManifest& stored,
                         const TurnUpdate& update) {
+  if (update.replica_update) {
+    return CheckReplicaUpdate(stored, update.manifest);
+  }
   return update.ownership_change ? CheckOwnershipChange(stored, update.manifest)
                                  : CheckTurnFence(stored, update.manifest);
 }

@@ -39,6 +39,10 @@ struct TurnUpdate {
   // turn: checked with CheckOwnershipChange instead of CheckTurnFence
   // (ownership.h).
   bool ownership_change = false;
+  // A turn another node committed, applied to this node's replica copy:
+  // checked with CheckReplicaUpdate (ownership.h). Not part of the turn
+  // stream: the receiver sets it.
+  bool replica_update = false;
 };
 
 // The fence a write of `update` over the stored `stored` manifest must pass

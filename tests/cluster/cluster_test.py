@@ -10,7 +10,8 @@ Checks, in order:
     nodes' own metrics; both routers agree on every session;
   - the official `openai` client chats through a router, streaming too,
     and the official gRPC client reaches sessions through it;
-  - `kvd cluster drain` keeps new sessions off a node;
+  - `kvd cluster drain` moves a node's sessions away and keeps new ones
+    off it;
   - malformed ids, unknown sessions and bad bodies get OpenAI-style errors;
     a node refuses traffic that did not come through a router;
   - a router killed with SIGKILL and restarted has lost nothing;
@@ -161,8 +162,13 @@ def grpc_through_router(c, nodes, r, owners):
 def drain(c, nodes, r):
     kvd_cluster = [c.kvd, "cluster", "--etcd", c.etcd_endpoint]
     drained = nodes[2].id
-    subprocess.run(kvd_cluster + ["drain", drained, "--wait", "30"],
-                   check=True, stdout=subprocess.DEVNULL)
+    had = sum(1 for e in c.directory().values() if e["owner"] == drained)
+    out = subprocess.run(kvd_cluster + ["drain", drained, "--wait", "120"],
+                         check=True, capture_output=True, text=True).stdout
+    left = sum(1 for e in c.directory().values() if e["owner"] == drained)
+    check(had > 0 and left == 0 and "is empty" in out,
+          "kvd cluster drain moved the node's %d sessions away (%d left)" %
+          (had, left))
     status = subprocess.run(kvd_cluster + ["status"], check=True,
                             capture_output=True, text=True).stdout
     check(any(l.startswith(drained) and " draining " in l
@@ -342,6 +348,9 @@ def main():
             openai_client(r1)
             grpc_through_router(c, nodes, r2, owners)
             drain(c, nodes, r1)
+            # The drain moved sessions: the directory says where they live.
+            owners = {s: e["owner"] for s, e in c.directory().items()
+                      if s in owners}
             bad_input(c, nodes, r2)
             router_kill9(c, r1, owners)
             etcd_restart(c, r1, r2, nodes)
