@@ -93,9 +93,9 @@ absl::StatusOr<DirectoryEntry> SessionDirectory::Move(
   next.owner = to;
   next.epoch = expected.epoch + 1;
   next.state = "active";
-  next.replicas.erase(
-      std::remove(next.replicas.begin(), next.replicas.end(), to),
-      next.replicas.end());
+  // Replicas hold copies of the old owner's epoch: the new owner chooses
+  // (and fills) its own.
+  next.replicas.clear();
   absl::StatusOr<bool> won = etcd_->PutIfModRevision(
       Key(tenant, session), Encode(next), expected.mod_revision);
   if (!won.ok()) return won.status();
@@ -111,6 +111,28 @@ absl::StatusOr<DirectoryEntry> SessionDirectory::Move(
     return absl::AbortedError("the session left the directory after its move");
   }
   return **moved;
+}
+
+absl::StatusOr<DirectoryEntry> SessionDirectory::SetReplicas(
+    const std::string& tenant, const std::string& session,
+    const DirectoryEntry& expected, std::vector<std::string> replicas) {
+  DirectoryEntry next = expected;
+  next.replicas = std::move(replicas);
+  absl::StatusOr<bool> won = etcd_->PutIfModRevision(
+      Key(tenant, session), Encode(next), expected.mod_revision);
+  if (!won.ok()) return won.status();
+  if (!*won) {
+    return absl::AbortedError(
+        absl::StrCat("session '", session, "' of tenant '", tenant,
+                     "' changed in the directory since it was read (epoch ",
+                     expected.epoch, "); look it up again and decide"));
+  }
+  absl::StatusOr<std::optional<DirectoryEntry>> now = Lookup(tenant, session);
+  if (!now.ok()) return now.status();
+  if (!now->has_value()) {
+    return absl::AbortedError("the session left the directory");
+  }
+  return **now;
 }
 
 absl::Status SessionDirectory::Remove(const std::string& tenant,

@@ -52,11 +52,19 @@ class SessionDirectory {
                                         const std::string& session,
                                         const std::string& owner);
   // Moves the session to `to` at `expected.epoch + 1`, if its entry is
-  // still `expected` (same revision). ABORTED if it changed meanwhile.
+  // still `expected` (same revision), with no replicas (theirs are copies
+  // of the old epoch). ABORTED if it changed meanwhile.
   absl::StatusOr<DirectoryEntry> Move(const std::string& tenant,
                                       const std::string& session,
                                       const DirectoryEntry& expected,
                                       const std::string& to);
+
+  // Replaces the session's replica list (same owner and epoch) if its entry
+  // is still `expected`. ABORTED if it changed meanwhile.
+  absl::StatusOr<DirectoryEntry> SetReplicas(const std::string& tenant,
+                                             const std::string& session,
+                                             const DirectoryEntry& expected,
+                                             std::vector<std::string> replicas);
 
   // Removes the session's entry if it is still `expected` (its owner
   // deleted the session). ABORTED if it changed meanwhile.

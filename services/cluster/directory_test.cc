@@ -98,5 +98,22 @@ TEST_F(DirectoryTest, ListsWhatANodeOwnsAcrossTenants) {
   EXPECT_TRUE(dir.ListOwnedBy("n9")->empty());
 }
 
+TEST_F(DirectoryTest, ReplicasAreSetByTransactionAndClearedByAMove) {
+  SessionDirectory dir(client_.get());
+  absl::StatusOr<DirectoryEntry> e = dir.Create("acme", "r", "n1");
+  ASSERT_TRUE(e.ok());
+  absl::StatusOr<DirectoryEntry> with = dir.SetReplicas("acme", "r", *e, {"n2"});
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ(with->replicas, std::vector<std::string>{"n2"});
+  EXPECT_EQ(with->epoch, 1u);
+  // A writer that read the entry before is refused.
+  EXPECT_EQ(dir.SetReplicas("acme", "r", *e, {"n3"}).status().code(),
+            absl::StatusCode::kAborted);
+  absl::StatusOr<DirectoryEntry> moved = dir.Move("acme", "r", *with, "n2");
+  ASSERT_TRUE(moved.ok());
+  EXPECT_TRUE(moved->replicas.empty());
+  EXPECT_EQ(moved->epoch, 2u);
+}
+
 }  // namespace
 }  // namespace kvd::cluster

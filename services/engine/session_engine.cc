@@ -497,6 +497,19 @@ absl::Status SessionEngine::ApplyReplicaUpdate(storage::TurnUpdate update) {
   return store_->CommitTurn(update, storage::CommitMode::kWriteThrough);
 }
 
+absl::StatusOr<v1::SessionManifest> SessionEngine::GetReplica(
+    const std::string& tenant, const std::string& session) {
+  KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
+  KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
+  KVD_ASSIGN_OR_RETURN(v1::SessionManifest m,
+                       store_->GetManifest(tenant, session));
+  if (!storage::IsReplica(m)) {
+    return absl::NotFoundError(absl::StrCat(SessionName(tenant, session),
+                                            " has no replica copy here"));
+  }
+  return m;
+}
+
 absl::Status SessionEngine::DropReplica(const std::string& tenant,
                                         const std::string& session) {
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
@@ -878,6 +891,7 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
     return committed;
   }
   storage::TurnUpdate& update = *built;
+  if (options_.on_commit) options_.on_commit(update);
   result.commit_seconds = SecondsSince(commit_start);
   a.committed = std::move(update.manifest);
   a.tokens = std::move(tokens);

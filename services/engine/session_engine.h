@@ -116,6 +116,11 @@ struct SessionEngineOptions {
   // only); an import is stored at the fence's epoch, and only if the fence
   // gives this node the session. Null: a standalone node.
   std::shared_ptr<SessionFence> fence;
+  // Called after each committed turn with its update, under the session's
+  // lock (so in commit order per session), before the turn is answered: a
+  // cluster node replicates the turn here (services/migration/replicator.h).
+  // Null: nothing to do.
+  std::function<void(const storage::TurnUpdate&)> on_commit;
 };
 
 struct TurnRequest {
@@ -309,6 +314,10 @@ class SessionEngine {
   // backwards). NOT_FOUND without a copy here; ABORTED if the copy here is
   // not such a replica.
   absl::Status ApplyReplicaUpdate(storage::TurnUpdate update);
+  // The manifest of this node's replica copy of the session: what a
+  // failover compares. NOT_FOUND if there is none (or the copy is live).
+  absl::StatusOr<v1::SessionManifest> GetReplica(const std::string& tenant,
+                                                 const std::string& session);
   // Deletes this node's replica copy of the session (a move that was given
   // up); OK if there is none. FAILED_PRECONDITION for a live primary, which
   // is never deleted this way.

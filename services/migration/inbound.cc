@@ -172,10 +172,13 @@ void InboundTransfers::Receive(Transfer* t) {
     };
   };
   absl::StatusOr<storage::SessionCheckpoint> cp =
-      storage::ReadSessionPieces(section(kSnapshotPiece), where);
+      t->request.update_only()
+          ? absl::StatusOr<storage::SessionCheckpoint>(
+                absl::CancelledError("no copy: an update only"))
+          : storage::ReadSessionPieces(section(kSnapshotPiece), where);
   absl::Status staged = stream;  // the transport's reason comes first
-  if (staged.ok()) staged = cp.status();
-  if (staged.ok()) {
+  if (staged.ok() && !t->request.update_only()) staged = cp.status();
+  if (staged.ok() && !t->request.update_only()) {
     const v1::OpenInboundRequest& open = t->request;
     const v1::SessionManifest& m = cp->manifest();
     if (m.tenant() != open.tenant() || m.session_id() != open.session_id()) {
@@ -190,7 +193,7 @@ void InboundTransfers::Receive(Transfer* t) {
           open.epoch(), " from node '", open.source_node(), "'"));
     }
   }
-  if (staged.ok()) {
+  if (staged.ok() && !t->request.update_only()) {
     t->staged_manifest = cp->manifest();
     // Durable here before the source freezes the session.
     staged = engine_->StoreReplica(*std::move(cp));
@@ -277,11 +280,10 @@ absl::StatusOr<v1::CommitInboundResponse> InboundTransfers::Commit(
   if (status.ok()) status = t->delta.status();
   if (status.ok()) {
     const v1::SessionManifest& m = t->delta->manifest;
-    const v1::SessionManifest& staged = t->staged_manifest;
-    if (m.tenant() != staged.tenant() ||
-        m.session_id() != staged.session_id()) {
+    if (m.tenant() != t->request.tenant() ||
+        m.session_id() != t->request.session_id()) {
       status = absl::DataLossError(
-          "the migration's delta is for another session than its copy");
+          "the transfer's update is for another session than was opened");
     } else if (storage::EpochOf(m) != request.epoch()) {
       status = absl::AbortedError(
           absl::StrCat("the migrated delta is at epoch ", storage::EpochOf(m),
@@ -297,7 +299,7 @@ absl::StatusOr<v1::CommitInboundResponse> InboundTransfers::Commit(
   v1::CommitInboundResponse response;
   if (status.ok()) {
     response.set_restore_path(
-        storage::SameNumerics(t->staged_manifest.model(), engine_->identity())
+        storage::SameNumerics(t->delta->manifest.model(), engine_->identity())
                 .ok()
             ? "residuals"
             : "tokens");

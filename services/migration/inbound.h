@@ -89,6 +89,7 @@ class InboundTransfers {
   absl::Status Abort(const std::string& transfer_id);
 
   InboundStats stats() const;
+  engine::SessionEngine* engine() const { return engine_; }
   std::string transport_name() const { return transport_->name(); }
 
  private:

@@ -58,6 +58,20 @@ grpc::Status MigrationService::CommitInbound(
   return grpc::Status::OK;
 }
 
+grpc::Status MigrationService::ReplicaStatus(
+    grpc::ServerContext* ctx, const v1::ReplicaStatusRequest* request,
+    v1::ReplicaStatusResponse* response) {
+  if (grpc::Status ok = Authorize(ctx); !ok.ok()) return ok;
+  absl::StatusOr<v1::SessionManifest> m =
+      inbound_->engine()->GetReplica(request->tenant(), request->session_id());
+  if (!m.ok()) return ToGrpc(m.status());
+  response->set_owner_node(m->owner_node());
+  response->set_epoch(m->epoch());
+  response->set_turns(m->turn_ends_size());
+  response->set_token_count(m->token_count());
+  return grpc::Status::OK;
+}
+
 grpc::Status MigrationService::AbortInbound(
     grpc::ServerContext* ctx, const v1::AbortInboundRequest* request,
     v1::AbortInboundResponse*) {

@@ -29,6 +29,9 @@ class MigrationService final : public v1::Migration::Service {
   grpc::Status CommitInbound(grpc::ServerContext* ctx,
                              const v1::CommitInboundRequest* request,
                              v1::CommitInboundResponse* response) override;
+  grpc::Status ReplicaStatus(grpc::ServerContext* ctx,
+                             const v1::ReplicaStatusRequest* request,
+                             v1::ReplicaStatusResponse* response) override;
   grpc::Status AbortInbound(grpc::ServerContext* ctx,
                             const v1::AbortInboundRequest* request,
                             v1::AbortInboundResponse* response) override;

@@ -16,15 +16,6 @@
 #include "storage/checkpoint/session_file.h"
 
 namespace kvd::migration {
-namespace {
-
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
-}
-
-}  // namespace
 
 storage::TurnUpdate CheckpointDelta(const storage::SessionCheckpoint& before,
                                     const storage::SessionCheckpoint& after) {
@@ -128,68 +119,36 @@ absl::StatusOr<MigrationReport> Migrator::Migrate(const std::string& tenant,
     stats_.started++;
   }
 
-  std::shared_ptr<grpc::ChannelCredentials> creds =
-      options_.ca_cert_pem.empty()
-          ? grpc::InsecureChannelCredentials()
-          : grpc::SslCredentials({.pem_root_certs = options_.ca_cert_pem});
-  std::unique_ptr<v1::Migration::Stub> stub =
-      v1::Migration::NewStub(grpc::CreateChannel(peer.grpc_address, creds));
-  auto context = [this] {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-    ctx->AddMetadata("authorization",
-                     absl::StrCat("Bearer ", options_.cluster_token));
-    return ctx;
-  };
-
   v1::OpenInboundRequest open_req;
   open_req.set_tenant(tenant);
   open_req.set_session_id(session);
   open_req.set_source_node(options_.node_id);
   open_req.set_epoch(epoch);
   *open_req.mutable_model() = engine_->identity();
-  v1::OpenInboundResponse open;
-  KVD_RETURN_IF_ERROR(
-      FromGrpc(stub->OpenInbound(context().get(), open_req, &open),
-               absl::StrCat("node '", target, "' did not open a transfer")));
-
+  const std::string what = absl::StrCat("node '", target, "'");
+  absl::StatusOr<std::unique_ptr<PeerTransfer>> opened =
+      PeerTransfer::Open(peer, what, transport_,
+                         {options_.cluster_token, options_.ca_cert_pem,
+                          options_.piece_bytes, options_.rpc_timeout},
+                         open_req);
+  if (!opened.ok()) {
+    absl::MutexLock lock(&mu_);
+    stats_.failed++;
+    return opened.status();
+  }
+  PeerTransfer& t = **opened;
   bool frozen = false;
   MigrationReport report;
   report.target = target;
-  report.transport = open.transport();
+  report.transport = t.opened().transport();
   absl::Time freeze_start;
   // Everything up to the directory's move: on error the session stays here.
   auto attempt = [&]() -> absl::Status {
-    KVD_ASSIGN_OR_RETURN(std::unique_ptr<transport::ChunkSender> raw,
-                         transport_->Connect(open.address()));
-    KVD_ASSIGN_OR_RETURN(std::unique_ptr<transport::SecureSender> out,
-                         transport::SecureSender::Start(
-                             std::move(raw), {open.token(), open.mac_key()}));
-    absl::Status sent;
-    std::string tagged;
-    auto emit = [&](char tag) {
-      return [&, tag](absl::string_view piece) {
-        tagged.assign(1, tag);
-        tagged.append(piece.data(), piece.size());
-        sent = out->Send(tagged);
-        return sent.ok();
-      };
-    };
-    absl::Status written = storage::WriteSessionPieces(
-        *copy, options_.piece_bytes, emit(kSnapshotPiece));
-    KVD_RETURN_IF_ERROR(sent);
-    KVD_RETURN_IF_ERROR(written);
-    KVD_RETURN_IF_ERROR(out->Send(absl::string_view(&kSnapshotEnd, 1)));
-    report.snapshot_bytes = out->payload_bytes();
+    KVD_RETURN_IF_ERROR(t.SendCopy(*copy));
+    report.snapshot_bytes = t.payload_bytes();
     // The target stores the copy before the session stops: the pause then
     // covers only what the turns since wrote.
-    v1::StageInboundRequest stage_req;
-    stage_req.set_transfer_id(open.transfer_id());
-    v1::StageInboundResponse staged;
-    KVD_RETURN_IF_ERROR(
-        FromGrpc(stub->StageInbound(context().get(), stage_req, &staged),
-                 absl::StrCat("node '", target, "' refused the copy")));
-
+    KVD_RETURN_IF_ERROR(t.Stage());
     const absl::Time freeze_asked = absl::Now();
     KVD_ASSIGN_OR_RETURN(engine::SessionEngine::FrozenSession f,
                          engine_->Freeze(tenant, session));
@@ -204,25 +163,13 @@ absl::StatusOr<MigrationReport> Migrator::Migrate(const std::string& tenant,
                          engine_->ExportSession(tenant, session));
     const storage::TurnUpdate delta = CheckpointDelta(*copy, *now);
     report.delta_chunks = static_cast<int64_t>(delta.put.size());
-    written = storage::WriteTurnUpdatePieces(delta, options_.piece_bytes,
-                                             emit(kDeltaPiece));
-    KVD_RETURN_IF_ERROR(sent);
-    KVD_RETURN_IF_ERROR(written);
-    KVD_RETURN_IF_ERROR(out->Finish());
-    report.delta_bytes = out->payload_bytes() - report.snapshot_bytes;
-    report.wire_bytes = out->wire_bytes();
+    KVD_RETURN_IF_ERROR(t.SendDelta(delta));
+    report.delta_bytes = t.payload_bytes() - report.snapshot_bytes;
+    report.wire_bytes = t.wire_bytes();
     report.tokens = now->manifest().token_count();
     report.turns = now->manifest().turn_ends_size();
-
-    v1::CommitInboundRequest commit_req;
-    commit_req.set_transfer_id(open.transfer_id());
-    commit_req.set_epoch(epoch);
-    commit_req.set_token_count(report.tokens);
-    commit_req.set_turns(report.turns);
-    v1::CommitInboundResponse commit;
-    KVD_RETURN_IF_ERROR(
-        FromGrpc(stub->CommitInbound(context().get(), commit_req, &commit),
-                 absl::StrCat("node '", target, "' refused the transfer")));
+    KVD_ASSIGN_OR_RETURN(v1::CommitInboundResponse commit,
+                         t.Commit(epoch, report.tokens, report.turns));
     report.restore_path = commit.restore_path();
     KVD_ASSIGN_OR_RETURN(cluster::DirectoryEntry moved,
                          directory_->Move(tenant, session, *entry, target));
@@ -232,11 +179,7 @@ absl::StatusOr<MigrationReport> Migrator::Migrate(const std::string& tenant,
   absl::Status moved = attempt();
   if (!moved.ok()) {
     if (frozen) engine_->Unfreeze(tenant, session);
-    // The target may hold the transfer still (or have ended it already).
-    v1::AbortInboundRequest abort_req;
-    abort_req.set_transfer_id(open.transfer_id());
-    v1::AbortInboundResponse ignored;
-    stub->AbortInbound(context().get(), abort_req, &ignored);
+    t.Abort();  // the target may hold the transfer still
     absl::MutexLock lock(&mu_);
     stats_.failed++;
     return absl::Status(

@@ -38,17 +38,12 @@
 #include "absl/time/time.h"
 #include "services/cluster/directory.h"
 #include "services/engine/session_engine.h"
+#include "services/migration/outbound.h"
 #include "services/transport/chunk_stream.h"
 #include "storage/checkpoint/session_checkpoint.h"
 
 namespace kvd::migration {
 
-// Another node as a migration reaches it.
-struct PeerNode {
-  std::string grpc_address;  // host:port of its gRPC API
-  std::string model_fingerprint;
-  bool draining = false;  // kvd cluster drain: it takes no sessions
-};
 // NOT_FOUND / UNAVAILABLE when the node is not a live member.
 using PeerResolver =
     std::function<absl::StatusOr<PeerNode>(const std::string& node_id)>;

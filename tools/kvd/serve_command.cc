@@ -1,5 +1,6 @@
 // `kvd serve`: one node serving durable sessions over an OpenAI-compatible
 // HTTP API and gRPC (kvd.v1.Sessions), until SIGINT/SIGTERM.
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -17,9 +18,11 @@
 #include "services/cluster/membership.h"
 #include "services/cluster/node_info.h"
 #include "services/migration/drainer.h"
+#include "services/migration/failover.h"
 #include "services/migration/inbound.h"
 #include "services/migration/migration_service.h"
 #include "services/migration/migrator.h"
+#include "services/migration/replicator.h"
 #include "services/node/async_http.h"
 #include "services/node/auth.h"
 #include "services/node/cluster_member.h"
@@ -93,6 +96,13 @@ void DeclareFlags(Args& a) {
          "UCX transports that carry moved sessions, in UCX_TLS syntax (tcp; "
          "sm = shared memory; empty = UCX's choice, which honours "
          "$UCX_TLS)");
+  a.Flag("replicas", "1",
+         "in a cluster: copies of each session's committed turns, this "
+         "node's included (2 recommended: a replica takes over when the "
+         "owner dies); in [1, 8]");
+  a.Flag("replication", "sync",
+         "sync: a turn is answered once its replicas hold it durably; async: "
+         "answered at once, replicas follow (at most 64 turns behind)");
   a.Flag("tls-cert", "", "PEM certificate: serve HTTPS and gRPC over TLS");
   a.Flag("tls-key", "", "PEM private key for --tls-cert");
   DeclareModelFlags(a);
@@ -207,12 +217,28 @@ absl::Status Run(const Args& args) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
+  KVD_ASSIGN_OR_RETURN(int64_t replicas, args.GetIntIn("replicas", 1, 8));
+  const std::string replication = args.Get("replication");
+  if (replication != "sync" && replication != "async") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--replication must be sync or async, not '", replication, "'"));
+  }
+  auto replicate =
+      std::make_shared<std::atomic<migration::Replicator*>>(nullptr);
   KVD_ASSIGN_OR_RETURN(
       std::unique_ptr<node::NodeRuntime> rt,
       OpenSessionRuntime(
           args, /*show_progress=*/true,
-          [&args, &member](node::NodeOptions& o) -> absl::Status {
-            if (member) o.engine.fence = member->fence();
+          [&args, &member, &replicate](node::NodeOptions& o) -> absl::Status {
+            if (member) {
+              o.engine.fence = member->fence();
+              // Set once the replicator exists (it needs the engine).
+              o.engine.on_commit = [replicate](const storage::TurnUpdate& u) {
+                if (migration::Replicator* r = replicate->load()) {
+                  r->OnCommit(u);
+                }
+              };
+            }
             const std::string mode = args.Get("create-sessions");
             if (mode != "on-first-use" && mode != "explicit") {
               return absl::InvalidArgumentError(
@@ -230,6 +256,8 @@ absl::Status Run(const Args& args) {
   std::unique_ptr<migration::MigrationService> migration_service;
   std::shared_ptr<migration::Migrator> migrator;
   std::unique_ptr<migration::Drainer> drainer;
+  std::unique_ptr<migration::Replicator> replicator;
+  std::unique_ptr<migration::FailoverController> failover;
   if (member) {
     if (grpc_port < 0) {
       return absl::InvalidArgumentError(
@@ -284,8 +312,26 @@ absl::Status Run(const Args& args) {
     mo.cluster_token = token;
     mo.ca_cert_pem = ca_pem;
     migrator = std::make_shared<migration::Migrator>(
-        &rt->engine(), member->directory(), ucx.get(), std::move(resolve),
-        std::move(mo));
+        &rt->engine(), member->directory(), ucx.get(), resolve, mo);
+    const migration::PeerOptions peer{token, ca_pem};
+    replicator = std::make_unique<migration::Replicator>(
+        &rt->engine(), etcd, member->directory(), ucx.get(), resolve,
+        migration::ReplicatorOptions{
+            .node_id = args.Get("node-id"),
+            .model_fingerprint = rt->engine().identity().fingerprint(),
+            .replicas = static_cast<int>(replicas),
+            .sync = replication == "sync",
+            .peer = peer});
+    replicate->store(replicator.get());
+    failover = std::make_unique<migration::FailoverController>(
+        etcd, member->directory(),
+        [resolve, peer](const std::string& node, const std::string& tenant,
+                        const std::string& session)
+            -> absl::StatusOr<v1::ReplicaStatusResponse> {
+          KVD_ASSIGN_OR_RETURN(migration::PeerNode p, resolve(node));
+          return migration::QueryReplica(p, peer, tenant, session);
+        },
+        migration::FailoverOptions{.node_id = args.Get("node-id")});
   }
   const std::string host = args.Get("host");
   auto metrics = std::make_shared<node::Metrics>();
@@ -351,6 +397,7 @@ absl::Status Run(const Args& args) {
             .node_id = args.Get("node-id"),
             .model_fingerprint = rt->engine().identity().fingerprint()});
     drainer->Start();
+    failover->Start();
   }
   std::fprintf(stderr,
                "kvd serve: model %s (%s) on the %s backend, sessions in "
@@ -375,11 +422,15 @@ absl::Status Run(const Args& args) {
   std::fprintf(stderr, "kvd serve: %s, stopping\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM");
   drainer.reset();  // no new moves; one in progress finishes first
+  failover.reset();
   // gRPC first: its generations stop and leave the admission queue the two
   // front ends share, so HTTP requests queued behind them are not kept
   // waiting while HTTP stops.
   if (grpc) grpc->Shutdown();
   if (http) http->Stop();
+  // No turn commits any more: stop replicating (async sends what it holds).
+  replicate->store(nullptr);
+  replicator.reset();
   inbound.reset();
   // Leave the cluster only once no turn runs: the engine's fence uses the
   // membership until then.

@@ -1,0 +1,217 @@
+#include "services/migration/replicator.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "services/cluster/membership.h"
+#include "services/cluster/node_info.h"
+#include "storage/checkpoint/ownership.h"
+
+namespace kvd::migration {
+
+Replicator::Replicator(engine::SessionEngine* engine, cluster::EtcdClient* etcd,
+                       cluster::SessionDirectory* directory,
+                       transport::Transport* transport, PeerResolver resolve,
+                       ReplicatorOptions options)
+    : engine_(engine),
+      etcd_(etcd),
+      directory_(directory),
+      transport_(transport),
+      resolve_(std::move(resolve)),
+      options_(std::move(options)) {
+  if (!options_.sync && options_.replicas > 1) {
+    thread_ = std::thread([this] { Drain(); });
+  }
+}
+
+Replicator::~Replicator() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+ReplicatorStats Replicator::stats() const {
+  absl::MutexLock lock(&mu_);
+  ReplicatorStats s = stats_;
+  s.lag_turns = static_cast<int64_t>(queue_.size());
+  return s;
+}
+
+void Replicator::OnCommit(const storage::TurnUpdate& update) {
+  if (options_.replicas <= 1) return;
+  if (options_.sync) return Replicate(update);
+  absl::MutexLock lock(&mu_);
+  auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || static_cast<int>(queue_.size()) < options_.max_lag_turns;
+  };
+  // The bound on the lag: a turn that would exceed it waits.
+  mu_.Await(absl::Condition(&room));
+  queue_.push_back(update);
+  stats_.max_lag_turns = std::max<int64_t>(stats_.max_lag_turns, queue_.size());
+}
+
+void Replicator::Drain() {
+  for (;;) {
+    storage::TurnUpdate next;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping, and everything was sent
+      next = std::move(queue_.front());
+    }
+    Replicate(next);
+    absl::MutexLock lock(&mu_);
+    queue_.pop_front();
+  }
+}
+
+std::vector<std::string> Replicator::Candidates(
+    const std::vector<std::string>& skip) {
+  std::vector<std::pair<double, std::string>> ranked;
+  absl::StatusOr<std::vector<cluster::EtcdKeyValue>> drains =
+      etcd_->GetPrefix(cluster::kDrainPrefix);
+  absl::StatusOr<std::vector<cluster::EtcdKeyValue>> nodes =
+      etcd_->GetPrefix(cluster::kNodesPrefix);
+  if (!drains.ok() || !nodes.ok()) return {};
+  std::set<std::string> excluded(skip.begin(), skip.end());
+  excluded.insert(options_.node_id);
+  for (const auto& kv : *drains) {
+    excluded.insert(kv.key.substr(sizeof(cluster::kDrainPrefix) - 1));
+  }
+  for (const auto& kv : *nodes) {
+    absl::StatusOr<cluster::NodeInfo> n = cluster::DecodeNodeInfo(kv.value);
+    if (!n.ok() || excluded.count(n->id) ||
+        n->model_fingerprint != options_.model_fingerprint ||
+        n->grpc_address.empty()) {
+      continue;
+    }
+    const double capacity = std::max<int64_t>(1, n->max_inflight);
+    ranked.emplace_back((n->load.running + n->load.queued) / capacity, n->id);
+  }
+  std::sort(ranked.begin(), ranked.end());
+  std::vector<std::string> out;
+  for (auto& [load, id] : ranked) out.push_back(std::move(id));
+  return out;
+}
+
+absl::Status Replicator::SendUpdate(const std::string& node,
+                                    const storage::TurnUpdate& update) {
+  KVD_ASSIGN_OR_RETURN(PeerNode peer, resolve_(node));
+  const v1::SessionManifest& m = update.manifest;
+  v1::OpenInboundRequest req;
+  req.set_tenant(m.tenant());
+  req.set_session_id(m.session_id());
+  req.set_source_node(options_.node_id);
+  req.set_epoch(storage::EpochOf(m));
+  *req.mutable_model() = m.model();
+  req.set_update_only(true);
+  KVD_ASSIGN_OR_RETURN(
+      std::unique_ptr<PeerTransfer> t,
+      PeerTransfer::Open(peer, absl::StrCat("replica '", node, "'"), transport_,
+                         options_.peer, req));
+  absl::Status sent = t->SendDelta(update);
+  if (sent.ok()) {
+    sent = t->Commit(storage::EpochOf(m), m.token_count(), m.turn_ends_size())
+               .status();
+  }
+  if (!sent.ok()) t->Abort();
+  return sent;
+}
+
+absl::Status Replicator::SendCopy(const std::string& node,
+                                  const std::string& tenant,
+                                  const std::string& session) {
+  KVD_ASSIGN_OR_RETURN(PeerNode peer, resolve_(node));
+  KVD_ASSIGN_OR_RETURN(std::shared_ptr<const storage::SessionCheckpoint> cp,
+                       engine_->ExportSession(tenant, session));
+  const v1::SessionManifest& m = cp->manifest();
+  v1::OpenInboundRequest req;
+  req.set_tenant(tenant);
+  req.set_session_id(session);
+  req.set_source_node(options_.node_id);
+  req.set_epoch(storage::EpochOf(m));
+  *req.mutable_model() = m.model();
+  KVD_ASSIGN_OR_RETURN(
+      std::unique_ptr<PeerTransfer> t,
+      PeerTransfer::Open(peer, absl::StrCat("replica '", node, "'"), transport_,
+                         options_.peer, req));
+  absl::Status sent = t->SendCopy(*cp);
+  if (sent.ok()) sent = t->Stage();
+  if (sent.ok()) sent = t->SendDelta(CheckpointDelta(*cp, *cp));
+  if (sent.ok()) {
+    sent = t->Commit(storage::EpochOf(m), m.token_count(), m.turn_ends_size())
+               .status();
+  }
+  if (!sent.ok()) t->Abort();
+  return sent;
+}
+
+void Replicator::Replicate(const storage::TurnUpdate& update) {
+  const v1::SessionManifest& m = update.manifest;
+  absl::StatusOr<std::optional<cluster::DirectoryEntry>> entry =
+      directory_->Lookup(m.tenant(), m.session_id());
+  if (!entry.ok() || !entry->has_value() ||
+      (*entry)->owner != options_.node_id ||
+      (*entry)->epoch != storage::EpochOf(m)) {
+    absl::MutexLock lock(&mu_);
+    stats_.failures++;
+    return;  // not this node's to replicate (it moved, or etcd is down)
+  }
+  const cluster::DirectoryEntry& e = **entry;
+  std::vector<std::string> keep;
+  int64_t sent = 0, copies = 0, failed = 0;
+  for (const std::string& r : e.replicas) {
+    absl::Status s = SendUpdate(r, update);
+    if (s.ok()) {
+      keep.push_back(r);
+      sent++;
+    } else {
+      failed++;
+      std::fprintf(stderr,
+                   "kvd serve: replica '%s' of session '%s' missed a turn "
+                   "and leaves its replica set: %s\n",
+                   r.c_str(), m.session_id().c_str(), s.ToString().c_str());
+    }
+  }
+  const size_t want = static_cast<size_t>(options_.replicas - 1);
+  if (keep.size() < want) {
+    std::vector<std::string> skip = keep;
+    skip.insert(skip.end(), e.replicas.begin(), e.replicas.end());
+    for (const std::string& c : Candidates(skip)) {
+      if (keep.size() >= want) break;
+      absl::Status s = SendCopy(c, m.tenant(), m.session_id());
+      if (s.ok()) {
+        keep.push_back(c);
+        copies++;
+      } else {
+        failed++;
+        std::fprintf(stderr,
+                     "kvd serve: could not make '%s' a replica of session "
+                     "'%s': %s\n",
+                     c.c_str(), m.session_id().c_str(), s.ToString().c_str());
+      }
+    }
+  }
+  if (keep != e.replicas) {
+    absl::Status set =
+        directory_->SetReplicas(m.tenant(), m.session_id(), e, keep).status();
+    if (!set.ok()) failed++;
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.turns_replicated += sent;
+  stats_.copies_sent += copies;
+  stats_.failures += failed;
+  stats_.replicas_dropped += static_cast<int64_t>(e.replicas.size()) - sent;
+  if (keep.size() < want) stats_.short_sets++;
+}
+
+}  // namespace kvd::migration

@@ -1,0 +1,101 @@
+// Replication (DESIGN.md section 7): every committed turn of a session this
+// node owns goes to R-1 replica nodes, which hold it as a cold replica copy
+// (never served; SessionEngine::ApplyReplicaUpdate) so that a failover can
+// promote one when this node dies (failover.h).
+//
+// The replica set lives in the session's directory entry. After each commit
+// (SessionEngineOptions::on_commit, under the session's lock, so updates
+// leave in commit order) the replicator sends the turn's update to each
+// replica; a replica that fails is dropped from the set, and while the set
+// is short a new replica (a live, undrained node of the model, least loaded
+// first) is given a whole copy first and only then added, by a transaction
+// on the entry. So every node in the set holds every turn acknowledged
+// since it joined, which is what failover relies on.
+//
+//   sync:  the turn is answered only after its replicas applied it durably;
+//   async: the turn is answered at once and a background thread sends it;
+//          the lag (turns committed, not yet replicated) is bounded: a turn
+//          that would exceed max_lag_turns waits.
+//
+// Thread-safety: thread-safe.
+#ifndef KVD_SERVICES_MIGRATION_REPLICATOR_H_
+#define KVD_SERVICES_MIGRATION_REPLICATOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "services/cluster/directory.h"
+#include "services/cluster/etcd_client.h"
+#include "services/engine/session_engine.h"
+#include "services/migration/migrator.h"
+#include "services/migration/outbound.h"
+#include "storage/checkpoint/session_checkpoint.h"
+
+namespace kvd::migration {
+
+struct ReplicatorOptions {
+  std::string node_id;
+  std::string model_fingerprint;
+  int replicas = 1;  // copies in all, this node's included: R
+  bool sync = true;
+  int max_lag_turns = 64;  // async only
+  PeerOptions peer;
+};
+
+struct ReplicatorStats {
+  int64_t turns_replicated = 0;  // updates applied by a replica
+  int64_t copies_sent = 0;       // new replicas filled
+  int64_t failures = 0;          // updates or copies that failed
+  int64_t replicas_dropped = 0;  // removed from a set after a failure
+  int64_t short_sets = 0;        // turns left with fewer than R-1 replicas
+  int64_t lag_turns = 0;         // async: committed, not yet sent
+  int64_t max_lag_turns = 0;
+};
+
+class Replicator {
+ public:
+  // Everything passed in outlives the Replicator.
+  Replicator(engine::SessionEngine* engine, cluster::EtcdClient* etcd,
+             cluster::SessionDirectory* directory,
+             transport::Transport* transport, PeerResolver resolve,
+             ReplicatorOptions options);
+  // Sends what async mode still holds, then stops.
+  ~Replicator();
+
+  // SessionEngineOptions::on_commit.
+  void OnCommit(const storage::TurnUpdate& update);
+  ReplicatorStats stats() const;
+
+ private:
+  void Replicate(const storage::TurnUpdate& update);
+  absl::Status SendUpdate(const std::string& node,
+                          const storage::TurnUpdate& update);
+  absl::Status SendCopy(const std::string& node, const std::string& tenant,
+                        const std::string& session);
+  // Live, undrained nodes of this model, other than this one and `skip`,
+  // least loaded first.
+  std::vector<std::string> Candidates(const std::vector<std::string>& skip);
+  void Drain();
+
+  engine::SessionEngine* const engine_;
+  cluster::EtcdClient* const etcd_;
+  cluster::SessionDirectory* const directory_;
+  transport::Transport* const transport_;
+  const PeerResolver resolve_;
+  const ReplicatorOptions options_;
+  mutable absl::Mutex mu_;
+  ReplicatorStats stats_ ABSL_GUARDED_BY(mu_);
+  std::deque<storage::TurnUpdate> queue_ ABSL_GUARDED_BY(mu_);  // async
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace kvd::migration
+
+#endif  // KVD_SERVICES_MIGRATION_REPLICATOR_H_
