@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "services/cluster/membership.h"
 #include "services/cluster/node_info.h"
@@ -54,6 +55,16 @@ void Replicator::OnCommit(const storage::TurnUpdate& update) {
   mu_.Await(absl::Condition(&room));
   queue_.push_back(update);
   stats_.max_lag_turns = std::max<int64_t>(stats_.max_lag_turns, queue_.size());
+  // The alarm: half the bound is a replica set falling behind.
+  if (static_cast<int>(queue_.size()) > options_.max_lag_turns / 2 &&
+      absl::Now() - last_alarm_ > absl::Minutes(1)) {
+    last_alarm_ = absl::Now();
+    std::fprintf(stderr,
+                 "kvd serve: ALARM replication lag: %zu turns committed and "
+                 "not yet on their replicas (bound %d); turns will wait at "
+                 "the bound\n",
+                 queue_.size(), options_.max_lag_turns);
+  }
 }
 
 void Replicator::Drain() {

@@ -30,6 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "services/cluster/directory.h"
 #include "services/cluster/etcd_client.h"
 #include "services/engine/session_engine.h"
@@ -93,6 +94,7 @@ class Replicator {
   ReplicatorStats stats_ ABSL_GUARDED_BY(mu_);
   std::deque<storage::TurnUpdate> queue_ ABSL_GUARDED_BY(mu_);  // async
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_alarm_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread thread_;
 };
 

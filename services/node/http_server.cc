@@ -691,8 +691,7 @@ void HttpServerImpl::HandleSession(const HttpRequest& req, HttpResponse& res) {
   res.set_content(SessionJson(*m), "application/json");
 }
 
-void HttpServerImpl::HandleMigrate(const HttpRequest& req,
-                                   HttpResponse& res) {
+void HttpServerImpl::HandleMigrate(const HttpRequest& req, HttpResponse& res) {
   absl::StatusOr<std::string> tenant = Tenant(req);
   if (!tenant.ok()) return SendError(res, tenant.status());
   const std::string id = req.matches[1];
@@ -757,6 +756,7 @@ void HttpServerImpl::HandleMetrics(HttpResponse& res) {
   m.Set("kvd_http_queue_depth", {}, admission_->queued());
   m.Set("kvd_http_inflight_generations", {}, admission_->inflight());
   UpdateNodeGauges(*runtime_, m);
+  if (options_.more_metrics) options_.more_metrics(m);
   res.set_content(m.Render(), "text/plain; version=0.0.4");
 }
 

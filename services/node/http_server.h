@@ -49,6 +49,7 @@
 #define KVD_SERVICES_NODE_HTTP_SERVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -92,6 +93,9 @@ struct HttpServerOptions {
   // Moves sessions to other nodes (POST /v1/sessions/ID/migrate); null on a
   // node that runs alone.
   std::shared_ptr<migration::Migrator> migrator;
+  // Sets more gauges right before /metrics renders (a cluster node's moves,
+  // replication and failover); null: none.
+  std::function<void(Metrics&)> more_metrics;
   // Where metrics go; null: the server keeps its own. Shared with the gRPC
   // front end so one /metrics covers both.
   std::shared_ptr<Metrics> metrics;

@@ -19,6 +19,7 @@ SmolLM2 (UCX over TCP, TLS) and one router.
 """
 
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -141,6 +142,21 @@ def main():
         check(all(t == TURNS for t in turns.values()),
               "no acknowledged turn was lost: every session holds all %d "
               "turns (%s)" % (TURNS, turns))
+
+        # The nodes' own books agree.
+        def metric(node, name):
+            text = http("GET", node.url + "/metrics")[2]
+            return sum(float(v) for v in re.findall(
+                r"^%s(?:\{[^}]*\})? ([0-9.e+]+)$" % re.escape(name), text,
+                re.M))
+        live = [n for n in c.nodes if n.id != victim_id]
+        promoted = sum(metric(n, "kvd_failover_promotions_total")
+                       for n in live)
+        updates = sum(metric(n, 'kvd_replication_total{kind="update"}')
+                      for n in live)
+        check(promoted == len(moved) and updates > 0,
+              "/metrics: %d failover promotions, %d replicated updates" % (
+                  promoted, updates))
 
         # The killed node comes back with its old data: the sessions that
         # moved are not served there any more.

@@ -150,6 +150,72 @@ absl::StatusOr<std::vector<std::string>> ConfigArgs(
   return out;
 }
 
+void DeclareClusterMetrics(node::Metrics& m) {
+  m.DeclareCounter("kvd_migrations_total",
+                   "Sessions this node moved to another node, by outcome.");
+  m.DeclareCounter("kvd_migration_bytes_total",
+                   "Bytes this node sent moving sessions (framing included).");
+  m.DeclareCounter("kvd_inbound_transfers_total",
+                   "Copies and updates other nodes sent here, by outcome.");
+  m.DeclareCounter("kvd_replication_total",
+                   "Replication work, by kind: updates applied by replicas, "
+                   "copies that filled a new replica, failures, replicas "
+                   "dropped from a set, turns left with a short set.");
+  m.DeclareGauge("kvd_replication_lag_turns",
+                 "Async replication: turns committed, not yet sent (now "
+                 "and the most seen).");
+  m.DeclareCounter("kvd_failover_promotions_total",
+                   "Sessions of a dead owner this node's controller moved to "
+                   "a replica.");
+  m.DeclareGauge("kvd_failover_controller",
+                 "1 while this node is the cluster's failover controller.");
+  m.DeclareGauge("kvd_draining", "1 while this node is draining.");
+  m.DeclareCounter("kvd_drain_moves_total",
+                   "Sessions this node's drain moved, by outcome.");
+}
+
+void SetClusterMetrics(node::Metrics& m, const migration::Migrator* migrator,
+                       const migration::InboundTransfers* inbound,
+                       const migration::Replicator* replicator,
+                       const migration::FailoverController* failover,
+                       const migration::Drainer* drainer) {
+  auto set = [&m](const char* name, const node::MetricLabels& labels,
+                  int64_t v) { m.Set(name, labels, static_cast<double>(v)); };
+  if (migrator != nullptr) {
+    const migration::MigratorStats s = migrator->stats();
+    set("kvd_migrations_total", {{"outcome", "completed"}}, s.completed);
+    set("kvd_migrations_total", {{"outcome", "failed"}}, s.failed);
+    set("kvd_migration_bytes_total", {}, s.bytes_sent);
+  }
+  if (inbound != nullptr) {
+    const migration::InboundStats s = inbound->stats();
+    set("kvd_inbound_transfers_total", {{"outcome", "committed"}}, s.committed);
+    set("kvd_inbound_transfers_total", {{"outcome", "failed"}}, s.failed);
+  }
+  if (replicator != nullptr) {
+    const migration::ReplicatorStats s = replicator->stats();
+    set("kvd_replication_total", {{"kind", "update"}}, s.turns_replicated);
+    set("kvd_replication_total", {{"kind", "copy"}}, s.copies_sent);
+    set("kvd_replication_total", {{"kind", "failure"}}, s.failures);
+    set("kvd_replication_total", {{"kind", "replica_dropped"}},
+        s.replicas_dropped);
+    set("kvd_replication_total", {{"kind", "short_set"}}, s.short_sets);
+    set("kvd_replication_lag_turns", {{"stat", "now"}}, s.lag_turns);
+    set("kvd_replication_lag_turns", {{"stat", "max"}}, s.max_lag_turns);
+  }
+  if (failover != nullptr) {
+    const migration::FailoverStats s = failover->stats();
+    set("kvd_failover_promotions_total", {}, s.promoted);
+    set("kvd_failover_controller", {}, s.leader ? 1 : 0);
+  }
+  if (drainer != nullptr) {
+    const migration::DrainerStats s = drainer->stats();
+    set("kvd_draining", {}, s.draining ? 1 : 0);
+    set("kvd_drain_moves_total", {{"outcome", "moved"}}, s.moved);
+    set("kvd_drain_moves_total", {{"outcome", "failed"}}, s.failed);
+  }
+}
+
 absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(int64_t http_port, args.GetInt("http-port"));
   KVD_ASSIGN_OR_RETURN(int64_t grpc_port, args.GetInt("grpc-port"));
@@ -360,6 +426,13 @@ absl::Status Run(const Args& args) {
     o.tls_cert_path = args.Get("tls-cert");
     o.tls_key_path = args.Get("tls-key");
     o.migrator = migrator;
+    if (member) {
+      DeclareClusterMetrics(*metrics);
+      o.more_metrics = [&](node::Metrics& m) {
+        SetClusterMetrics(m, migrator.get(), inbound.get(), replicator.get(),
+                          failover.get(), drainer.get());
+      };
+    }
     KVD_ASSIGN_OR_RETURN(http, node::StartHttpServer(rt.get(), std::move(o)));
   }
   std::unique_ptr<node::GrpcServer> grpc;
@@ -421,13 +494,13 @@ absl::Status Run(const Args& args) {
   sigwait(&stop, &sig);
   std::fprintf(stderr, "kvd serve: %s, stopping\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM");
-  drainer.reset();  // no new moves; one in progress finishes first
-  failover.reset();
   // gRPC first: its generations stop and leave the admission queue the two
   // front ends share, so HTTP requests queued behind them are not kept
   // waiting while HTTP stops.
   if (grpc) grpc->Shutdown();
-  if (http) http->Stop();
+  if (http) http->Stop();  // after it, nothing reads the parts below
+  drainer.reset();         // no new moves; one in progress finishes first
+  failover.reset();
   // No turn commits any more: stop replicating (async sends what it holds).
   replicate->store(nullptr);
   replicator.reset();
