@@ -285,9 +285,17 @@ absl::Status Migrate(const Args& args, const std::string& session) {
     std::string message = r->body;
     if (body.is_object() && body.contains("error") &&
         body["error"].is_object() && body["error"].contains("message")) {
-      message = body["error"]["message"].dump();
+      message = body["error"]["message"].get<std::string>();
     }
-    return absl::UnknownError(absl::StrCat("HTTP ", r->status, ": ", message));
+    const absl::StatusCode code =
+        r->status == 400   ? absl::StatusCode::kInvalidArgument
+        : r->status == 401 ? absl::StatusCode::kUnauthenticated
+        : r->status == 403 ? absl::StatusCode::kPermissionDenied
+        : r->status == 404 ? absl::StatusCode::kNotFound
+        : r->status == 409 ? absl::StatusCode::kFailedPrecondition
+        : r->status == 503 ? absl::StatusCode::kUnavailable
+                           : absl::StatusCode::kUnknown;
+    return absl::Status(code, absl::StrCat("HTTP ", r->status, ": ", message));
   }
   if (!body.is_object()) {
     return absl::DataLossError("the router's answer is not JSON");
