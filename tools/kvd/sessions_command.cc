@@ -284,7 +284,8 @@ absl::Status Migrate(const Args& args, const std::string& session) {
   if (r->status != 200) {
     std::string message = r->body;
     if (body.is_object() && body.contains("error") &&
-        body["error"].is_object() && body["error"].contains("message")) {
+        body["error"].is_object() && body["error"].contains("message") &&
+        body["error"]["message"].is_string()) {
       message = body["error"]["message"].get<std::string>();
     }
     const absl::StatusCode code =
