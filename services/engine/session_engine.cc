@@ -1235,6 +1235,12 @@ absl::Status SessionEngine::WriteHealth() {
   return store_->db().WriteHealth();
 }
 
+bool SessionEngine::InTurn(const std::string& tenant,
+                           const std::string& session) const {
+  absl::MutexLock lock(&mu_);
+  return turning_.contains(Key(tenant, session));
+}
+
 void SessionEngine::Suspend(const std::string& tenant,
                             const std::string& session) {
   Drop({tenant, session});

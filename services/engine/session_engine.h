@@ -360,6 +360,9 @@ class SessionEngine {
 
   // Whether the session's K/V are in memory (its next turn needs no restore).
   bool IsHot(const std::string& tenant, const std::string& session) const;
+  // Whether a turn of the session is running now (rebalancing moves only
+  // idle sessions).
+  bool InTurn(const std::string& tenant, const std::string& session) const;
 
   // Drops the session's hot state (its checkpoint stays in the tiers).
   void Suspend(const std::string& tenant, const std::string& session);

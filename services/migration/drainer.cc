@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <set>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "services/cluster/membership.h"
 #include "services/cluster/node_info.h"
@@ -15,11 +17,12 @@ namespace kvd::migration {
 
 Drainer::Drainer(cluster::EtcdClient* etcd,
                  cluster::SessionDirectory* directory, Migrator* migrator,
-                 DrainerOptions options)
+                 DrainerOptions options, const engine::SessionEngine* engine)
     : etcd_(etcd),
       directory_(directory),
       migrator_(migrator),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      engine_(engine) {}
 
 Drainer::~Drainer() {
   stop_.Notify();
@@ -83,7 +86,7 @@ absl::StatusOr<int> Drainer::Pass() {
     stats_.draining = mark.has_value();
     if (!mark.has_value()) sent_.clear();
   }
-  if (!mark.has_value()) return 0;
+  if (!mark.has_value()) return Rebalance();
   KVD_ASSIGN_OR_RETURN(std::vector<cluster::SessionDirectory::OwnedSession> own,
                        directory_->ListOwnedBy(options_.node_id));
   int moved = 0;
@@ -111,6 +114,59 @@ absl::StatusOr<int> Drainer::Pass() {
     }
   }
   return moved;
+}
+
+absl::StatusOr<int> Drainer::Rebalance() {
+  if (engine_ == nullptr || options_.rebalance_every <= absl::ZeroDuration() ||
+      absl::Now() - last_rebalance_ < options_.rebalance_every) {
+    return 0;
+  }
+  KVD_ASSIGN_OR_RETURN(std::vector<std::string> targets, Targets());
+  if (targets.empty()) return 0;
+  // Sessions per node of this model, from the directory.
+  std::map<std::string, int64_t> owned;
+  for (const std::string& t : targets) owned[t] = 0;
+  owned[options_.node_id] = 0;
+  KVD_ASSIGN_OR_RETURN(std::vector<cluster::EtcdKeyValue> all,
+                       etcd_->GetPrefix(cluster::kSessionsPrefix));
+  for (const auto& kv : all) {
+    absl::StatusOr<cluster::DirectoryEntry> e =
+        cluster::DecodeDirectoryEntry(kv);
+    if (e.ok() && owned.count(e->owner)) owned[e->owner]++;
+  }
+  double total = 0;
+  for (const auto& [node, n] : owned) total += static_cast<double>(n);
+  const double mean = total / static_cast<double>(owned.size());
+  const int64_t mine = owned[options_.node_id];
+  std::string least = targets.front();
+  for (const std::string& t : targets) {
+    if (owned[t] < owned[least]) least = t;
+  }
+  if (static_cast<double>(mine) <= options_.rebalance_above * mean ||
+      mine - owned[least] < 2) {
+    return 0;
+  }
+  KVD_ASSIGN_OR_RETURN(std::vector<cluster::SessionDirectory::OwnedSession> own,
+                       directory_->ListOwnedBy(options_.node_id));
+  for (const auto& s : own) {
+    if (engine_->InTurn(s.tenant, s.session)) continue;  // never a running one
+    last_rebalance_ = absl::Now();
+    absl::StatusOr<MigrationReport> r =
+        migrator_->Migrate(s.tenant, s.session, least);
+    absl::MutexLock lock(&mu_);
+    if (!r.ok()) {
+      stats_.failed++;
+      return 0;
+    }
+    stats_.rebalanced++;
+    std::fprintf(stderr,
+                 "kvd serve: rebalanced session '%s' to node '%s' (this node "
+                 "owned %lld, the mean is %.1f)\n",
+                 s.session.c_str(), least.c_str(), static_cast<long long>(mine),
+                 mean);
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace kvd::migration

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "services/cluster/directory.h"
 #include "services/cluster/etcd_client.h"
+#include "services/engine/session_engine.h"
 #include "services/migration/migrator.h"
 
 namespace kvd::migration {
@@ -33,18 +34,29 @@ struct DrainerOptions {
   std::string node_id;
   std::string model_fingerprint;
   absl::Duration poll = absl::Seconds(1);
+  // Rebalancing, when this node is not draining: while it owns more than
+  // `rebalance_above` times the mean sessions per node of its model (and at
+  // least 2 more than the least loaded), it moves one idle session (no turn
+  // running) to the node that owns the fewest, at most one move per
+  // `rebalance_every`. Zero: never.
+  absl::Duration rebalance_every = absl::Seconds(10);
+  double rebalance_above = 1.5;
 };
 
 struct DrainerStats {
   int64_t moved = 0;
   int64_t failed = 0;
+  int64_t rebalanced = 0;
   bool draining = false;
 };
 
 class Drainer {
  public:
+  // `engine` tells which sessions are idle (rebalancing); may be null (no
+  // rebalancing).
   Drainer(cluster::EtcdClient* etcd, cluster::SessionDirectory* directory,
-          Migrator* migrator, DrainerOptions options);
+          Migrator* migrator, DrainerOptions options,
+          const engine::SessionEngine* engine = nullptr);
   ~Drainer();
 
   void Start();
@@ -57,11 +69,15 @@ class Drainer {
   // The live, undrained nodes of this model other than this one, least
   // loaded first; empty if none.
   absl::StatusOr<std::vector<std::string>> Targets();
+  // One rebalancing step: at most one idle session moved.
+  absl::StatusOr<int> Rebalance();
 
   cluster::EtcdClient* const etcd_;
   cluster::SessionDirectory* const directory_;
   Migrator* const migrator_;
   const DrainerOptions options_;
+  const engine::SessionEngine* const engine_;
+  absl::Time last_rebalance_ = absl::InfinitePast();
   absl::Notification stop_;
   std::thread thread_;
   mutable absl::Mutex mu_;

@@ -331,7 +331,9 @@ def main():
     tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
     start = time.time()
     make_certs = os.path.abspath(sys.argv[2])
-    with Cluster(kvd, tmp, ttl=3, make_certs=make_certs) as c:
+    # Rebalancing off: the checks below follow where sessions were placed.
+    with Cluster(kvd, tmp, ttl=3, make_certs=make_certs,
+                 node_flags=["--rebalance-every", "0"]) as c:
         c.start_etcd()
         nodes = [c.start_node("n%d" % i) for i in (1, 2, 3)]
         gemma = c.start_node("g1", model="gemma3")

@@ -71,7 +71,8 @@ def main():
     replies = {"user-%02d" % u: [] for u in range(USERS)}
     with Cluster(kvd, tmp, ttl=3, make_certs=make_certs,
                  node_flags=["--ucx-tls", "tcp", "--replicas", "2",
-                             "--replication", "sync"]) as c:
+                             "--replication", "sync",
+                             "--rebalance-every", "0"]) as c:
         c.start_etcd()
         for i in (1, 2, 3):
             c.start_node("n%d" % i)

@@ -13,7 +13,9 @@ SmolLM2 moving sessions over UCX (TCP here; shared memory is covered by
     replay of the same turns on one standalone node that never moved
     anything: 0 token differences;
   - moving a session to a node that does not exist, or to its own node,
-    fails cleanly and the session goes on where it was.
+    fails cleanly and the session goes on where it was;
+  - every session piled onto one node is spread out again by the nodes'
+    rebalancing (idle sessions only), none losing a turn.
 
 Prints the pause (freeze to the directory naming the target) and total
 time of the moves, p50 and p99.
@@ -108,6 +110,45 @@ def mover(c, router, stop, reports, refusals):
             refusals.append((status, str(body)[:160]))
 
 
+def owned_per_node(c):
+    counts = {n.id: 0 for n in c.nodes}
+    for e in c.directory().values():
+        counts[e["owner"]] = counts.get(e["owner"], 0) + 1
+    return counts
+
+
+def rebalancing(c, kvd, router):
+    """Every session piled onto n2: the nodes spread them out again, idle
+    sessions only, and none loses a turn."""
+    subprocess.run([kvd, "cluster", "--etcd", c.etcd_endpoint, "undrain",
+                    "n1"], check=True, stdout=subprocess.DEVNULL)
+    for session, e in sorted(c.directory().items()):
+        if e["owner"] != "n2":
+            http("POST", router.url + "/v1/sessions/%s/migrate" % session,
+                 {"to": "n2"})
+    piled = owned_per_node(c)
+    total = sum(piled.values())
+
+    def spread():
+        counts = owned_per_node(c)
+        mean = total / float(len(counts))
+        return max(counts.values()) <= 1.5 * mean + 1
+    try:
+        wait_until("rebalancing", spread, 90)
+    except AssertionError:
+        pass
+    counts = owned_per_node(c)
+    turns = {}
+    for s in c.directory():
+        status, _, body = router.get("/v1/sessions/" + s)
+        turns[s] = body.get("turns") if status == 200 else status
+    # (rebalancing may already have started while they were piled up)
+    check(piled.get("n2", 0) >= total - 2 and spread() and
+          all(isinstance(t, int) and t > 0 for t in turns.values()),
+          "rebalancing spread %d sessions piled on n2 (%s) to %s, every one "
+          "intact" % (total, piled, counts))
+
+
 def reference_replies(kvd, tmp):
     """The same turns, one user after another, on one standalone node."""
     p = Process("reference", [
@@ -138,7 +179,7 @@ def main():
     tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
     start = time.time()
     with Cluster(kvd, tmp, ttl=5, make_certs=make_certs,
-                 node_flags=["--ucx-tls", "tcp"]) as c:
+                 node_flags=["--ucx-tls", "tcp", "--rebalance-every", "2"]) as c:
         c.start_etcd()
         for i in (1, 2, 3):
             c.start_node("n%d" % i)
@@ -216,6 +257,7 @@ def main():
         log = "".join(n.process.log_text() for n in c.nodes)
         check("stale copy" not in log,
               "every source deleted its copy after the move")
+        rebalancing(c, kvd, router)
 
     want = reference_replies(kvd, tmp)
     diffs = [(s, i) for s in want for i in range(TURNS)

@@ -100,6 +100,10 @@ void DeclareFlags(Args& a) {
          "in a cluster: copies of each session's committed turns, this "
          "node's included (2 recommended: a replica takes over when the "
          "owner dies); in [1, 8]");
+  a.Flag("rebalance-every", "10",
+         "in a cluster: seconds between moves of an idle session off this "
+         "node while it owns over 1.5x the mean sessions per node of its "
+         "model (0: never)");
   a.Flag("replication", "sync",
          "sync: a turn is answered once its replicas hold it durably; async: "
          "answered at once, replicas follow (at most 64 turns behind)");
@@ -213,6 +217,7 @@ void SetClusterMetrics(node::Metrics& m, const migration::Migrator* migrator,
     set("kvd_draining", {}, s.draining ? 1 : 0);
     set("kvd_drain_moves_total", {{"outcome", "moved"}}, s.moved);
     set("kvd_drain_moves_total", {{"outcome", "failed"}}, s.failed);
+    set("kvd_drain_moves_total", {{"outcome", "rebalanced"}}, s.rebalanced);
   }
 }
 
@@ -284,6 +289,8 @@ absl::Status Run(const Args& args) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
   KVD_ASSIGN_OR_RETURN(int64_t replicas, args.GetIntIn("replicas", 1, 8));
+  KVD_ASSIGN_OR_RETURN(int64_t rebalance_s,
+                       args.GetIntIn("rebalance-every", 0, 86400));
   const std::string replication = args.Get("replication");
   if (replication != "sync" && replication != "async") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -468,7 +475,9 @@ absl::Status Run(const Args& args) {
         member->etcd(), member->directory(), migrator.get(),
         migration::DrainerOptions{
             .node_id = args.Get("node-id"),
-            .model_fingerprint = rt->engine().identity().fingerprint()});
+            .model_fingerprint = rt->engine().identity().fingerprint(),
+            .rebalance_every = absl::Seconds(rebalance_s)},
+        &rt->engine());
     drainer->Start();
     failover->Start();
   }
