@@ -86,38 +86,9 @@ absl::StatusOr<DirectoryEntry> SessionDirectory::Create(
   return **placed;
 }
 
-absl::StatusOr<DirectoryEntry> SessionDirectory::Move(
+absl::StatusOr<DirectoryEntry> SessionDirectory::Replace(
     const std::string& tenant, const std::string& session,
-    const DirectoryEntry& expected, const std::string& to) {
-  DirectoryEntry next = expected;
-  next.owner = to;
-  next.epoch = expected.epoch + 1;
-  next.state = "active";
-  // Replicas hold copies of the old owner's epoch: the new owner chooses
-  // (and fills) its own.
-  next.replicas.clear();
-  absl::StatusOr<bool> won = etcd_->PutIfModRevision(
-      Key(tenant, session), Encode(next), expected.mod_revision);
-  if (!won.ok()) return won.status();
-  if (!*won) {
-    return absl::AbortedError(
-        absl::StrCat("session '", session, "' of tenant '", tenant,
-                     "' changed in the directory since it was read (epoch ",
-                     expected.epoch, "); look it up again and decide"));
-  }
-  absl::StatusOr<std::optional<DirectoryEntry>> moved = Lookup(tenant, session);
-  if (!moved.ok()) return moved.status();
-  if (!moved->has_value()) {
-    return absl::AbortedError("the session left the directory after its move");
-  }
-  return **moved;
-}
-
-absl::StatusOr<DirectoryEntry> SessionDirectory::SetReplicas(
-    const std::string& tenant, const std::string& session,
-    const DirectoryEntry& expected, std::vector<std::string> replicas) {
-  DirectoryEntry next = expected;
-  next.replicas = std::move(replicas);
+    const DirectoryEntry& expected, const DirectoryEntry& next) {
   absl::StatusOr<bool> won = etcd_->PutIfModRevision(
       Key(tenant, session), Encode(next), expected.mod_revision);
   if (!won.ok()) return won.status();
@@ -130,9 +101,30 @@ absl::StatusOr<DirectoryEntry> SessionDirectory::SetReplicas(
   absl::StatusOr<std::optional<DirectoryEntry>> now = Lookup(tenant, session);
   if (!now.ok()) return now.status();
   if (!now->has_value()) {
-    return absl::AbortedError("the session left the directory");
+    return absl::AbortedError("the session left the directory meanwhile");
   }
   return **now;
+}
+
+absl::StatusOr<DirectoryEntry> SessionDirectory::Move(
+    const std::string& tenant, const std::string& session,
+    const DirectoryEntry& expected, const std::string& to) {
+  DirectoryEntry next = expected;
+  next.owner = to;
+  next.epoch = expected.epoch + 1;
+  next.state = "active";
+  // Replicas hold copies of the old owner's epoch: the new owner chooses
+  // (and fills) its own.
+  next.replicas.clear();
+  return Replace(tenant, session, expected, next);
+}
+
+absl::StatusOr<DirectoryEntry> SessionDirectory::SetReplicas(
+    const std::string& tenant, const std::string& session,
+    const DirectoryEntry& expected, std::vector<std::string> replicas) {
+  DirectoryEntry next = expected;
+  next.replicas = std::move(replicas);
+  return Replace(tenant, session, expected, next);
 }
 
 absl::Status SessionDirectory::Remove(const std::string& tenant,

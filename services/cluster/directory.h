@@ -87,6 +87,12 @@ class SessionDirectory {
   static std::string Key(const std::string& tenant, const std::string& session);
 
  private:
+  // Writes `next` if the entry is still `expected`; the entry as written.
+  absl::StatusOr<DirectoryEntry> Replace(const std::string& tenant,
+                                         const std::string& session,
+                                         const DirectoryEntry& expected,
+                                         const DirectoryEntry& next);
+
   EtcdClient* const etcd_;
 };
 

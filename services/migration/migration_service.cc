@@ -3,6 +3,7 @@
 #include <openssl/crypto.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace kvd::migration {
 namespace {
@@ -28,55 +29,68 @@ grpc::Status MigrationService::Authorize(const grpc::ServerContext* ctx) const {
   return grpc::Status::OK;
 }
 
-grpc::Status MigrationService::OpenInbound(
-    grpc::ServerContext* ctx, const v1::OpenInboundRequest* request,
-    v1::OpenInboundResponse* response) {
-  if (grpc::Status ok = Authorize(ctx); !ok.ok()) return ok;
-  absl::StatusOr<v1::OpenInboundResponse> r = inbound_->Open(*request);
+namespace {
+
+// Authorizes, runs `call`, and converts its answer.
+template <typename Response, typename Call>
+grpc::Status Answer(const grpc::Status& authorized, Response* response,
+                    Call call) {
+  if (!authorized.ok()) return authorized;
+  absl::StatusOr<Response> r = call();
   if (!r.ok()) return ToGrpc(r.status());
   *response = *std::move(r);
   return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status MigrationService::OpenInbound(
+    grpc::ServerContext* ctx, const v1::OpenInboundRequest* request,
+    v1::OpenInboundResponse* response) {
+  return Answer(Authorize(ctx), response,
+                [&] { return inbound_->Open(*request); });
 }
 
 grpc::Status MigrationService::StageInbound(
     grpc::ServerContext* ctx, const v1::StageInboundRequest* request,
     v1::StageInboundResponse* response) {
-  if (grpc::Status ok = Authorize(ctx); !ok.ok()) return ok;
-  absl::StatusOr<v1::StageInboundResponse> r = inbound_->Stage(*request);
-  if (!r.ok()) return ToGrpc(r.status());
-  *response = *std::move(r);
-  return grpc::Status::OK;
+  return Answer(Authorize(ctx), response,
+                [&] { return inbound_->Stage(*request); });
 }
 
 grpc::Status MigrationService::CommitInbound(
     grpc::ServerContext* ctx, const v1::CommitInboundRequest* request,
     v1::CommitInboundResponse* response) {
-  if (grpc::Status ok = Authorize(ctx); !ok.ok()) return ok;
-  absl::StatusOr<v1::CommitInboundResponse> r = inbound_->Commit(*request);
-  if (!r.ok()) return ToGrpc(r.status());
-  *response = *std::move(r);
-  return grpc::Status::OK;
+  return Answer(Authorize(ctx), response,
+                [&] { return inbound_->Commit(*request); });
 }
 
 grpc::Status MigrationService::ReplicaStatus(
     grpc::ServerContext* ctx, const v1::ReplicaStatusRequest* request,
     v1::ReplicaStatusResponse* response) {
-  if (grpc::Status ok = Authorize(ctx); !ok.ok()) return ok;
-  absl::StatusOr<v1::SessionManifest> m =
-      inbound_->engine()->GetReplica(request->tenant(), request->session_id());
-  if (!m.ok()) return ToGrpc(m.status());
-  response->set_owner_node(m->owner_node());
-  response->set_epoch(m->epoch());
-  response->set_turns(m->turn_ends_size());
-  response->set_token_count(m->token_count());
-  return grpc::Status::OK;
+  return Answer(Authorize(ctx), response,
+                [&]() -> absl::StatusOr<v1::ReplicaStatusResponse> {
+                  absl::StatusOr<v1::SessionManifest> m =
+                      inbound_->engine()->GetReplica(request->tenant(),
+                                                     request->session_id());
+                  if (!m.ok()) return m.status();
+                  v1::ReplicaStatusResponse out;
+                  out.set_owner_node(m->owner_node());
+                  out.set_epoch(m->epoch());
+                  out.set_turns(m->turn_ends_size());
+                  out.set_token_count(m->token_count());
+                  return out;
+                });
 }
 
 grpc::Status MigrationService::AbortInbound(
     grpc::ServerContext* ctx, const v1::AbortInboundRequest* request,
-    v1::AbortInboundResponse*) {
-  if (grpc::Status ok = Authorize(ctx); !ok.ok()) return ok;
-  return ToGrpc(inbound_->Abort(request->transfer_id()));
+    v1::AbortInboundResponse* response) {
+  return Answer(Authorize(ctx), response,
+                [&]() -> absl::StatusOr<v1::AbortInboundResponse> {
+                  KVD_RETURN_IF_ERROR(inbound_->Abort(request->transfer_id()));
+                  return v1::AbortInboundResponse();
+                });
 }
 
 }  // namespace kvd::migration

@@ -88,16 +88,22 @@ absl::Status PeerTransfer::SendTagged(char tag, absl::string_view piece) {
   return out_->Send(tagged_);
 }
 
+absl::Status PeerTransfer::SendPieces(
+    char tag, const std::function<absl::Status(const PieceSink&)>& write) {
+  absl::Status sent;
+  absl::Status written = write([&](absl::string_view piece) {
+    sent = SendTagged(tag, piece);
+    return sent.ok();
+  });
+  KVD_RETURN_IF_ERROR(sent);
+  return written;
+}
+
 absl::Status PeerTransfer::SendCopy(
     const storage::SessionCheckpoint& checkpoint) {
-  absl::Status sent;
-  absl::Status written = storage::WriteSessionPieces(
-      checkpoint, options_.piece_bytes, [&](absl::string_view piece) {
-        sent = SendTagged(kSnapshotPiece, piece);
-        return sent.ok();
-      });
-  KVD_RETURN_IF_ERROR(sent);
-  KVD_RETURN_IF_ERROR(written);
+  KVD_RETURN_IF_ERROR(SendPieces(kSnapshotPiece, [&](const PieceSink& emit) {
+    return storage::WriteSessionPieces(checkpoint, options_.piece_bytes, emit);
+  }));
   return out_->Send(absl::string_view(&kSnapshotEnd, 1));
 }
 
@@ -110,14 +116,9 @@ absl::Status PeerTransfer::Stage() {
 }
 
 absl::Status PeerTransfer::SendDelta(const storage::TurnUpdate& update) {
-  absl::Status sent;
-  absl::Status written = storage::WriteTurnUpdatePieces(
-      update, options_.piece_bytes, [&](absl::string_view piece) {
-        sent = SendTagged(kDeltaPiece, piece);
-        return sent.ok();
-      });
-  KVD_RETURN_IF_ERROR(sent);
-  KVD_RETURN_IF_ERROR(written);
+  KVD_RETURN_IF_ERROR(SendPieces(kDeltaPiece, [&](const PieceSink& emit) {
+    return storage::WriteTurnUpdatePieces(update, options_.piece_bytes, emit);
+  }));
   return out_->Finish();
 }
 

@@ -17,6 +17,7 @@
 #define KVD_SERVICES_MIGRATION_OUTBOUND_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -83,6 +84,11 @@ class PeerTransfer {
       : what_(std::move(what)), options_(std::move(options)) {}
   std::unique_ptr<grpc::ClientContext> Context() const;
   absl::Status SendTagged(char tag, absl::string_view piece);
+  using PieceSink = std::function<bool(absl::string_view piece)>;
+  // Runs `write` (a record-stream writer) with a sink that sends each piece
+  // under `tag`; the first send error, else the writer's status.
+  absl::Status SendPieces(
+      char tag, const std::function<absl::Status(const PieceSink&)>& write);
 
   const std::string what_;
   const PeerOptions options_;

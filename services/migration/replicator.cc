@@ -14,6 +14,22 @@
 
 namespace kvd::migration {
 
+namespace {
+
+// A transfer of `m`'s session from `source`, at its epoch.
+v1::OpenInboundRequest OpenRequest(const v1::SessionManifest& m,
+                                   const std::string& source) {
+  v1::OpenInboundRequest req;
+  req.set_tenant(m.tenant());
+  req.set_session_id(m.session_id());
+  req.set_source_node(source);
+  req.set_epoch(storage::EpochOf(m));
+  *req.mutable_model() = m.model();
+  return req;
+}
+
+}  // namespace
+
 Replicator::Replicator(engine::SessionEngine* engine, cluster::EtcdClient* etcd,
                        cluster::SessionDirectory* directory,
                        transport::Transport* transport, PeerResolver resolve,
@@ -118,12 +134,7 @@ absl::Status Replicator::SendUpdate(const std::string& node,
                                     const storage::TurnUpdate& update) {
   KVD_ASSIGN_OR_RETURN(PeerNode peer, resolve_(node));
   const v1::SessionManifest& m = update.manifest;
-  v1::OpenInboundRequest req;
-  req.set_tenant(m.tenant());
-  req.set_session_id(m.session_id());
-  req.set_source_node(options_.node_id);
-  req.set_epoch(storage::EpochOf(m));
-  *req.mutable_model() = m.model();
+  v1::OpenInboundRequest req = OpenRequest(m, options_.node_id);
   req.set_update_only(true);
   KVD_ASSIGN_OR_RETURN(
       std::unique_ptr<PeerTransfer> t,
@@ -145,12 +156,7 @@ absl::Status Replicator::SendCopy(const std::string& node,
   KVD_ASSIGN_OR_RETURN(std::shared_ptr<const storage::SessionCheckpoint> cp,
                        engine_->ExportSession(tenant, session));
   const v1::SessionManifest& m = cp->manifest();
-  v1::OpenInboundRequest req;
-  req.set_tenant(tenant);
-  req.set_session_id(session);
-  req.set_source_node(options_.node_id);
-  req.set_epoch(storage::EpochOf(m));
-  *req.mutable_model() = m.model();
+  const v1::OpenInboundRequest req = OpenRequest(m, options_.node_id);
   KVD_ASSIGN_OR_RETURN(
       std::unique_ptr<PeerTransfer> t,
       PeerTransfer::Open(peer, absl::StrCat("replica '", node, "'"), transport_,
