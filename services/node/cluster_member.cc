@@ -1,6 +1,7 @@
 #include "services/node/cluster_member.h"
 
 #include <atomic>
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -154,7 +155,23 @@ absl::Status ClusterMember::Join(NodeRuntime* runtime,
   o.incarnation = *incarnation;
   fence_->set_joining(true);
   absl::StatusOr<std::unique_ptr<cluster::NodeRegistration>> reg =
-      cluster::NodeRegistration::Start(etcd_.get(), std::move(o));
+      cluster::NodeRegistration::Start(etcd_.get(), o);
+  // A node restarted right after it died (kill -9, a crash) finds its old
+  // incarnation's key until that lease expires: wait it out, once. A live
+  // node holding the id keeps renewing, and this one then gives up.
+  const absl::Time until = absl::Now() + options_.lease_ttl + absl::Seconds(2);
+  if (reg.status().code() == absl::StatusCode::kAlreadyExists) {
+    std::fprintf(stderr,
+                 "kvd serve: node id '%s' is still registered (a previous run "
+                 "whose lease has not expired yet?); waiting up to %s\n",
+                 options_.node_id.c_str(),
+                 absl::FormatDuration(until - absl::Now()).c_str());
+  }
+  while (reg.status().code() == absl::StatusCode::kAlreadyExists &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(500));
+    reg = cluster::NodeRegistration::Start(etcd_.get(), o);
+  }
   if (!reg.ok()) {
     fence_->set_joining(false);
     return reg.status();
