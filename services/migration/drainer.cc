@@ -148,6 +148,7 @@ absl::StatusOr<int> Drainer::Rebalance() {
   }
   KVD_ASSIGN_OR_RETURN(std::vector<cluster::SessionDirectory::OwnedSession> own,
                        directory_->ListOwnedBy(options_.node_id));
+  int attempts = 0;
   for (const auto& s : own) {
     if (engine_->InTurn(s.tenant, s.session)) continue;  // never a running one
     last_rebalance_ = absl::Now();
@@ -156,7 +157,11 @@ absl::StatusOr<int> Drainer::Rebalance() {
     absl::MutexLock lock(&mu_);
     if (!r.ok()) {
       stats_.failed++;
-      return 0;
+      std::fprintf(stderr, "kvd serve: rebalancing: %s\n",
+                   r.status().ToString().c_str());
+      // Another session may move where this one could not.
+      if (++attempts >= 3) return 0;
+      continue;
     }
     stats_.rebalanced++;
     std::fprintf(stderr,

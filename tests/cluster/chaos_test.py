@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_harness import Cluster, http, wait_until  # noqa: E402
 import migration_test as mt  # noqa: E402
 
-USERS = int(os.environ.get("KVD_CHAOS_USERS", "6"))
+USERS = int(os.environ.get("KVD_CHAOS_USERS", "4"))
 DURATION = float(os.environ.get("KVD_CHAOS_SECONDS", "120"))
 KILL_EVERY = float(os.environ.get("KVD_CHAOS_KILL_EVERY", "30"))
 FAILURES = []

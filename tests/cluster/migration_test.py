@@ -142,8 +142,14 @@ def rebalancing(c, kvd, router):
     for s in c.directory():
         status, _, body = router.get("/v1/sessions/" + s)
         turns[s] = body.get("turns") if status == 200 else status
+    ok = piled.get("n2", 0) >= total - 2 and spread()
+    if not ok:
+        for n in c.nodes:
+            lines = [l for l in n.process.log_text().splitlines()
+                     if "rebalanc" in l]
+            print("---- %s: %s" % (n.id, "\n".join(lines[-8:])), flush=True)
     # (rebalancing may already have started while they were piled up)
-    check(piled.get("n2", 0) >= total - 2 and spread() and
+    check(ok and
           all(isinstance(t, int) and t > 0 for t in turns.values()),
           "rebalancing spread %d sessions piled on n2 (%s) to %s, every one "
           "intact" % (total, piled, counts))
