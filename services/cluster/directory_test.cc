@@ -102,7 +102,8 @@ TEST_F(DirectoryTest, ReplicasAreSetByTransactionAndClearedByAMove) {
   SessionDirectory dir(client_.get());
   absl::StatusOr<DirectoryEntry> e = dir.Create("acme", "r", "n1");
   ASSERT_TRUE(e.ok());
-  absl::StatusOr<DirectoryEntry> with = dir.SetReplicas("acme", "r", *e, {"n2"});
+  absl::StatusOr<DirectoryEntry> with =
+      dir.SetReplicas("acme", "r", *e, {"n2"});
   ASSERT_TRUE(with.ok()) << with.status();
   EXPECT_EQ(with->replicas, std::vector<std::string>{"n2"});
   EXPECT_EQ(with->epoch, 1u);

@@ -103,10 +103,10 @@ class RouterImpl : public Router {
 
   absl::StatusOr<std::string> Tenant(const node::HttpRequest& req);
   enum class Forwarded {
-    kAnswered,   // res holds the node's answer (or an error about it)
-    kNotSent,    // no connection could be opened: try elsewhere
-    kNotRun,     // the node ran nothing and says where to look (res holds
-                 // its 409): resend after a fresh directory lookup
+    kAnswered,  // res holds the node's answer (or an error about it)
+    kNotSent,   // no connection could be opened: try elsewhere
+    kNotRun,    // the node ran nothing and says where to look (res holds
+                // its 409): resend after a fresh directory lookup
   };
   // Forwards `req` to `target`. `not_run` gets the node's reason with
   // kNotRun ("moving" or "moved").
