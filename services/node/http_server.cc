@@ -131,6 +131,9 @@ class HttpServerImpl : public HttpServer {
   void Log(const HttpRequest& req, const HttpResponse& res);
   void SendError(HttpResponse& res, const absl::Status& status);
   absl::StatusOr<std::string> Tenant(const HttpRequest& req) const;
+  // For /v1/sessions/{id}/...: the tenant, once the id (req.matches[1]) is
+  // valid; notes the id in the request log.
+  absl::StatusOr<std::string> SessionRequest(const HttpRequest& req);
 
   void HandleChat(const HttpRequest& req, HttpResponse& res);
   void HandleCompletion(const HttpRequest& req, HttpResponse& res);
@@ -382,6 +385,16 @@ void HttpServerImpl::SendError(HttpResponse& res, const absl::Status& status) {
     res.set_header(kRetryHeader, why);
   }
   res.set_content(ApiErrorJson(e), "application/json");
+}
+
+absl::StatusOr<std::string> HttpServerImpl::SessionRequest(
+    const HttpRequest& req) {
+  absl::StatusOr<std::string> tenant = Tenant(req);
+  if (!tenant.ok()) return tenant;
+  const std::string id = req.matches[1];
+  t_log.session = id;
+  KVD_RETURN_IF_ERROR(ValidateSessionId(id, "session_id"));
+  return tenant;
 }
 
 absl::StatusOr<std::string> HttpServerImpl::Tenant(
@@ -667,13 +680,9 @@ void HttpServerImpl::HandleSessions(const HttpRequest& req, HttpResponse& res) {
 }
 
 void HttpServerImpl::HandleSession(const HttpRequest& req, HttpResponse& res) {
-  absl::StatusOr<std::string> tenant = Tenant(req);
+  absl::StatusOr<std::string> tenant = SessionRequest(req);
   if (!tenant.ok()) return SendError(res, tenant.status());
   const std::string id = req.matches[1];
-  t_log.session = id;
-  if (absl::Status s = ValidateSessionId(id, "session_id"); !s.ok()) {
-    return SendError(res, s);
-  }
   if (req.method == "DELETE") {
     if (absl::Status s = runtime_->engine().DeleteSession(*tenant, id);
         !s.ok()) {
@@ -692,13 +701,9 @@ void HttpServerImpl::HandleSession(const HttpRequest& req, HttpResponse& res) {
 }
 
 void HttpServerImpl::HandleMigrate(const HttpRequest& req, HttpResponse& res) {
-  absl::StatusOr<std::string> tenant = Tenant(req);
+  absl::StatusOr<std::string> tenant = SessionRequest(req);
   if (!tenant.ok()) return SendError(res, tenant.status());
   const std::string id = req.matches[1];
-  t_log.session = id;
-  if (absl::Status s = ValidateSessionId(id, "session_id"); !s.ok()) {
-    return SendError(res, s);
-  }
   if (options_.migrator == nullptr) {
     return SendError(
         res, absl::FailedPreconditionError(
@@ -723,13 +728,9 @@ void HttpServerImpl::HandleMigrate(const HttpRequest& req, HttpResponse& res) {
 }
 
 void HttpServerImpl::HandleExport(const HttpRequest& req, HttpResponse& res) {
-  absl::StatusOr<std::string> tenant = Tenant(req);
+  absl::StatusOr<std::string> tenant = SessionRequest(req);
   if (!tenant.ok()) return SendError(res, tenant.status());
   const std::string id = req.matches[1];
-  t_log.session = id;
-  if (absl::Status s = ValidateSessionId(id, "session_id"); !s.ok()) {
-    return SendError(res, s);
-  }
   absl::StatusOr<std::shared_ptr<const storage::SessionCheckpoint>> loaded =
       runtime_->engine().ExportSession(*tenant, id);
   if (!loaded.ok()) return SendError(res, loaded.status());

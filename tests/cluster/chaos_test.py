@@ -27,19 +27,13 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_harness import Cluster, http, wait_until  # noqa: E402
+from cluster_harness import (Cluster, check, finish, http,  # noqa: E402
+                             wait_until)
 import migration_test as mt  # noqa: E402
 
 USERS = int(os.environ.get("KVD_CHAOS_USERS", "4"))
 DURATION = float(os.environ.get("KVD_CHAOS_SECONDS", "120"))
 KILL_EVERY = float(os.environ.get("KVD_CHAOS_KILL_EVERY", "30"))
-FAILURES = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILURES.append(what)
 
 
 def chat(url, session, text, request_id):
@@ -169,9 +163,7 @@ def main():
           "single-node replay: %d differences (%d turns committed whose "
           "answer was lost to a kill, not committed twice)" % (
               len(diffs), unknown))
-    if FAILURES:
-        print("%d FAILED:\n  %s" % (len(FAILURES), "\n  ".join(FAILURES)))
-        sys.exit(1)
+    finish()
 
 
 if __name__ == "__main__":

@@ -275,3 +275,19 @@ class Cluster:
     def directory(self, tenant="local"):
         kvs = self.etcd_range("/kvd/v1/sessions/%s/" % tenant) or {}
         return {k.rsplit("/", 1)[1]: json.loads(v) for k, v in kvs.items()}
+
+
+# A test's checks: each prints ok/FAIL; finish() exits 1 if any failed.
+FAILURES = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILURES.append(what)
+
+
+def finish():
+    if FAILURES:
+        print("%d FAILED:\n  %s" % (len(FAILURES), "\n  ".join(FAILURES)))
+        raise SystemExit(1)

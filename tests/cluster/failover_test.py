@@ -27,18 +27,12 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_harness import Cluster, http, wait_until  # noqa: E402
+from cluster_harness import (Cluster, check, finish, http,  # noqa: E402
+                             wait_until)
 import migration_test as mt  # noqa: E402  (turn texts, chat, the replay)
 
 USERS = int(os.environ.get("KVD_FAILOVER_USERS", "6"))
 TURNS = int(os.environ.get("KVD_FAILOVER_TURNS", "6"))
-FAILURES = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILURES.append(what)
 
 
 def converse(router, user, first, last, replies, errors, waits):
@@ -177,9 +171,7 @@ def main():
     check(not diffs, "every reply, before and after the failover, is "
           "identical to a single-node replay: %d differences" % len(diffs))
     print("done in %.1f s" % (time.time() - start))
-    if FAILURES:
-        print("%d FAILED:\n  %s" % (len(FAILURES), "\n  ".join(FAILURES)))
-        sys.exit(1)
+    finish()
 
 
 if __name__ == "__main__":

@@ -34,18 +34,12 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_harness import Cluster, Process, http, wait_until  # noqa: E402
+from cluster_harness import (Cluster, Process, check, finish, http,  # noqa: E402
+                             wait_until)
 
 USERS = int(os.environ.get("KVD_MIGRATION_USERS", "8"))
 TURNS = int(os.environ.get("KVD_MIGRATION_TURNS", "6"))
 MIGRATIONS = int(os.environ.get("KVD_MIGRATION_COUNT", "100"))
-FAILURES = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILURES.append(what)
 
 
 def turn_text(user, turn):
@@ -275,9 +269,7 @@ def main():
                        (replies[diffs[0][0]] + [None] * TURNS)[diffs[0][1]],
                        want[diffs[0][0]][diffs[0][1]])))
     print("done in %.1f s" % (time.time() - start))
-    if FAILURES:
-        print("%d FAILED:\n  %s" % (len(FAILURES), "\n  ".join(FAILURES)))
-        sys.exit(1)
+    finish()
 
 
 if __name__ == "__main__":
