@@ -22,13 +22,12 @@ import os
 import random
 import signal
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_harness import (Cluster, check, finish, http,  # noqa: E402
-                             wait_until)
+                             scratch_dir, wait_until)
 import migration_test as mt  # noqa: E402
 
 USERS = int(os.environ.get("KVD_CHAOS_USERS", "4"))
@@ -82,7 +81,7 @@ def user(router, u, stop, acked, gaps, errors):
 def main():
     kvd = os.path.abspath(sys.argv[1])
     make_certs = os.path.abspath(sys.argv[2])
-    tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    tmp = scratch_dir()
     rng = random.Random(11)
     acked = {"user-%02d" % u: [] for u in range(USERS)}
     gaps, errors, kills = [], [], []

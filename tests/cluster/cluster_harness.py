@@ -10,14 +10,17 @@ binary and etcd itself.
         status, headers, body = r.chat("s1", "Hello")
 """
 
+import atexit
 import base64
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import ssl
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +29,16 @@ TOKEN = "test-router-token"
 # The cluster CA (tools/cluster/make_certs.sh) that https:// nodes are
 # verified against; set by Cluster.
 SSL_CONTEXT = None
+
+
+def scratch_dir():
+    """A fresh directory under TEST_TMPDIR, removed when the test exits, pass
+    or fail. The sandboxes here keep TEST_TMPDIR after a test ends, and a
+    cluster test writes gigabytes of checkpoints: left behind, they fill the
+    disk the next runs (CI's included) need."""
+    path = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def free_port():

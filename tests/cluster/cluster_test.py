@@ -43,7 +43,8 @@ import test_pyenv  # noqa: E402
 test_pyenv.require(["openai", "grpc", "grpc_tools"], "cluster_test")
 
 import openai  # noqa: E402
-from cluster_harness import (Cluster, http, wait_until)  # noqa: E402
+from cluster_harness import (Cluster, http, scratch_dir,  # noqa: E402
+                             wait_until)
 
 FAILURES = []
 
@@ -328,7 +329,7 @@ def stopped_node(c, nodes, r, owners):
 
 def main():
     kvd = os.path.abspath(sys.argv[1])
-    tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    tmp = scratch_dir()
     start = time.time()
     make_certs = os.path.abspath(sys.argv[2])
     # Rebalancing off: the checks below follow where sessions were placed.

@@ -22,13 +22,12 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_harness import (Cluster, check, finish, http,  # noqa: E402
-                             wait_until)
+                             scratch_dir, wait_until)
 import migration_test as mt  # noqa: E402  (turn texts, chat, the replay)
 
 USERS = int(os.environ.get("KVD_FAILOVER_USERS", "6"))
@@ -59,7 +58,7 @@ def converse(router, user, first, last, replies, errors, waits):
 def main():
     kvd = os.path.abspath(sys.argv[1])
     make_certs = os.path.abspath(sys.argv[2])
-    tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    tmp = scratch_dir()
     mt.USERS, mt.TURNS = USERS, TURNS
     start = time.time()
     replies = {"user-%02d" % u: [] for u in range(USERS)}

@@ -29,13 +29,12 @@ import random
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_harness import (Cluster, Process, check, finish, http,  # noqa: E402
-                             wait_until)
+                             scratch_dir, wait_until)
 
 USERS = int(os.environ.get("KVD_MIGRATION_USERS", "8"))
 TURNS = int(os.environ.get("KVD_MIGRATION_TURNS", "6"))
@@ -176,7 +175,7 @@ def reference_replies(kvd, tmp):
 def main():
     kvd = os.path.abspath(sys.argv[1])
     make_certs = os.path.abspath(sys.argv[2])
-    tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    tmp = scratch_dir()
     start = time.time()
     with Cluster(kvd, tmp, ttl=5, make_certs=make_certs,
                  node_flags=["--ucx-tls", "tcp", "--rebalance-every", "2"]) as c:

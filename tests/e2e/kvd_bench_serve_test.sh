@@ -10,9 +10,10 @@ set -uo pipefail
 KVD="$1"
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-T="${TEST_TMPDIR:-$(mktemp -d)}"
+T="$(mktemp -d "${TEST_TMPDIR:-/tmp}/bench.XXXXXX")"
 PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done' EXIT
+# The servers stop and their data goes: the sandboxes here keep TEST_TMPDIR.
+trap 'for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done; wait; rm -rf "$T"' EXIT
 
 start() {  # start LOG FLAGS...: starts a server, sets PID and PORT
   local log="$1"

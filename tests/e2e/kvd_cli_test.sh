@@ -5,6 +5,8 @@ set -uo pipefail
 KVD="$1"
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# The sandboxes here keep TEST_TMPDIR after a test ends; what this test wrote goes.
+trap 'rm -rf "${TEST_TMPDIR:?}"/*' EXIT
 expect_contains() {  # expect_contains NAME HAYSTACK NEEDLE
   [[ "$2" == *"$3"* ]] || fail "$1: output does not contain '$3'; got: $2"
 }

@@ -7,6 +7,8 @@ set -uo pipefail
 KVD="$1"
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# The sandboxes here keep TEST_TMPDIR after a test ends; what this test wrote goes.
+trap 'rm -rf "${TEST_TMPDIR:?}"/*' EXIT
 DATA="$TEST_TMPDIR/data"
 CONFIG="$TEST_TMPDIR/kvd.json"
 cat > "$CONFIG" <<JSON

@@ -13,17 +13,22 @@ Recovery time (the restore reported by the first turn after each restart) is pri
 
 usage: session_crash_loop_test.py KVD [KILLS]   (KILLS defaults to 50; the CI size)
 """
+import atexit
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 KVD = sys.argv[1]
 KILLS = int(sys.argv[2]) if len(sys.argv) > 2 else 50
-TMP = os.environ.get("TEST_TMPDIR", "/tmp")
+# Removed at exit: the sandboxes here keep TEST_TMPDIR after a test ends.
+TMP = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+atexit.register(shutil.rmtree, TMP, True)
 MESSAGES = [f"Tell me one fact about the number {i}." for i in range(10)]
 COMMON = ["--model", "smollm2", "--temperature", "0", "--max-tokens", "16", "--threads", "2",
           "--jsonl"]

@@ -9,6 +9,8 @@ set -uo pipefail
 KVD="$1"
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# The sandboxes here keep TEST_TMPDIR after a test ends; what this test wrote goes.
+trap 'rm -rf "${TEST_TMPDIR:?}"/*' EXIT
 M1="Name three rivers in Europe."
 M2="Which one is the longest?"
 M3="How long is it, in kilometres?"
