@@ -96,6 +96,16 @@ const char* FinishName(engine::FinishReason r) {
   return "stop";
 }
 
+Usage UsageOf(const GenerationOutcome& out) {
+  Usage u{out.prompt_tokens, static_cast<int64_t>(out.gen.tokens.size()),
+          out.cached_tokens};
+  if (out.state_path.has_value()) {
+    u.session_state = engine::StatePathName(*out.state_path);
+    u.restore_ms = out.restore_seconds * 1e3;
+  }
+  return u;
+}
+
 absl::Status ValidateRequestId(absl::string_view id) {
   bool printable = !id.empty() && id.size() <= 128;
   for (char c : id) printable &= c > ' ' && c < 0x7f;
@@ -543,9 +553,7 @@ void HttpServerImpl::Respond(const HttpRequest& req,
     RecordOutcome(*out, first_token_s);
     const ChoiceOutput choice{out->gen.text, FinishName(out->gen.finish_reason),
                               out->logprobs};
-    const Usage usage{out->prompt_tokens,
-                      static_cast<int64_t>(out->gen.tokens.size()),
-                      out->cached_tokens};
+    const Usage usage = UsageOf(*out);
     res.set_content(job->chat ? ChatCompletionJson(job->meta, choice, usage)
                               : CompletionJson(job->meta, choice, usage),
                     "application/json");
@@ -630,9 +638,7 @@ void HttpServerImpl::Stream(const GenerationJob& job, const HttpRequest& req,
       job.chat ? ChatChunkJson(job.meta, "", false, &finish, nullptr, nullptr)
                : CompletionChunkJson(job.meta, "", &finish, nullptr, nullptr)));
   if (job.common.include_usage) {
-    const Usage usage{out->prompt_tokens,
-                      static_cast<int64_t>(out->gen.tokens.size()),
-                      out->cached_tokens};
+    const Usage usage = UsageOf(*out);
     write(SseEvent(
         job.chat
             ? ChatChunkJson(job.meta, "", false, nullptr, &usage, nullptr)

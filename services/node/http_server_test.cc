@@ -318,6 +318,7 @@ TEST_F(HttpServerTest, SessionTurnsMatchAnUninterruptedEngineSession) {
     ASSERT_EQ(r.status, 200) << r.body;
     const json j = r.Json();
     EXPECT_EQ(j["session_id"], "web-1");
+    EXPECT_EQ(j["session_state"], t == 0 ? "new" : "hot") << t;
     EXPECT_EQ(j["choices"][0]["message"]["content"], expected[t]) << t;
     // OpenAI's usage: the whole context the reply follows, the stored part
     // of it as cached (all but the previous reply's last token, which the

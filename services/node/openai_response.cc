@@ -21,6 +21,14 @@ json UsageJson(const Usage& u) {
           {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
+// The usage object and, for session turns, the kvd extensions beside it.
+void PutUsage(const Usage& u, json& j) {
+  j["usage"] = UsageJson(u);
+  if (u.session_state.empty()) return;
+  j["session_state"] = u.session_state;
+  if (u.restore_ms >= 0) j["session_restore_ms"] = u.restore_ms;
+}
+
 json Bytes(const std::string& s) {
   json out = json::array();
   for (unsigned char c : s) out.push_back(static_cast<int>(c));
@@ -88,7 +96,7 @@ std::string ChatCompletionJson(const ResponseMeta& meta,
   choice["logprobs"] =
       out.logprobs.has_value() ? ChatLogprobs(*out.logprobs) : json(nullptr);
   j["choices"] = json::array({choice});
-  j["usage"] = UsageJson(usage);
+  PutUsage(usage, j);
   return Dump(j);
 }
 
@@ -99,7 +107,7 @@ std::string ChatChunkJson(const ResponseMeta& meta, absl::string_view content,
   json j = Base(meta, "chat.completion.chunk");
   if (usage != nullptr) {
     j["choices"] = json::array();
-    j["usage"] = UsageJson(*usage);
+    PutUsage(*usage, j);
     return Dump(j);
   }
   json delta = json::object();
@@ -125,7 +133,7 @@ std::string CompletionJson(const ResponseMeta& meta, const ChoiceOutput& out,
                            ? CompletionLogprobs(*out.logprobs)
                            : json(nullptr);
   j["choices"] = json::array({choice});
-  j["usage"] = UsageJson(usage);
+  PutUsage(usage, j);
   return Dump(j);
 }
 
@@ -138,7 +146,7 @@ std::string CompletionChunkJson(const ResponseMeta& meta,
   json j = Base(meta, "text_completion");
   if (usage != nullptr) {
     j["choices"] = json::array();
-    j["usage"] = UsageJson(*usage);
+    PutUsage(*usage, j);
     return Dump(j);
   }
   json choice = {{"index", 0},

@@ -37,6 +37,12 @@ struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;
+  // kvd extensions sent beside the usage, for session turns only (omitted
+  // when empty): where the turn found the session's state (new, hot, dram,
+  // rocksdb, reprefill: engine::StatePathName) and the milliseconds its
+  // restore took, so a client can tell a warm turn from a cold one.
+  std::string session_state;
+  double restore_ms = -1;
 };
 
 // One generated token's log-probabilities, with the text of each token.

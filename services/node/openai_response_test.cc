@@ -71,6 +71,21 @@ TEST(OpenAiResponse, ChatChunks) {
       json::parse(ChatChunkJson(kMeta, "", false, nullptr, &usage, nullptr));
   EXPECT_EQ(u["choices"], json::array());
   EXPECT_EQ(u["usage"]["total_tokens"], 7);
+  EXPECT_FALSE(u.contains("session_state")) << "not a session turn";
+}
+
+TEST(OpenAiResponse, SessionTurnsSayWhereTheirStateWasFound) {
+  Usage usage{3, 4};
+  usage.session_state = "rocksdb";
+  usage.restore_ms = 12.5;
+  json chunk =
+      json::parse(ChatChunkJson(kMeta, "", false, nullptr, &usage, nullptr));
+  EXPECT_EQ(chunk["session_state"], "rocksdb");
+  EXPECT_EQ(chunk["session_restore_ms"], 12.5);
+  ChoiceOutput out{"Hi", "stop", std::nullopt};
+  json whole = json::parse(ChatCompletionJson(kMeta, out, usage));
+  EXPECT_EQ(whole["session_state"], "rocksdb");
+  EXPECT_EQ(whole["usage"]["completion_tokens"], 4);
 }
 
 TEST(OpenAiResponse, CompletionAndInvalidUtf8Tokens) {

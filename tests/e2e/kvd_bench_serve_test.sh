@@ -13,7 +13,8 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 T="$(mktemp -d "${TEST_TMPDIR:-/tmp}/bench.XXXXXX")"
 PIDS=()
 # The servers stop and their data goes: the sandboxes here keep TEST_TMPDIR.
-trap 'for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done; wait; rm -rf "$T"' EXIT
+trap 'for p in "${PIDS[@]}" $(cat "$T/restarted.pid" 2>/dev/null); do kill -TERM "$p" 2>/dev/null; done
+      wait; rm -rf "$T"' EXIT
 
 start() {  # start LOG FLAGS...: starts a server, sets PID and PORT
   local log="$1"
@@ -30,16 +31,26 @@ start() {  # start LOG FLAGS...: starts a server, sets PID and PORT
   [[ -n "$PORT" ]] || { fail "server did not start: $(cat "$log")"; exit 1; }
 }
 
-# ---- a normal server: load, then chat ----
-start "$T/serve1.log" --data-dir "$T/data1" --max-inflight 4 --max-queue 16
+# ---- a normal server: load with a restart in the middle, then chat ----
+FLAGS1=(--data-dir "$T/data1" --max-inflight 4 --max-queue 16)
+start "$T/serve1.log" "${FLAGS1[@]}"
 URL="http://127.0.0.1:$PORT"
-"$KVD" bench serve --url "$URL" --sessions 4 --duration 10 --new-fraction 0.3 --max-tokens 16 \
-  --stream --server-pid "$PID" --json "$T/bench.json" > "$T/bench.out" 2> "$T/bench.err"
+# The event: stop the server, start a new one on the same port and data, wait until it is ready.
+cat > "$T/restart.sh" <<EOF
+kill -TERM $PID
+while kill -0 $PID 2>/dev/null && ! grep -q '^State:.*Z' /proc/$PID/status; do sleep 0.1; done
+"$KVD" serve --model smollm2 --http-port $PORT --grpc-port -1 --threads 2 ${FLAGS1[*]} \\
+  2> "$T/serve1b.log" & echo \$! > "$T/restarted.pid"
+for i in \$(seq 1 300); do curl -sf "$URL/readyz" > /dev/null && exit 0; sleep 0.1; done; exit 1
+EOF
+"$KVD" bench serve --url "$URL" --sessions 4 --duration 12 --new-fraction 0.3 --max-tokens 16 \
+  --stream --server-pid "$PID" --json "$T/bench.json" --event-at 6 --event-name restart \
+  --event-cmd "sh $T/restart.sh" > "$T/bench.out" 2> "$T/bench.err"
 rc=$?
 cat "$T/bench.out"
 [[ $rc == 0 ]] || fail "bench serve exit $rc: $(cat "$T/bench.err")"
 grep -q "RESULT failures=0 rejected_429=0" "$T/bench.out" || fail "bench reported failures"
-python3 - "$T/bench.json" <<'PY' || fail "bench JSON"
+python3 - "$T/bench.json" "$T/bench.out" <<'PY' || fail "bench JSON"
 import json, sys
 j = json.load(open(sys.argv[1]))
 s = j["summary"]
@@ -49,9 +60,18 @@ assert s["continued"]["ok"] >= 1, s                # a stored session was contin
 assert s["all"]["output_tokens"] > 0, s
 assert s["all"]["ttft_s"]["p50"] > 0, s
 assert j["server_rss_mib"]["max"] > 0, j
+assert s["event"]["ran"] and s["event"]["exit_code"] == 0, s["event"]
 ok = [r for r in j["requests"] if r["ok"]]
 assert all(0 < r["output_tokens"] <= 16 for r in ok), ok  # max_tokens honoured
 assert all(r["ttft_s"] <= r["latency_s"] for r in ok)
+# Every turn says where the server found its session: a new one, or a continued one in memory
+# before the restart; the first turn of a conversation after it, from RocksDB.
+before = [r for r in ok if r["events_seen"] == 0]
+assert all(r["state"] == "new" if r["turn"] == 1 else r["state"] in ("hot", "dram")
+           for r in before), before
+first = [r for r in ok if r["first_after_event"]]
+assert first and all(r["state"] == "rocksdb" for r in first), first
+assert "| first after restart: rocksdb |" in open(sys.argv[2]).read()
 PY
 
 out="$("$KVD" chat --server "$URL" --session s --temperature 0 --max-tokens 24 \
@@ -62,7 +82,7 @@ echo "$out"
 first="$(echo "$out" | head -1)"
 [[ "$first" == *Paris* ]] || fail "turn 1: $first"
 [[ "$(echo "$out" | tail -n +2)" == *Berlin* ]] || fail "turn 2 (only the new message sent): $out"
-grep -q '"session":"s"' "$T/serve1.log" || fail "the server saw no request in session s"
+grep -q '"session":"s"' "$T/serve1b.log" || fail "the server saw no request in session s"
 
 # ---- one slot, no queue: deliberate refusals ----
 start "$T/serve2.log" --data-dir "$T/data2" --max-inflight 1 --max-queue 0

@@ -16,7 +16,11 @@
 // output token after the first, end-to-end latency and tokens; 429 answers
 // (the server's deliberate admission refusals) are counted apart from
 // failures and retried after Retry-After. Prints a Markdown table; --json
-// writes the summary and every request.
+// writes the summary and every request. Against kvd each continued turn is
+// also counted by where the server found the session (hot, dram, rocksdb:
+// the response's session_state), and --event-at/--event-cmd run a command
+// mid-run (a restart, a drain, a kill) whose effect the first turn of each
+// conversation after it shows.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -38,6 +42,7 @@
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "tools/kvd/args.h"
+#include "tools/kvd/bench_event.h"
 #include "tools/kvd/chat_client.h"
 #include "tools/kvd/commands.h"
 
@@ -95,6 +100,10 @@ struct RequestRecord {
   double latency_s = 0;
   int64_t prompt_tokens = -1;
   int64_t output_tokens = 0;
+  std::string state;    // kvd's session_state ("" from other servers)
+  std::string node;     // X-Kvd-Node, through a kvd router
+  int events_seen = 0;  // --event-cmd runs before it started
+  bool first_after_event = false;  // a conversation's first turn after one
 };
 
 struct Config {
@@ -109,6 +118,8 @@ struct Config {
   int64_t seed = 1;
   bool stream = false, stateless = false, ignore_eos = false;
   absl::Duration timeout = absl::Seconds(600);
+  double event_at_s = -1;  // < 0: no event
+  std::string event_cmd, event_name;
 };
 
 // Everything the users record, under one lock (a few records per second).
@@ -180,11 +191,12 @@ struct Conversation {
   std::string id;
   std::vector<ChatMessageText> history;  // stateless mode only
   int turns = 0;
+  int events_seen = 0;  // as of its last turn
 };
 
 void RunUser(const Config& cfg, int user, Clock::time_point t0,
-             Clock::time_point deadline, Recorder& rec,
-             ClientRegistry& clients) {
+             Clock::time_point deadline, Recorder& rec, ClientRegistry& clients,
+             EventGate& gate) {
   ChatClient client(cfg.url, cfg.api_key, cfg.timeout);
   clients.Add(&client);
   struct Unregister {
@@ -208,7 +220,8 @@ void RunUser(const Config& cfg, int user, Clock::time_point t0,
       convs.push_back(
           {absl::StrCat("bench-", cfg.run_id, "-u", user, "-c", started++),
            {},
-           0});
+           0,
+           -1});
       conv = &convs.back();
       message = kOpeners[rng() % std::size(kOpeners)];
     } else {
@@ -237,8 +250,12 @@ void RunUser(const Config& cfg, int user, Clock::time_point t0,
       r.session = conv->id;
       r.turn = conv->turns + 1;
       r.resumed = conv->turns > 0;
+      r.events_seen = gate.Enter();
+      r.first_after_event = conv->turns > 0 && conv->events_seen >= 0 &&
+                            conv->events_seen < r.events_seen;
       r.start_s = Seconds(t0, Clock::now());
       absl::StatusOr<ChatCallResult> res = client.Complete(call, nullptr);
+      gate.Leave();
       if (!res.ok()) {
         r.error = std::string(res.status().message());
         r.latency_s = Seconds(t0, Clock::now()) - r.start_s;
@@ -256,11 +273,14 @@ void RunUser(const Config& cfg, int user, Clock::time_point t0,
         r.ttft_s = res->ttft_s;
         r.prompt_tokens = res->prompt_tokens;
         r.output_tokens = res->output_tokens();
+        r.state = res->session_state;
+        r.node = res->node;
         if (r.ok && r.ttft_s >= 0 && r.output_tokens > 1) {
           r.tpot_s = (r.latency_s - r.ttft_s) / (r.output_tokens - 1);
         }
         if (r.ok) {
           ++conv->turns;
+          conv->events_seen = r.events_seen;
           if (cfg.stateless) {
             conv->history.push_back({"user", message});
             conv->history.push_back({"assistant", res->text});
@@ -389,6 +409,14 @@ Stats Summarize(const std::vector<RequestRecord>& recs, int which) {
   return s;
 }
 
+// The row of a continued turn in the "where the session was found" table:
+// the first turn of a conversation after the event gets its own row.
+std::string WhereFound(const RequestRecord& r, const Config& cfg) {
+  const std::string state = r.state.empty() ? "continued" : r.state;
+  if (!r.first_after_event) return state;
+  return absl::StrCat("first after ", cfg.event_name, ": ", state);
+}
+
 std::string Ms(double s) {
   return s < 0 ? std::string("-") : absl::StrFormat("%.0f", s * 1e3);
 }
@@ -424,6 +452,19 @@ absl::StatusOr<Config> ConfigFromFlags(const Args& args) {
   KVD_ASSIGN_OR_RETURN(double timeout_s, args.GetDouble("timeout"));
   if (args.Has("drain")) {
     KVD_ASSIGN_OR_RETURN(c.drain_s, args.GetDouble("drain"));
+  }
+  if (args.Has("event-at") != args.Has("event-cmd")) {
+    return absl::InvalidArgumentError(
+        "--event-at and --event-cmd go together: at that second of the run, "
+        "run that command while the users wait");
+  }
+  if (args.Has("event-at")) {
+    KVD_ASSIGN_OR_RETURN(c.event_at_s, args.GetDouble("event-at"));
+    if (!(c.event_at_s >= 0)) {
+      return absl::InvalidArgumentError("--event-at must be >= 0 seconds");
+    }
+    c.event_cmd = args.Get("event-cmd");
+    c.event_name = args.Get("event-name");
   }
   if (users < 1 || users > 4096) {
     return absl::InvalidArgumentError("--sessions must be in [1, 4096]");
@@ -478,10 +519,21 @@ absl::Status Run(const Args& args) {
       t0 + std::chrono::duration_cast<Clock::duration>(
                std::chrono::duration<double>(cfg.duration_s));
   ClientRegistry clients;
+  EventGate gate;
+  EventGate::Outcome event;
+  std::thread event_thread;
+  if (cfg.event_at_s >= 0) {
+    event_thread = std::thread([&cfg, &gate, &event, t0] {
+      event =
+          gate.RunAt(t0 + std::chrono::duration_cast<Clock::duration>(
+                              std::chrono::duration<double>(cfg.event_at_s)),
+                     cfg.event_cmd);
+    });
+  }
   std::vector<std::thread> users;
   for (int u = 0; u < cfg.users; ++u) {
-    users.emplace_back([&cfg, u, t0, deadline, &rec, &clients] {
-      RunUser(cfg, u, t0, deadline, rec, clients);
+    users.emplace_back([&cfg, u, t0, deadline, &rec, &clients, &gate] {
+      RunUser(cfg, u, t0, deadline, rec, clients, gate);
     });
   }
   const bool wait_forever = cfg.drain_s < 0;
@@ -495,6 +547,8 @@ absl::Status Run(const Args& args) {
   for (std::thread& t : users) t.join();
   clients.Finish();
   watchdog.join();
+  gate.Cancel();
+  if (event_thread.joinable()) event_thread.join();
   const double wall_s = Seconds(t0, Clock::now());
   rss.Stop();
   const std::string load_after = LoadAvg();
@@ -530,6 +584,40 @@ absl::Status Run(const Args& args) {
         {"ttft_s", PctJson(s.ttft)},
         {"tpot_s", PctJson(s.tpot)},
         {"latency_s", PctJson(s.latency)}};
+  }
+  // Continued turns by where the session was found: the returning user's
+  // view of the server's tiers.
+  std::map<std::string, std::vector<double>> found;
+  for (const RequestRecord& r : recs) {
+    if (r.ok && r.resumed && r.ttft_s >= 0) {
+      found[WhereFound(r, cfg)].push_back(r.ttft_s);
+    }
+  }
+  std::printf(
+      "\n| continued turns: session found | turns | TTFT ms p50 / p90 / p99 "
+      "|\n|---|---:|---|\n");
+  json by_state = json::object();
+  for (const auto& [where, v] : found) {
+    std::printf("| %s | %zu | %s |\n", where.c_str(), v.size(),
+                Pcts(v).c_str());
+    by_state[where] = PctJson(v);
+  }
+  summary["continued_by_state"] = by_state;
+  if (cfg.event_at_s >= 0) {
+    if (event.ran) {
+      std::printf(
+          "\nevent '%s' at %.0f s: users held %.1f s (running requests "
+          "finished, then the command took %.1f s, exit %d)\n",
+          cfg.event_name.c_str(), cfg.event_at_s, event.held_s, event.command_s,
+          event.exit_code);
+    } else {
+      std::printf("\nevent '%s' did not run: the run ended first\n",
+                  cfg.event_name.c_str());
+    }
+    summary["event"] = {
+        {"name", cfg.event_name}, {"at_s", cfg.event_at_s},
+        {"ran", event.ran},       {"exit_code", event.exit_code},
+        {"held_s", event.held_s}, {"command_s", event.command_s}};
   }
   std::printf(
       "\nwall %.1f s (requests start until %.0f s, the last ones then finish "
@@ -589,7 +677,11 @@ absl::Status Run(const Args& args) {
                     {"tpot_s", r.tpot_s},
                     {"latency_s", r.latency_s},
                     {"prompt_tokens", r.prompt_tokens},
-                    {"output_tokens", r.output_tokens}});
+                    {"output_tokens", r.output_tokens},
+                    {"state", r.state},
+                    {"node", r.node},
+                    {"events_seen", r.events_seen},
+                    {"first_after_event", r.first_after_event}});
     }
     j["requests"] = std::move(rs);
     std::ofstream f(args.Get("json"));
@@ -644,6 +736,15 @@ int BenchServeCommand(const std::vector<std::string>& argv) {
             "(default: wait for all)");
   args.Flag("server-pid", "",
             "sample this local process's RSS (VmRSS, VmHWM) once a second");
+  args.Flag("event-at", "",
+            "run --event-cmd at this second of the run: new requests wait, "
+            "running ones finish, the command runs, the users go on (the "
+            "wait is reported, not counted in latencies)");
+  args.Flag("event-cmd", "",
+            "shell command of the event, e.g. one that restarts the server "
+            "and waits until it is ready");
+  args.Flag("event-name", "event",
+            "the event's name in the tables (restart, migration, failover)");
   args.Flag("json", "", "also write the summary and every request here");
   args.Flag("run-id", "",
             "part of every session id (default: from the clock, so runs do "

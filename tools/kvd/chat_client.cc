@@ -34,6 +34,11 @@ void ReadUsage(const json& response, ChatCallResult& out) {
     out.cached_tokens =
         IntOr(u["prompt_tokens_details"], "cached_tokens", out.cached_tokens);
   }
+  // kvd's extension beside the usage: where a session turn found its state.
+  if (response.contains("session_state") &&
+      response["session_state"].is_string()) {
+    out.session_state = response["session_state"].get<std::string>();
+  }
 }
 
 double SecondsSince(Clock::time_point t) {
@@ -251,6 +256,7 @@ absl::StatusOr<ChatCallResult> ChatClient::Complete(
     streaming = res.status == 200 &&
                 absl::StartsWith(res.get_header_value("Content-Type"),
                                  "text/event-stream");
+    out.node = res.get_header_value("X-Kvd-Node");
     int retry = 0;
     if (absl::SimpleAtoi(res.get_header_value("Retry-After"), &retry)) {
       out.retry_after_s = retry;

@@ -99,6 +99,11 @@ struct ChatCallResult {
   int64_t prompt_tokens = -1;
   int64_t cached_tokens = -1;  // prompt_tokens_details.cached_tokens
   int64_t completion_tokens = -1;
+  // kvd only ("" elsewhere): where a session turn found the session's state
+  // (new, hot, dram, rocksdb, reprefill), and the node that answered (the
+  // X-Kvd-Node header a cluster sets).
+  std::string session_state;
+  std::string node;
   int64_t content_chunks = 0;  // SSE chunks that carried text
   double ttft_s = -1;          // first text piece; -1 without one
   double latency_s = 0;        // request sent -> response complete
