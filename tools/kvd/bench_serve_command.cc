@@ -104,6 +104,7 @@ struct RequestRecord {
   std::string node;     // X-Kvd-Node, through a kvd router
   int events_seen = 0;  // --event-cmd runs before it started
   bool first_after_event = false;  // a conversation's first turn after one
+  bool moved = false;  // another node answered than the conversation's last
 };
 
 struct Config {
@@ -192,6 +193,7 @@ struct Conversation {
   std::vector<ChatMessageText> history;  // stateless mode only
   int turns = 0;
   int events_seen = 0;  // as of its last turn
+  std::string node;     // that answered its last turn
 };
 
 void RunUser(const Config& cfg, int user, Clock::time_point t0,
@@ -221,7 +223,8 @@ void RunUser(const Config& cfg, int user, Clock::time_point t0,
           {absl::StrCat("bench-", cfg.run_id, "-u", user, "-c", started++),
            {},
            0,
-           -1});
+           -1,
+           ""});
       conv = &convs.back();
       message = kOpeners[rng() % std::size(kOpeners)];
     } else {
@@ -275,12 +278,15 @@ void RunUser(const Config& cfg, int user, Clock::time_point t0,
         r.output_tokens = res->output_tokens();
         r.state = res->session_state;
         r.node = res->node;
+        r.moved =
+            !conv->node.empty() && !r.node.empty() && r.node != conv->node;
         if (r.ok && r.ttft_s >= 0 && r.output_tokens > 1) {
           r.tpot_s = (r.latency_s - r.ttft_s) / (r.output_tokens - 1);
         }
         if (r.ok) {
           ++conv->turns;
           conv->events_seen = r.events_seen;
+          conv->node = r.node;
           if (cfg.stateless) {
             conv->history.push_back({"user", message});
             conv->history.push_back({"assistant", res->text});
@@ -414,7 +420,8 @@ Stats Summarize(const std::vector<RequestRecord>& recs, int which) {
 std::string WhereFound(const RequestRecord& r, const Config& cfg) {
   const std::string state = r.state.empty() ? "continued" : r.state;
   if (!r.first_after_event) return state;
-  return absl::StrCat("first after ", cfg.event_name, ": ", state);
+  return absl::StrCat("first after ", cfg.event_name,
+                      r.moved ? ", on another node: " : ": ", state);
 }
 
 std::string Ms(double s) {
@@ -681,7 +688,8 @@ absl::Status Run(const Args& args) {
                     {"state", r.state},
                     {"node", r.node},
                     {"events_seen", r.events_seen},
-                    {"first_after_event", r.first_after_event}});
+                    {"first_after_event", r.first_after_event},
+                    {"moved", r.moved}});
     }
     j["requests"] = std::move(rs);
     std::ofstream f(args.Get("json"));
