@@ -17,7 +17,9 @@
 
 namespace kvd::kernels::cpu {
 
-inline constexpr uint32_t kNumericsVersion = 1;
+// 2: the row-parallel projections (W_o, W_down) sum G ordered partials
+//    (row_parallel_gemm.h), so tensor-parallel degrees dividing G agree.
+inline constexpr uint32_t kNumericsVersion = 2;
 
 }  // namespace kvd::kernels::cpu
 

@@ -11,6 +11,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/numerics_version.h"
+#include "kernels/cpu/row_parallel_gemm.h"
 #include "ops/model/architecture.h"
 
 namespace kvd::ops {
@@ -364,7 +365,12 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
     AttendFromSources(l, batch, row_seq, row_pos, q.data(), attn.data(), ws);
   }
 
-  cpu::Gemm(attn.data(), m, qd, w.wo.view(), o.data(), d, pool);
+  // The row-parallel projections sum G ordered partials (one per K/V head
+  // group), so that tensor-parallel shards reproduce these bits.
+  const int64_t groups = c.row_parallel_groups();
+  ws.partial.resize(groups > 1 ? m * d : 0);
+  cpu::RowParallelGemm(attn.data(), m, qd, w.wo.view(), groups, o.data(), d,
+                       ws.partial.data(), pool);
   ForRows(pool, m, [&](int64_t r) {
     float* orow = o.data() + r * d;
     if (c.post_attn_norm)
@@ -385,7 +391,8 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
       cpu::GeluTanhMul(g, u, c.d_ff, g);
     }
   });
-  cpu::Gemm(gate.data(), m, c.d_ff, w.w_down.view(), o.data(), d, pool);
+  cpu::RowParallelGemm(gate.data(), m, c.d_ff, w.w_down.view(), groups,
+                       o.data(), d, ws.partial.data(), pool);
   ForRows(pool, m, [&](int64_t r) {
     float* orow = o.data() + r * d;
     if (c.post_ffn_norm)

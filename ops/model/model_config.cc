@@ -1,6 +1,7 @@
 #include "ops/model/model_config.h"
 
 #include <cmath>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 
@@ -15,6 +16,11 @@ absl::StatusOr<Precision> ParsePrecision(absl::string_view name) {
   if (name == "bf16") return Precision::kBf16;
   return absl::InvalidArgumentError(absl::StrCat(
       "precision must be fp32 or bf16, not '", std::string(name), "'"));
+}
+
+int64_t ModelConfig::row_parallel_groups() const {
+  if (n_kv_heads <= 0 || d_ff <= 0) return 1;
+  return std::gcd(n_kv_heads, d_ff);
 }
 
 float ModelConfig::attn_scale() const {

@@ -57,6 +57,12 @@ struct ModelConfig {
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  // G of the numerics contract's row-parallel projections (W_o, W_down;
+  // kernels/cpu/row_parallel_gemm.h): their inputs are summed as G ordered
+  // partials, so every tensor-parallel degree dividing G gives the same bits.
+  // The K/V heads (the unit a shard holds), or their greatest common divisor
+  // with d_ff where the MLP does not split as finely.
+  int64_t row_parallel_groups() const;
   float attn_scale() const;
   // OK if the sizes are ones the forward pass can run: every size positive
   // and plausible (so a corrupt file cannot make kvd allocate terabytes),

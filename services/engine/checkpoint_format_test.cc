@@ -1,14 +1,19 @@
 // Sessions stored by earlier kvd releases keep resuming. The committed file
 // testdata/tiny_llama_format1.kvds is a two-turn conversation on the tiny
 // llama model exported by the kvd that wrote checkpoint format 1 (the last
-// one without session ownership); this test imports it and checks the next
-// turn continues bit-identically with the same conversation run from
-// scratch. To write the file again (only with a format-1 kvd):
+// one without session ownership), under numerics version 1. This kvd has
+// other numerics (version 2: grouped row-parallel sums), so the residuals in
+// the file no longer give its bits: this test imports the file and checks
+// the next turn re-prefills from the stored token ids, says why, and
+// continues bit-identically with the same tokens run from scratch. To write
+// the file again (only with a format-1 kvd):
 //
 //   bazel build //services/engine:checkpoint_format_test
 //   export KVD_WRITE_FORMAT_GOLDEN=$PWD/services/engine/testdata
 //   bazel-bin/services/engine/checkpoint_format_test
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -17,6 +22,7 @@
 #include "ops/model/testing/tiny_model.h"
 #include "services/engine/session_engine.h"
 #include "services/engine/testing/engine_fixture.h"
+#include "storage/checkpoint/codec.h"
 #include "storage/checkpoint/session_file.h"
 
 namespace kvd::engine {
@@ -56,17 +62,24 @@ class CheckpointFormatTest : public testing::EngineTest {
   }
 };
 
-TEST_P(CheckpointFormatTest, FormatOneSessionFileResumesBitIdentically) {
-  // The reference: three turns in one engine.
-  OpenEngine(Options());
-  std::vector<std::vector<float>> reference;
-  for (int turn = 0; turn < 3; ++turn) {
-    std::vector<std::vector<float>> logits;
-    absl::StatusOr<TurnResult> r =
-        engine_->RunTurn(Request(turn, &logits), *tokenizer_, nullptr);
-    ASSERT_TRUE(r.ok()) << r.status();
-    if (turn == 2) reference = std::move(logits);
+// The token ids a checkpoint stores, in order.
+std::vector<int32_t> StoredTokens(const storage::SessionCheckpoint& cp) {
+  std::vector<int32_t> out;
+  for (const auto& [id, value] : cp.chunks()) {
+    if (id.layer != storage::kTokenLayer) continue;
+    absl::StatusOr<storage::DecodedChunk> c =
+        storage::DecodeChunk(value, "golden");
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return {};
+    const size_t n = c->payload.size() / sizeof(int32_t);
+    const size_t at = out.size();
+    out.resize(at + n);
+    std::memcpy(out.data() + at, c->payload.data(), n * sizeof(int32_t));
   }
+  return out;
+}
+
+TEST_P(CheckpointFormatTest, FormatOneSessionFileResumesBitIdentically) {
   if (const char* dir = std::getenv("KVD_WRITE_FORMAT_GOLDEN")) {
     // After two turns: what the golden file holds.
     OpenEngine(Options());
@@ -88,15 +101,35 @@ TEST_P(CheckpointFormatTest, FormatOneSessionFileResumesBitIdentically) {
   ASSERT_TRUE(golden.ok()) << golden.status();
   EXPECT_EQ(golden->manifest().format_version(), 1u);
   EXPECT_EQ(golden->manifest().turn_ends_size(), 2);
+  EXPECT_EQ(golden->manifest().model().numerics_version(), 1u);
+  const std::vector<int32_t> stored = StoredTokens(*golden);
+  ASSERT_EQ(static_cast<int64_t>(stored.size()),
+            golden->manifest().token_count());
+
+  // The reference: the stored tokens and turn 2's in one prompt, from
+  // scratch under this build's numerics.
+  OpenEngine(Options());
+  std::vector<std::vector<float>> reference;
+  {
+    TurnRequest all = Request(2, &reference);
+    all.session = "reference";
+    all.tokens.insert(all.tokens.begin(), stored.begin(), stored.end());
+    absl::StatusOr<TurnResult> r =
+        engine_->RunTurn(std::move(all), *tokenizer_, nullptr);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+
   OpenEngine(Options());
   ASSERT_TRUE(engine_->ImportSession(*golden).ok());
   std::vector<std::vector<float>> resumed;
   absl::StatusOr<TurnResult> r =
       engine_->RunTurn(Request(2, &resumed), *tokenizer_, nullptr);
   ASSERT_TRUE(r.ok()) << r.status();
-  // From its stored residuals, not re-prefilled.
-  EXPECT_TRUE(r->path == StatePath::kDram || r->path == StatePath::kRocksDb)
+  // Re-prefilled from its token ids: its residuals are version-1 bits.
+  EXPECT_EQ(r->path, StatePath::kReprefill)
       << StatePathName(r->path) << ": " << r->path_detail;
+  EXPECT_NE(r->path_detail.find("numerics"), std::string::npos)
+      << r->path_detail;
   EXPECT_TRUE(testing::LogitsBitIdentical(reference, resumed));
 }
 

@@ -319,10 +319,18 @@ grpc::Status SessionsService::Generate(
   // Every check before the request queues or anything is sent, as HTTP.
   absl::StatusOr<engine::GenerateRequest> g = CheckGenerate(*request);
   if (!g.ok()) return ToGrpcStatus(g.status());
-  // A cold session starts loading into the DRAM tier now, overlapping any
-  // wait for a slot, the session or the batch; a request refused as busy
-  // leaves it warm for the client's retry.
   if (!request->session_id().empty()) {
+    // A session being moved waits here; one that moved to another node is
+    // refused before anything is sent (the kvd-retry trailer says so), so a
+    // router can send the call on to its new owner.
+    if (absl::Status s = runtime_->engine().ReadyForTurn(
+            *tenant, request->session_id(), /*check_owner=*/true);
+        !s.ok()) {
+      return FailedGenerate(ctx, s);
+    }
+    // A cold session starts loading into the DRAM tier now, overlapping any
+    // wait for a slot, the session or the batch; a request refused as busy
+    // leaves it warm for the client's retry.
     runtime_->engine().Prefetch(*tenant, request->session_id());
   }
   // A queued call leaves the queue when its client cancels, its deadline

@@ -1,5 +1,6 @@
 #include "services/router/grpc_router.h"
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -8,6 +9,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/kvd/v1/sessions.grpc.pb.h"
 #include "services/node/openai_request.h"
@@ -116,20 +119,39 @@ class ForwardingService final : public v1::Sessions::Service {
     return grpc::Status::OK;
   }
 
+  // A call the node refused without running anything (the session is
+  // being moved, or moved away: its kvd-retry trailer) goes to the session's
+  // owner as the directory then names it, as the HTTP router resends a turn,
+  // until options_.moved_retry_budget is spent.
   grpc::Status Generate(
       grpc::ServerContext* ctx, const v1::GenerateRequest* request,
       grpc::ServerWriter<v1::GenerateResponse>* writer) override {
-    Call call;
-    if (grpc::Status s =
-            Resolve(ctx, request->session_id(), How::kPlace, &call);
-        !s.ok()) {
-      return s;
+    const absl::Time give_up = absl::Now() + options_.moved_retry_budget;
+    absl::Duration pause = absl::Milliseconds(50);
+    for (;;) {
+      Call call;
+      if (grpc::Status s =
+              Resolve(ctx, request->session_id(), How::kPlace, &call);
+          !s.ok()) {
+        return s;
+      }
+      routing_->placement().Started(call.target.node.id);
+      bool relayed = false;
+      grpc::Status s = Relay(call.stub->Generate(call.up.get(), *request), ctx,
+                             writer, call, &relayed);
+      routing_->placement().Finished(call.target.node.id);
+      const std::string not_run =
+          s.ok() || relayed ? "" : Trailer(*call.up, node::kRetryHeader);
+      if (not_run.empty() || ctx->IsCancelled() || absl::Now() >= give_up) {
+        return s;
+      }
+      routing_->metrics().Add("kvd_router_retries_total",
+                              {{"reason", not_run}});
+      if (not_run == "moving") {
+        absl::SleepFor(pause);
+        pause = std::min(pause * 2, absl::Seconds(1));
+      }
     }
-    routing_->placement().Started(call.target.node.id);
-    grpc::Status s =
-        Relay(call.stub->Generate(call.up.get(), *request), ctx, writer, call);
-    routing_->placement().Finished(call.target.node.id);
-    return s;
   }
 
   grpc::Status ExportSession(
@@ -219,19 +241,29 @@ class ForwardingService final : public v1::Sessions::Service {
 
   // Passes a node's response stream on; a client that leaves cancels the
   // node's call too.
+  // `relayed` (optional): set when a message went on to the caller.
   template <typename Response>
   static grpc::Status Relay(
       std::unique_ptr<grpc::ClientReader<Response>> reader,
       grpc::ServerContext* ctx, grpc::ServerWriter<Response>* writer,
-      const Call& call) {
+      const Call& call, bool* relayed = nullptr) {
     Response r;
     while (reader->Read(&r)) {
+      if (relayed != nullptr) *relayed = true;
       if (ctx->IsCancelled() || !writer->Write(r)) {
         call.up->TryCancel();
         break;
       }
     }
     return reader->Finish();
+  }
+
+  // A trailing metadata value of a finished call ("" if absent).
+  static std::string Trailer(const grpc::ClientContext& up, const char* key) {
+    const auto& md = up.GetServerTrailingMetadata();
+    auto it = md.find(key);
+    return it == md.end() ? ""
+                          : std::string(it->second.data(), it->second.size());
   }
 
   // The caller's tenant, and a valid session id when one is given.

@@ -11,7 +11,9 @@
 //     session and streamed to its node; ListSessions answers from the
 //     directory (ids only);
 //   - Cancel is UNIMPLEMENTED here: cancel the Generate call itself.
-// A call is never re-sent to another node once it may have reached one.
+// A call is re-sent only when its node answered that it ran nothing because
+// the session is being moved or moved away (the kvd-retry trailer), to the
+// owner the directory then names; never once a message came back.
 //
 // Thread-safety: Shutdown from any thread.
 #ifndef KVD_SERVICES_ROUTER_GRPC_ROUTER_H_
@@ -21,6 +23,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "services/node/auth.h"
 #include "services/router/routing.h"
 
@@ -31,6 +34,9 @@ struct GrpcRouterOptions {
   node::KeyStore keys;                  // clients' API keys
   std::string router_token;             // what the nodes trust
   std::string ca_cert_path;             // nodes' CA when they serve TLS
+  // How long a Generate call refused as "moving"/"moved" (nothing ran) is
+  // sent on to the session's new owner.
+  absl::Duration moved_retry_budget = absl::Seconds(30);
 };
 
 class GrpcRouter {

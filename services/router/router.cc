@@ -167,6 +167,7 @@ absl::Status RouterImpl::Init() {
     g.keys = options_.keys;
     g.router_token = options_.router_token;
     g.ca_cert_path = options_.ca_cert_path;
+    g.moved_retry_budget = options_.moved_retry_budget;
     absl::StatusOr<std::unique_ptr<GrpcRouter>> grpc =
         GrpcRouter::Start(routing_.get(), std::move(g));
     if (!grpc.ok()) return grpc.status();

@@ -4,7 +4,8 @@
 SmolLM2 moving sessions over UCX (TCP here; shared memory is covered by
 //services/migration:migration_test), one router, all over TLS.
 
-  - USERS users hold multi-turn conversations through the router (greedy);
+  - USERS users hold multi-turn conversations through the router (greedy),
+    half of them over its OpenAI HTTP API, half over its gRPC API;
   - meanwhile sessions are moved again and again to random other nodes
     (POST /v1/sessions/ID/migrate through the router), MIGRATIONS in all;
   - halfway, `kvd cluster drain n1` empties n1 while the users go on;
@@ -29,10 +30,13 @@ import random
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "e2e"))
 from cluster_harness import (Cluster, Process, check, finish, http,  # noqa: E402
                              scratch_dir, wait_until)
 
@@ -65,14 +69,40 @@ def percentile(xs, p):
     return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))] if xs else 0
 
 
-def converse(router, user, replies, errors, progress):
+def grpc_chat(router, tmp):
+    """chat() over the router's gRPC API: send(session, text) -> (reply,
+    None) or (None, error). The stubs are compiled from sessions.proto."""
+    import grpc
+    import grpc_client_test as g  # its stub generation (tests/e2e)
+    g.generate_stubs(tempfile.mkdtemp(dir=tmp))
+    stub = g.pb_grpc.SessionsStub(
+        grpc.insecure_channel("127.0.0.1:%d" % router.grpc_port))
+
+    def send(session, text):
+        messages, error = g.generate(stub, g.pb.GenerateRequest(
+            session_id=session, sampling=g.greedy(12),
+            messages=[g.pb.ChatMessage(role="user", content=text)]),
+            timeout=300)
+        finished = g.finished_of(messages)
+        if error is not None or finished is None:
+            return None, "gRPC %s" % (error or "stream without finished")
+        return (finished.text, finished.usage.completion_tokens), None
+    return send
+
+
+def converse(router, user, replies, errors, progress, grpc_send=None):
     session = "user-%02d" % user
     for t in range(TURNS):
-        status, _, body = chat(router.url, session, turn_text(user, t))
-        if status != 200:
-            errors.append("%s turn %d: %s %s" % (session, t, status, body))
+        if grpc_send is not None:
+            got, error = grpc_send(session, turn_text(user, t))
+        else:
+            status, _, body = chat(router.url, session, turn_text(user, t))
+            got, error = (reply(body), None) if status == 200 else (
+                None, "%s %s" % (status, body))
+        if error is not None:
+            errors.append("%s turn %d: %s" % (session, t, error))
             return
-        replies[session].append(reply(body))
+        replies[session].append(got)
         progress[0] += 1
 
 
@@ -173,6 +203,8 @@ def reference_replies(kvd, tmp):
 
 
 def main():
+    import test_pyenv  # the gRPC users' packages
+    test_pyenv.require(["grpc", "grpc_tools"], "migration_test")
     kvd = os.path.abspath(sys.argv[1])
     make_certs = os.path.abspath(sys.argv[2])
     tmp = scratch_dir()
@@ -203,8 +235,12 @@ def main():
         replies = {"user-%02d" % u: [] for u in range(USERS)}
         errors, reports, refusals, progress = [], [], [], [0]
         stop = threading.Event()
+        # Odd users talk gRPC: a turn that meets a move is resent by the
+        # router's gRPC front end as by its HTTP one.
+        grpc_send = grpc_chat(router, tmp)
         users = [threading.Thread(target=converse,
-                                  args=(router, u, replies, errors, progress))
+                                  args=(router, u, replies, errors, progress,
+                                        grpc_send if u % 2 else None))
                  for u in range(USERS)]
         move = threading.Thread(target=mover,
                                 args=(c, router, stop, reports, refusals))
@@ -227,8 +263,9 @@ def main():
         move.join()
         elapsed = time.time() - t0
 
-        check(not errors, "every turn of %d users x %d turns succeeded%s" % (
-            USERS, TURNS, "" if not errors else ": " + "; ".join(errors[:3])))
+        check(not errors, "every turn of %d users x %d turns (HTTP and gRPC) "
+              "succeeded%s" % (USERS, TURNS, "" if not errors else
+                               ": " + "; ".join(errors[:3])))
         check(drained.returncode == 0 and "is empty" in drained.stdout,
               "kvd cluster drain n1 emptied it while users talked (%s)" %
               (drained.stdout.strip().splitlines()[-1:] or drained.stderr))

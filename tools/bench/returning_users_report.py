@@ -14,6 +14,10 @@ import os
 import sys
 
 
+CAPACITY_NAMES = {"kvd": "kvd, one node", "router": "kvd, router to 3 nodes",
+                  "llama": "llama-server"}
+
+
 def pct(values, p):
     if not values:
         return None
@@ -62,8 +66,8 @@ def main():
     table = []
     for name, label, event in [
             ("kvd", "kvd", "restart"),
-            ("migration", "kvd, 3 nodes", "migration"),
-            ("failover", "kvd, 3 nodes, R=2 sync", "failover"),
+            ("migration", "kvd x3", "migration"),
+            ("failover", "kvd x3 R=2", "failover"),
             ("reprefill", "kvd stateless (re-prefill every turn)", "-"),
             ("llama-server", "llama-server", "restart")]:
         run = load(out, name)
@@ -109,8 +113,7 @@ def main():
             (int(users), pct(ttft, 95), s["failures"],
              s["output_tokens_per_s"]))
     if capacity:
-        names = {"kvd": "kvd, one node", "router": "kvd, router to 3 nodes",
-                 "llama": "llama-server"}
+        names = CAPACITY_NAMES
         print("\n| server | users | TTFT p95 ms | failed | output tok/s |")
         print("|---|---:|---:|---:|---:|")
         for system in sorted(capacity):
@@ -135,8 +138,11 @@ def plot(out, table, capacity):
     except ImportError:
         print("\n(no matplotlib: no plot)")
         return
-    fig, axes = plt.subplots(1, 2 if capacity else 1, figsize=(15, 6),
-                             squeeze=False)
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    fig, axes = plt.subplots(1, 2 if capacity else 1, figsize=(17, 7),
+                             squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 2]}
+                             if capacity else None)
     ax = axes[0][0]
     labels = [row for row, _ in table]
     p50 = [pct(v, 50) * 1e3 for _, v in table]
@@ -150,6 +156,8 @@ def plot(out, table, capacity):
     ax.set_yticklabels(labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("time to first token, ms (log)")
     ax.set_title("Returning user's TTFT by where the conversation was found")
     ax.legend()
@@ -159,9 +167,10 @@ def plot(out, table, capacity):
             points.sort()
             ax.plot([p[0] for p in points],
                     [(p[1] or 0) * 1e3 for p in points], marker="o",
-                    label=system)
+                    label=CAPACITY_NAMES.get(system, system))
         ax.axhline(2000, color="red", linestyle="--", linewidth=1)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.set_xlabel("concurrent users")
         ax.set_ylabel("TTFT p95, ms (log)")
         ax.set_title("Users vs p95 TTFT (2 s line)")

@@ -1,0 +1,47 @@
+#include "kernels/cpu/row_parallel_gemm.h"
+
+#include <cassert>
+
+namespace kvd::kernels::cpu {
+namespace {
+
+int64_t ElementBytes(WeightType t) { return t == WeightType::kF32 ? 4 : 2; }
+
+}  // namespace
+
+void GroupPartial(const float* x, int64_t m, int64_t ldx, const WeightView& w,
+                  int64_t groups, int64_t g, float* p, int64_t ldp,
+                  ThreadPool* pool) {
+  assert(groups >= 1 && w.cols % groups == 0 && g >= 0 && g < groups);
+  const int64_t slice = w.cols / groups;
+  const int64_t k0 = g * slice;
+  WeightView part = w;
+  part.data = static_cast<const char*>(w.data) + k0 * ElementBytes(w.type);
+  part.cols = slice;
+  part.ld = w.stride();
+  Gemm(x + k0, m, ldx, part, p, ldp, pool);
+}
+
+void AddPartial(const float* p, int64_t m, int64_t n, int64_t ld, float* acc) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float* src = p + i * ld;
+    float* dst = acc + i * ld;
+    for (int64_t j = 0; j < n; ++j) dst[j] += src[j];
+  }
+}
+
+void RowParallelGemm(const float* x, int64_t m, int64_t ldx,
+                     const WeightView& w, int64_t groups, float* y, int64_t ldy,
+                     float* scratch, ThreadPool* pool) {
+  if (groups <= 1) {
+    Gemm(x, m, ldx, w, y, ldy, pool);
+    return;
+  }
+  GroupPartial(x, m, ldx, w, groups, 0, y, ldy, pool);
+  for (int64_t g = 1; g < groups; ++g) {
+    GroupPartial(x, m, ldx, w, groups, g, scratch, ldy, pool);
+    AddPartial(scratch, m, w.rows, ldy, y);
+  }
+}
+
+}  // namespace kvd::kernels::cpu
