@@ -34,8 +34,14 @@ constexpr int64_t kMinParallelWork = 1 << 15;
 
 void Gemm(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
           int64_t ldy, ThreadPool* pool) {
+  GroupedGemm(x, m, ldx, w, /*groups=*/1, y, ldy, pool);
+}
+
+void GroupedGemm(const float* x, int64_t m, int64_t ldx, const WeightView& w,
+                 int64_t groups, float* y, int64_t ldy, ThreadPool* pool) {
   if (m <= 0 || w.rows <= 0) return;
-  const internal::GemmArgs args{x, m, ldx, w.data, w.stride(), w.cols, y, ldy};
+  const internal::GemmArgs args{x,      m, ldx, w.data, w.stride(),
+                                w.cols, y, ldy, groups};
   const RangeFn fn = Pick(w.type, m);
   if (pool == nullptr || pool->num_threads() == 1 ||
       m * w.rows * w.cols < kMinParallelWork) {

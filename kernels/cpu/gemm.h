@@ -36,6 +36,12 @@ struct WeightView {
 void Gemm(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
           int64_t ldy, ThreadPool* pool);
 
+// Gemm with k cut into `groups` equal contiguous slices, each element the
+// canonical dot of every slice added in slice order: the row-parallel
+// projections (row_parallel_gemm.h). `groups` must divide w.cols; 1 is Gemm.
+void GroupedGemm(const float* x, int64_t m, int64_t ldx, const WeightView& w,
+                 int64_t groups, float* y, int64_t ldy, ThreadPool* pool);
+
 // The canonical dot product of two fp32 vectors (the 1 x 1 case of Gemm).
 float Dot(const float* a, const float* b, int64_t n);
 

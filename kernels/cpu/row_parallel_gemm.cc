@@ -32,16 +32,9 @@ void AddPartial(const float* p, int64_t m, int64_t n, int64_t ld, float* acc) {
 
 void RowParallelGemm(const float* x, int64_t m, int64_t ldx,
                      const WeightView& w, int64_t groups, float* y, int64_t ldy,
-                     float* scratch, ThreadPool* pool) {
-  if (groups <= 1) {
-    Gemm(x, m, ldx, w, y, ldy, pool);
-    return;
-  }
-  GroupPartial(x, m, ldx, w, groups, 0, y, ldy, pool);
-  for (int64_t g = 1; g < groups; ++g) {
-    GroupPartial(x, m, ldx, w, groups, g, scratch, ldy, pool);
-    AddPartial(scratch, m, w.rows, ldy, y);
-  }
+                     ThreadPool* pool) {
+  assert(groups >= 1 && w.cols % groups == 0);
+  GroupedGemm(x, m, ldx, w, groups, y, ldy, pool);
 }
 
 }  // namespace kvd::kernels::cpu

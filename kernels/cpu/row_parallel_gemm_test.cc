@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -57,23 +58,49 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 // heads); m rows of a batch.
 constexpr int64_t kM = 5, kN = 576, kK = 1536, kGroups = 3;
 
+// Every ISA, decode (one row) and batch shapes, fp32 and bf16 weights.
 TEST(RowParallelGemm, FollowsTheContractBitForBit) {
   const std::vector<float> x = RandomVector(kM * kK, 1);
-  const std::vector<float> w = RandomVector(kN * kK, 2);
+  const std::vector<float> wf = RandomVector(kN * kK, 2);
+  std::vector<uint16_t> wb(wf.size());
+  std::vector<float> wb_wide(wf.size());  // the bf16 weights as floats
+  for (size_t i = 0; i < wf.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &wf[i], 4);
+    wb[i] = static_cast<uint16_t>(u >> 16);
+    u = static_cast<uint32_t>(wb[i]) << 16;
+    std::memcpy(&wb_wide[i], &u, 4);
+  }
   ThreadPool pool(2);
-  std::vector<float> y(kM * kN), scratch(kM * kN);
-  RowParallelGemm(x.data(), kM, kK, {WeightType::kF32, w.data(), kN, kK},
-                  kGroups, y.data(), kN, scratch.data(), &pool);
+  const Isa saved = ActiveIsa();
   int64_t differs_from_ungrouped = 0;
-  for (int64_t i = 0; i < kM; ++i) {
-    for (int64_t j = 0; j < kN; ++j) {
-      const float want = ContractGrouped(&x[i * kK], &w[j * kK], kK, kGroups);
-      ASSERT_EQ(std::memcmp(&y[i * kN + j], &want, 4), 0)
-          << i << "," << j << ": " << y[i * kN + j] << " vs " << want;
-      const float plain = ContractDot(&x[i * kK], &w[j * kK], kK);
-      differs_from_ungrouped += std::memcmp(&plain, &want, 4) != 0;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    ASSERT_TRUE(SetIsa(isa).ok());
+    for (const bool bf16 : {false, true}) {
+      const WeightView w =
+          bf16 ? WeightView{WeightType::kBf16, wb.data(), kN, kK}
+               : WeightView{WeightType::kF32, wf.data(), kN, kK};
+      const std::vector<float>& wv = bf16 ? wb_wide : wf;
+      for (const int64_t m : {int64_t{1}, kM}) {
+        std::vector<float> y(m * kN);
+        RowParallelGemm(x.data(), m, kK, w, kGroups, y.data(), kN, &pool);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < kN; ++j) {
+            const float want =
+                ContractGrouped(&x[i * kK], &wv[j * kK], kK, kGroups);
+            ASSERT_EQ(std::memcmp(&y[i * kN + j], &want, 4), 0)
+                << "isa " << static_cast<int>(isa) << " bf16 " << bf16 << " m "
+                << m << " at " << i << "," << j << ": " << y[i * kN + j]
+                << " vs " << want;
+            const float plain = ContractDot(&x[i * kK], &wv[j * kK], kK);
+            differs_from_ungrouped += std::memcmp(&plain, &want, 4) != 0;
+          }
+        }
+      }
     }
   }
+  ASSERT_TRUE(SetIsa(saved).ok());
   // The grouping is a different order: some elements must show it (else
   // this test could not tell grouped from plain).
   EXPECT_GT(differs_from_ungrouped, 0);
@@ -84,7 +111,7 @@ TEST(RowParallelGemm, OneGroupIsPlainGemm) {
   const std::vector<float> w = RandomVector(kN * kK, 4);
   std::vector<float> a(kM * kN), b(kM * kN);
   RowParallelGemm(x.data(), kM, kK, {WeightType::kF32, w.data(), kN, kK}, 1,
-                  a.data(), kN, nullptr, nullptr);
+                  a.data(), kN, nullptr);
   Gemm(x.data(), kM, kK, {WeightType::kF32, w.data(), kN, kK}, b.data(), kN,
        nullptr);
   EXPECT_TRUE(SameBits(a, b));
@@ -105,9 +132,8 @@ TEST(RowParallelGemm, EveryDegreeDividingTheGroupsGivesTheSameBits) {
   }
   for (const WeightView& w : {WeightView{WeightType::kF32, wf.data(), n, k},
                               WeightView{WeightType::kBf16, wb.data(), n, k}}) {
-    std::vector<float> whole(kM * n), scratch(kM * n);
-    RowParallelGemm(x.data(), kM, k, w, groups, whole.data(), n, scratch.data(),
-                    nullptr);
+    std::vector<float> whole(kM * n);
+    RowParallelGemm(x.data(), kM, k, w, groups, whole.data(), n, nullptr);
     for (int64_t degree : {1, 2, 3, 6}) {
       // Each shard's partials, one buffer per group, as a shard ships them.
       std::vector<std::vector<float>> partials(groups,
@@ -133,9 +159,9 @@ TEST(RowParallelGemm, EveryDegreeDividingTheGroupsGivesTheSameBits) {
 TEST(RowParallelGemm, AgreesWithFloat64) {
   const std::vector<float> x = RandomVector(kM * kK, 7);
   const std::vector<float> w = RandomVector(kN * kK, 8);
-  std::vector<float> y(kM * kN), scratch(kM * kN);
+  std::vector<float> y(kM * kN);
   RowParallelGemm(x.data(), kM, kK, {WeightType::kF32, w.data(), kN, kK},
-                  kGroups, y.data(), kN, scratch.data(), nullptr);
+                  kGroups, y.data(), kN, nullptr);
   for (int64_t i = 0; i < kM; ++i) {
     for (int64_t j = 0; j < kN; ++j) {
       double want = 0, scale = 0;

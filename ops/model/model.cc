@@ -368,9 +368,8 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
   // The row-parallel projections sum G ordered partials (one per K/V head
   // group), so that tensor-parallel shards reproduce these bits.
   const int64_t groups = c.row_parallel_groups();
-  ws.partial.resize(groups > 1 ? m * d : 0);
   cpu::RowParallelGemm(attn.data(), m, qd, w.wo.view(), groups, o.data(), d,
-                       ws.partial.data(), pool);
+                       pool);
   ForRows(pool, m, [&](int64_t r) {
     float* orow = o.data() + r * d;
     if (c.post_attn_norm)
@@ -392,7 +391,7 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
     }
   });
   cpu::RowParallelGemm(gate.data(), m, c.d_ff, w.w_down.view(), groups,
-                       o.data(), d, ws.partial.data(), pool);
+                       o.data(), d, pool);
   ForRows(pool, m, [&](int64_t r) {
     float* orow = o.data() + r * d;
     if (c.post_ffn_norm)

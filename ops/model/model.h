@@ -123,7 +123,6 @@ class Model final : public ModelBackend {
   Model() = default;
   struct Workspace {
     std::vector<float> x, q, k, v, attn, o, gate, up;
-    std::vector<float> partial;  // one row-parallel partial (m x d_model)
     // RoPE cos/sin per row, computed once per step for each distinct base.
     std::vector<std::pair<float, std::vector<float>>> rope;
     const ModelConfig* config = nullptr;

@@ -22,6 +22,8 @@ struct GemmArgs {
   int64_t k;
   float* y;
   int64_t ldy;
+  // > 1: k in `groups` equal slices, one canonical dot each, added in order.
+  int64_t groups = 1;
 };
 
 void GemmF32Scalar(const GemmArgs& a, int64_t n_begin, int64_t n_end);

@@ -29,8 +29,8 @@ constexpr int kLanes = 16;
 constexpr int64_t kRowBlock = 64;
 
 template <class Ops, class W, int MR, int NR>
-inline void Tile(const float* x, int64_t ldx, const W* w, int64_t ldw,
-                 int64_t k, float* y, int64_t ldy) {
+inline void TileDot(const float* x, int64_t ldx, const W* w, int64_t ldw,
+                    int64_t k, float* y, int64_t ldy) {
   typename Ops::V acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = Ops::Zero();
@@ -72,6 +72,30 @@ inline void Tile(const float* x, int64_t ldx, const W* w, int64_t ldw,
     for (int j = 0; j < NR; ++j) y[i * ldy + j] = Ops::Reduce(acc[i][j]);
 }
 
+// With groups > 1, k is cut into `groups` equal slices, each a canonical dot
+// of its own, and the slices' results are added in order (the row-parallel
+// projections, row_parallel_gemm.h); the tile reads each weight row front to
+// back once either way.
+template <class Ops, class W, int MR, int NR>
+inline void Tile(const float* x, int64_t ldx, const W* w, int64_t ldw,
+                 int64_t k, int64_t groups, float* y, int64_t ldy) {
+  if (groups <= 1) {
+    TileDot<Ops, W, MR, NR>(x, ldx, w, ldw, k, y, ldy);
+    return;
+  }
+  const int64_t slice = k / groups;
+  float sum[MR][NR], part[MR][NR];
+  TileDot<Ops, W, MR, NR>(x, ldx, w, ldw, slice, &sum[0][0], NR);
+  for (int64_t g = 1; g < groups; ++g) {
+    TileDot<Ops, W, MR, NR>(x + g * slice, ldx, w + g * slice, ldw, slice,
+                            &part[0][0], NR);
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) sum[i][j] += part[i][j];
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = sum[i][j];
+}
+
 // Computes columns [n0, n0 + nr) for rows [m0, m0 + mr), mr <= MR, nr <= NR, by
 // picking the instantiation of exactly that shape (remainder tiles use smaller
 // shapes, same order).
@@ -82,7 +106,7 @@ inline void TileAny(const GemmArgs& a, const W* w, int64_t m0, int mr,
   const W* wr = w + n0 * a.ldw;
   float* y = a.y + m0 * a.ldy + n0;
   if (mr == MR && nr == NR) {
-    Tile<Ops, W, MR, NR>(x, a.ldx, wr, a.ldw, a.k, y, a.ldy);
+    Tile<Ops, W, MR, NR>(x, a.ldx, wr, a.ldw, a.k, a.groups, y, a.ldy);
     return;
   }
   // Remainders: one row at a time, columns in NR-wide or single steps.
@@ -90,10 +114,10 @@ inline void TileAny(const GemmArgs& a, const W* w, int64_t m0, int mr,
     int j = 0;
     for (; j + NR <= nr; j += NR)
       Tile<Ops, W, 1, NR>(x + i * a.ldx, a.ldx, wr + j * a.ldw, a.ldw, a.k,
-                          y + i * a.ldy + j, a.ldy);
+                          a.groups, y + i * a.ldy + j, a.ldy);
     for (; j < nr; ++j)
       Tile<Ops, W, 1, 1>(x + i * a.ldx, a.ldx, wr + j * a.ldw, a.ldw, a.k,
-                         y + i * a.ldy + j, a.ldy);
+                         a.groups, y + i * a.ldy + j, a.ldy);
   }
 }
 
