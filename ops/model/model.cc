@@ -264,6 +264,25 @@ void Model::KvProjection(int64_t l, const float* h, int64_t m,
   });
 }
 
+void Model::RowParallel(const float* x, int64_t m, int64_t ldx,
+                        const cpu::WeightView& w, float* y,
+                        Workspace& ws) const {
+  if (reducer_ == nullptr) {
+    cpu::RowParallelGemm(x, m, ldx, w, config_.row_parallel_groups(), y, w.rows,
+                         pool_.get());
+    return;
+  }
+  const int64_t n = m * w.rows;
+  ws.partials.resize(shard_groups_ * n);
+  std::vector<const float*> parts;
+  for (int64_t g = 0; g < shard_groups_; ++g) {
+    float* p = ws.partials.data() + g * n;
+    cpu::GroupPartial(x, m, ldx, w, shard_groups_, g, p, w.rows, pool_.get());
+    parts.push_back(p);
+  }
+  reducer_->Reduce(shard_index_, parts, n, y);
+}
+
 void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
                   const std::vector<int64_t>& row_seq,
                   const std::vector<int64_t>& row_pos, std::vector<float>& h,
@@ -367,9 +386,7 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
 
   // The row-parallel projections sum G ordered partials (one per K/V head
   // group), so that tensor-parallel shards reproduce these bits.
-  const int64_t groups = c.row_parallel_groups();
-  cpu::RowParallelGemm(attn.data(), m, qd, w.wo.view(), groups, o.data(), d,
-                       pool);
+  RowParallel(attn.data(), m, qd, w.wo.view(), o.data(), ws);
   ForRows(pool, m, [&](int64_t r) {
     float* orow = o.data() + r * d;
     if (c.post_attn_norm)
@@ -390,8 +407,7 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
       cpu::GeluTanhMul(g, u, c.d_ff, g);
     }
   });
-  cpu::RowParallelGemm(gate.data(), m, c.d_ff, w.w_down.view(), groups,
-                       o.data(), d, pool);
+  RowParallel(gate.data(), m, c.d_ff, w.w_down.view(), o.data(), ws);
   ForRows(pool, m, [&](int64_t r) {
     float* orow = o.data() + r * d;
     if (c.post_ffn_norm)

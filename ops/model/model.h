@@ -35,6 +35,7 @@
 #include "ops/model/kv_cache.h"
 #include "ops/model/model_backend.h"
 #include "ops/model/model_config.h"
+#include "ops/model/shard_reducer.h"
 #include "ops/model/weights.h"
 
 namespace kvd::ops {
@@ -53,6 +54,23 @@ class Model final : public ModelBackend {
   // Load calls for a directory; has no GGUF file(). In hf_loader.cc.
   static absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(
       const std::string& dir, const LoadOptions& options);
+
+  // Tensor parallelism: shard `index` of `degree` of `full`. It holds K/V
+  // heads [index, index + 1) x n_kv_heads / degree with their query heads,
+  // the same slice of the MLP's d_ff, and copies of the replicated weights
+  // (norms, embeddings, output); its config counts its own heads and d_ff.
+  // Run in step with the other shards (the same batches), joined by
+  // `reducer` (which must outlive it), every shard's Forward gives the bits
+  // `full`'s does, and its caches and RecomputeKv hold its heads' slice of
+  // full's K/V. INVALID_ARGUMENT unless degree divides the row-parallel
+  // groups (ModelConfig::row_parallel_groups). In model_shard.cc.
+  static absl::StatusOr<std::unique_ptr<Model>> ShardOf(const Model& full,
+                                                        int64_t index,
+                                                        int64_t degree,
+                                                        ShardReducer* reducer,
+                                                        int num_threads);
+  int64_t shard_index() const { return shard_index_; }
+  int64_t shard_degree() const { return shard_degree_; }
 
   const char* backend_name() const override { return "cpu"; }
   const ModelConfig& config() const override { return config_; }
@@ -123,6 +141,7 @@ class Model final : public ModelBackend {
   Model() = default;
   struct Workspace {
     std::vector<float> x, q, k, v, attn, o, gate, up;
+    std::vector<float> partials;  // a shard's group partials
     // RoPE cos/sin per row, computed once per step for each distinct base.
     std::vector<std::pair<float, std::vector<float>>> rope;
     const ModelConfig* config = nullptr;
@@ -179,6 +198,12 @@ class Model final : public ModelBackend {
                  const std::vector<int64_t>& row_pos, std::vector<float>& h,
                  Workspace& ws, ResidualObserver* observer,
                  ResidualPatcher* patcher) const;
+  // y (m x d_model) = x W^T summed as the numerics contract's ordered group
+  // partials: in one process RowParallelGemm, in a shard this shard's
+  // partials joined with the others' by the reducer.
+  void RowParallel(const float* x, int64_t m, int64_t ldx,
+                   const kernels::cpu::WeightView& w, float* y,
+                   Workspace& ws) const;
   void Layer(int64_t l, absl::Span<const SequenceStep> batch,
              const std::vector<int64_t>& row_seq,
              const std::vector<int64_t>& row_pos, std::vector<float>& h,
@@ -192,6 +217,12 @@ class Model final : public ModelBackend {
   // FAILED_PRECONDITION naming `what` once ReleaseWeights ran.
   absl::Status CheckWeights(const char* what) const;
   std::unique_ptr<kernels::cpu::ThreadPool> pool_;
+  // Tensor parallelism (ShardOf): groups of this shard; null reducer = the
+  // whole model in one process.
+  int64_t shard_index_ = 0;
+  int64_t shard_degree_ = 1;
+  int64_t shard_groups_ = 1;
+  ShardReducer* reducer_ = nullptr;
 };
 
 }  // namespace kvd::ops

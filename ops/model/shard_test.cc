@@ -1,0 +1,190 @@
+// Tensor-parallel shards (Model::ShardOf) compute the unsharded model's bits:
+// at every degree dividing the model's row-parallel groups, run as threads
+// joined by a ThreadShardReducer, each shard's logits equal the whole
+// model's bit for bit, and its K/V are its heads' slice of the whole
+// model's. A random-weight model with 8 K/V heads runs at TP = 1, 2, 4, 8;
+// SmolLM2-135M (3 K/V heads) at TP = 3.
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/model_dir.h"
+#include "gtest/gtest.h"
+#include "ops/model/model.h"
+#include "ops/model/shard_reducer.h"
+#include "ops/model/testing/tiny_model.h"
+
+namespace kvd::ops {
+namespace {
+
+// A prompt, then single-token steps (fixed tokens, so that shards never
+// diverge on a choice), each step's last logits.
+std::vector<std::vector<float>> RunSteps(const Model& m,
+                                         const std::vector<int32_t>& prompt,
+                                         const std::vector<int32_t>& steps) {
+  KvCache cache = m.NewCache();
+  std::vector<std::vector<float>> out;
+  auto step = [&](absl::Span<const int32_t> tokens) {
+    SequenceStep s{&cache, tokens, LogitsMode::kLast};
+    ForwardOutput f;
+    absl::Status st = m.Forward({&s, 1}, &f);
+    EXPECT_TRUE(st.ok()) << st;
+    const float* l = f.Logits(0);
+    out.emplace_back(l, l + m.config().vocab_size);
+  };
+  step(prompt);
+  for (int32_t t : steps) step({&t, 1});
+  return out;
+}
+
+std::vector<int32_t> RandomTokens(int n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
+  return t;
+}
+
+bool SameBits(const std::vector<std::vector<float>>& a,
+              const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() ||
+        std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0)
+      return false;
+  }
+  return true;
+}
+
+// Runs `degree` shards of `full` as threads; every shard's logits.
+std::vector<std::vector<std::vector<float>>> RunSharded(
+    const Model& full, int64_t degree, const std::vector<int32_t>& prompt,
+    const std::vector<int32_t>& steps,
+    std::vector<std::unique_ptr<Model>>* shards_out = nullptr) {
+  ThreadShardReducer reducer(degree);
+  std::vector<std::unique_ptr<Model>> shards;
+  for (int64_t s = 0; s < degree; ++s) {
+    absl::StatusOr<std::unique_ptr<Model>> m =
+        Model::ShardOf(full, s, degree, &reducer, 1);
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return {};
+    shards.push_back(*std::move(m));
+  }
+  std::vector<std::vector<std::vector<float>>> logits(degree);
+  std::vector<std::thread> threads;
+  for (int64_t s = 0; s < degree; ++s) {
+    threads.emplace_back(
+        [&, s] { logits[s] = RunSteps(*shards[s], prompt, steps); });
+  }
+  for (std::thread& t : threads) t.join();
+  if (shards_out != nullptr) *shards_out = std::move(shards);
+  return logits;
+}
+
+// Layer `layer`'s K/V rows recomputed from `h` by the whole model, and by
+// each shard: the shard's rows are its slice of the whole rows.
+void ExpectKvSlices(const Model& full,
+                    const std::vector<std::unique_ptr<Model>>& shards) {
+  const ModelConfig& c = full.config();
+  const int64_t n = 7;
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> h(n * c.d_model);
+  for (float& x : h) x = u(rng);
+  if (full.precision() == Precision::kBf16) {  // residuals are bf16 there
+    for (float& x : h) {
+      uint32_t b;
+      std::memcpy(&b, &x, 4);
+      b &= 0xffff0000u;
+      std::memcpy(&x, &b, 4);
+    }
+  }
+  std::vector<int64_t> pos(n);
+  for (int64_t i = 0; i < n; ++i) pos[i] = 3 + i;
+  const int64_t row = full.NewCache().row_bytes();
+  for (int64_t layer = 0; layer < c.n_layers; ++layer) {
+    std::vector<uint8_t> k(n * row), v(n * row);
+    ASSERT_TRUE(
+        full.RecomputeKv(layer, h.data(), pos.data(), n, k.data(), v.data())
+            .ok());
+    for (size_t s = 0; s < shards.size(); ++s) {
+      const int64_t srow = shards[s]->NewCache().row_bytes();
+      ASSERT_EQ(srow * static_cast<int64_t>(shards.size()), row);
+      std::vector<uint8_t> sk(n * srow), sv(n * srow);
+      ASSERT_TRUE(shards[s]
+                      ->RecomputeKv(layer, h.data(), pos.data(), n, sk.data(),
+                                    sv.data())
+                      .ok());
+      for (int64_t i = 0; i < n; ++i) {
+        EXPECT_EQ(std::memcmp(sk.data() + i * srow,
+                              k.data() + i * row + s * srow, srow),
+                  0)
+            << "layer " << layer << " shard " << s << " row " << i << " K";
+        EXPECT_EQ(std::memcmp(sv.data() + i * srow,
+                              v.data() + i * row + s * srow, srow),
+                  0)
+            << "layer " << layer << " shard " << s << " row " << i << " V";
+      }
+    }
+  }
+}
+
+class TinyShardTest : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(TinyShardTest, EveryDegreeDividingTheGroupsGivesTheSameBits) {
+  testing::TinyModelSpec spec;
+  spec.n_heads = 8;
+  spec.n_kv_heads = 8;
+  spec.d_ff = 96;
+  spec.n_layers = 3;
+  absl::StatusOr<std::unique_ptr<Model>> full =
+      testing::LoadTinyModel(spec, GetParam(), 1);
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_EQ((*full)->config().row_parallel_groups(), 8);
+  const std::vector<int32_t> prompt = RandomTokens(21, spec.vocab_size, 1);
+  const std::vector<int32_t> steps = RandomTokens(5, spec.vocab_size, 2);
+  const auto want = RunSteps(**full, prompt, steps);
+  for (int64_t degree : {1, 2, 4, 8}) {
+    std::vector<std::unique_ptr<Model>> shards;
+    const auto got = RunSharded(**full, degree, prompt, steps, &shards);
+    ASSERT_EQ(got.size(), static_cast<size_t>(degree));
+    for (int64_t s = 0; s < degree; ++s) {
+      EXPECT_TRUE(SameBits(got[s], want)) << "TP=" << degree << ", shard " << s;
+    }
+    ExpectKvSlices(**full, shards);
+  }
+  ThreadShardReducer reducer(3);
+  EXPECT_FALSE(Model::ShardOf(**full, 0, 3, &reducer, 1).ok())
+      << "3 does not divide 8 groups";
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, TinyShardTest,
+                         ::testing::Values(Precision::kF32, Precision::kBf16));
+
+TEST(SmolLm2ShardTest, ThreeShardsGiveTheSameBitsAsOneProcess) {
+  const std::string path = CachedModelPath("SmolLM2-135M-Instruct.Q4_1.gguf");
+  LoadOptions o;
+  o.precision = Precision::kBf16;
+  o.num_threads = 2;
+  absl::StatusOr<std::unique_ptr<Model>> full = Model::Load(path, o);
+  ASSERT_TRUE(full.ok()) << full.status()
+                         << " (the model comes with tools/setup.sh --test)";
+  ASSERT_EQ((*full)->config().row_parallel_groups(), 3);
+  const std::vector<int32_t> prompt =
+      RandomTokens(40, (*full)->config().vocab_size, 3);
+  const std::vector<int32_t> steps =
+      RandomTokens(4, (*full)->config().vocab_size, 4);
+  const auto want = RunSteps(**full, prompt, steps);
+  std::vector<std::unique_ptr<Model>> shards;
+  const auto got = RunSharded(**full, 3, prompt, steps, &shards);
+  ASSERT_EQ(got.size(), 3u);
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_TRUE(SameBits(got[s], want)) << "shard " << s;
+  }
+  ExpectKvSlices(**full, shards);
+}
+
+}  // namespace
+}  // namespace kvd::ops
