@@ -159,6 +159,8 @@ absl::Status Model::RunForward(absl::Span<const SequenceStep> batch,
   }
 
   RunLayers(0, c.n_layers, batch, row_seq, row_pos, h, ws, observer, patcher);
+  // A shard whose peers failed computed garbage: nothing of it counts.
+  if (reducer_ != nullptr) KVD_RETURN_IF_ERROR(reducer_->status());
   for (const SequenceStep& step : batch) {
     step.cache->SetLength(step.cache->length() + step.tokens.size());
   }
@@ -232,6 +234,7 @@ absl::Status Model::RunForwardLayers(KvCache* cache, int64_t position,
   ws.pool = pool_.get();
   RunLayers(first_layer, end_layer, {&step, 1}, row_seq, row_pos, rows, ws,
             observer, /*patcher=*/nullptr);
+  if (reducer_ != nullptr) KVD_RETURN_IF_ERROR(reducer_->status());
   std::copy(rows.begin(), rows.end(), h);
   return absl::OkStatus();
 }

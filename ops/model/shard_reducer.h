@@ -19,6 +19,8 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace kvd::ops {
 
 class ShardReducer {
@@ -26,8 +28,11 @@ class ShardReducer {
   virtual ~ShardReducer() = default;
   // `partials`: this shard's groups' partials in group order, `n` floats
   // each. Writes the ordered sum of every shard's partials to `out` (n).
+  // A reducer that fails (a peer process died or stalled) writes zeros and
+  // keeps the error in status(), which fails the forward pass.
   virtual void Reduce(int64_t shard, const std::vector<const float*>& partials,
                       int64_t n, float* out) = 0;
+  virtual absl::Status status() const { return absl::OkStatus(); }
 };
 
 class ThreadShardReducer final : public ShardReducer {

@@ -67,7 +67,7 @@ report="$(
       if (under(p, "services/transport") || under(p, "services/collective")) return "transport"
       if (under(p, "services/cluster")) return "cluster"
       if (under(p, "services/node") || under(p, "services/router") ||
-          under(p, "services/migration")) return "server"
+          under(p, "services/migration") || under(p, "services/worker")) return "server"
       if (under(p, "tools") || under(p, "tests")) return "leaf"
       return ""
     }
