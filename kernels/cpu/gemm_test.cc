@@ -8,37 +8,13 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/testing/gemm_contract.h"
 
 namespace kvd::kernels::cpu {
 namespace {
 
-std::vector<float> RandomVector(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<float> v(n);
-  for (float& x : v)
-    x = static_cast<float>(static_cast<int32_t>(rng() % 20001) - 10000) /
-        7919.0f;
-  return v;
-}
-
-// The numerics contract restated independently of the implementation: 16 lanes,
-// lane r takes k = r (mod 16) in increasing k with FMA, zero padding, then the
-// fixed pairwise tree.
-float ContractDot(const float* a, const float* b, int64_t n) {
-  float lane[16] = {};
-  for (int64_t k = 0; k < n; ++k)
-    lane[k % 16] = std::fma(a[k], b[k], lane[k % 16]);
-  // Zero padding of the tail adds fma(0, 0, l) = l + 0, which also turns -0
-  // into +0.
-  if (n % 16 != 0)
-    for (int64_t k = n; k % 16 != 0; ++k)
-      lane[k % 16] = std::fma(0.0f, 0.0f, lane[k % 16]);
-  float s[8], t[4], u[2];
-  for (int i = 0; i < 8; ++i) s[i] = lane[i] + lane[i + 8];
-  for (int i = 0; i < 4; ++i) t[i] = s[i] + s[i + 4];
-  for (int i = 0; i < 2; ++i) u[i] = t[i] + t[i + 2];
-  return u[0] + u[1];
-}
+using testing::ContractDot;
+using testing::RandomVector;
 
 std::vector<Isa> SupportedIsas() {
   std::vector<Isa> out;

@@ -9,45 +9,15 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/testing/gemm_contract.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace kvd::kernels::cpu {
 namespace {
 
-std::vector<float> RandomVector(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<float> v(n);
-  for (float& x : v)
-    x = static_cast<float>(static_cast<int32_t>(rng() % 20001) - 10000) /
-        7919.0f;
-  return v;
-}
-
-// The contract restated independently: one canonical dot product (16 FMA
-// lanes by k mod 16, zero padding, the fixed pairwise tree) per group slice,
-// then the group results added in order.
-float ContractDot(const float* a, const float* b, int64_t n) {
-  float lane[16] = {};
-  for (int64_t k = 0; k < n; ++k)
-    lane[k % 16] = std::fma(a[k], b[k], lane[k % 16]);
-  if (n % 16 != 0)
-    for (int64_t k = n; k % 16 != 0; ++k)
-      lane[k % 16] = std::fma(0.0f, 0.0f, lane[k % 16]);
-  float s[8], t[4], u[2];
-  for (int i = 0; i < 8; ++i) s[i] = lane[i] + lane[i + 8];
-  for (int i = 0; i < 4; ++i) t[i] = s[i] + s[i + 4];
-  for (int i = 0; i < 2; ++i) u[i] = t[i] + t[i + 2];
-  return u[0] + u[1];
-}
-
-float ContractGrouped(const float* a, const float* b, int64_t n,
-                      int64_t groups) {
-  const int64_t slice = n / groups;
-  float sum = ContractDot(a, b, slice);
-  for (int64_t g = 1; g < groups; ++g)
-    sum += ContractDot(a + g * slice, b + g * slice, slice);
-  return sum;
-}
+using testing::ContractDot;
+using testing::ContractGrouped;
+using testing::RandomVector;
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() &&

@@ -57,6 +57,7 @@ SCOPE = [
     "//kernels/cpu:cpu_features",
     "//kernels/cpu:elementwise_test",
     "//kernels/cpu:gemm_benchmark",
+    "//kernels/cpu:gemm_contract",
     "//kernels/cpu:gemm_test",
     "//kernels/cpu:row_parallel_gemm_test",
     "//kernels/cpu:thread_pool",

@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(
         "--logger=zap"};
     std::unique_ptr<EtcdProcess> etcd(new EtcdProcess());
     etcd->endpoint_ = absl::StrCat("127.0.0.1:", client);
+    etcd->data_dir_ = data;
     etcd->pid_ = ::fork();
     if (etcd->pid_ == 0) {
       std::vector<char*> argv;
@@ -98,14 +99,22 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(
 }
 
 EtcdProcess::~EtcdProcess() {
-  if (pid_ <= 0) return;
-  ::kill(pid_, SIGTERM);
-  for (int i = 0; i < 100; ++i) {
-    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
-    absl::SleepFor(absl::Milliseconds(50));
+  if (pid_ > 0) {
+    ::kill(pid_, SIGTERM);
+    bool exited = false;
+    for (int i = 0; i < 100 && !exited; ++i) {
+      exited = ::waitpid(pid_, nullptr, WNOHANG) == pid_;
+      if (!exited) absl::SleepFor(absl::Milliseconds(50));
+    }
+    if (!exited) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
   }
-  ::kill(pid_, SIGKILL);
-  ::waitpid(pid_, nullptr, 0);
+  // Its write-ahead log preallocates 64 MB, and the sandboxes here keep
+  // TEST_TMPDIR after a test ends.
+  std::error_code ignored;
+  if (!data_dir_.empty()) std::filesystem::remove_all(data_dir_, ignored);
 }
 
 }  // namespace kvd::cluster::testing

@@ -34,6 +34,7 @@ class EtcdProcess {
   EtcdProcess() = default;
   pid_t pid_ = -1;
   std::string endpoint_;
+  std::string data_dir_;  // removed when it stops
 };
 
 }  // namespace kvd::cluster::testing
