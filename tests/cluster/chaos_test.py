@@ -170,10 +170,8 @@ def main():
                                   gaps[-1]), flush=True)
     turns = {s: len(v) for s, v in acked.items()}
     mt.USERS = USERS
-    mt.TURNS = max(turns.values()) if turns else 0
     # The replay: each user's acknowledged turns, on one standalone node.
-    mt.TURNS = max(turns.values())
-    replay = mt.reference_replies(kvd, tmp)
+    replay = mt.reference_replies(kvd, tmp, turns)
     diffs = [(s, i) for s in acked for i in range(len(acked[s]))
              if acked[s][i] is not None and replay[s][i] != acked[s][i]]
     unknown = sum(1 for v in acked.values() for r in v if r is None)

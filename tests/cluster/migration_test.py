@@ -178,8 +178,9 @@ def rebalancing(c, kvd, router):
           "intact" % (total, piled, counts))
 
 
-def reference_replies(kvd, tmp):
-    """The same turns, one user after another, on one standalone node."""
+def reference_replies(kvd, tmp, turns=None):
+    """The same turns, one user after another, on one standalone node:
+    TURNS per user, or turns[session] where given."""
     p = Process("reference", [
         kvd, "serve", "--model", "smollm2", "--http-port", "0",
         "--grpc-port", "-1", "--threads", "1",
@@ -191,7 +192,7 @@ def reference_replies(kvd, tmp):
         for user in range(USERS):
             session = "user-%02d" % user
             out[session] = []
-            for t in range(TURNS):
+            for t in range(TURNS if turns is None else turns[session]):
                 status, _, body = chat(url, session, turn_text(user, t))
                 if status != 200:
                     raise AssertionError("reference turn failed: %s %s" %
