@@ -180,6 +180,7 @@ SCOPE = [
     "//ops/model:model_test",
     "//ops/model:paged_kv_cache_test",
     "//ops/model:residual_patching_test",
+    "//ops/model:shard_recompute_benchmark",
     "//ops/model:shard_test",
     "//ops/model:tiny_model",
     "//ops/safetensors:hf_config",
