@@ -81,11 +81,15 @@ void WriteFileAtomically(const std::string& path, const std::string& data) {
 
 // One shard process: rank `rank` of `degree`; writes its logits to
 // dir/logits-RANK. Returns what went wrong, if anything.
+// `timeout`: how long a reduce waits for its peers. `die`: exit as soon as
+// connected, as a shard process killed before the turn would.
 absl::Status Shard(const std::string& model_path, ops::Precision precision,
-                   int rank, int degree, const std::string& dir) {
+                   int rank, int degree, const std::string& dir,
+                   absl::Duration timeout = absl::Seconds(60),
+                   bool die = false) {
   transport::UcxOptions uo;
   uo.tls = "tcp";
-  uo.send_timeout = absl::Seconds(60);
+  uo.send_timeout = timeout;
   absl::StatusOr<std::unique_ptr<transport::UcxTransport>> ucx =
       transport::UcxTransport::Create(uo);
   if (!ucx.ok()) return ucx.status();
@@ -113,6 +117,18 @@ absl::Status Shard(const std::string& model_path, ops::Precision precision,
     inboxes[p] = absl::HexStringToBytes(ReadFile(path));
   }
   if (absl::Status s = (*ar)->Connect(inboxes); !s.ok()) return s;
+  WriteFileAtomically(absl::StrCat(dir, "/connected-", rank), "");
+  if (die) {
+    // Once every peer is connected too, so that they meet the death in
+    // their forward pass, not while connecting.
+    for (int p = 0; p < degree; ++p) {
+      while (p != rank &&
+             !std::filesystem::exists(absl::StrCat(dir, "/connected-", p))) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    _exit(0);
+  }
 
   ops::LoadOptions lo;
   lo.precision = precision;
@@ -120,7 +136,7 @@ absl::Status Shard(const std::string& model_path, ops::Precision precision,
   absl::StatusOr<std::unique_ptr<ops::Model>> full =
       ops::Model::Load(model_path, lo);
   if (!full.ok()) return full.status();
-  CollectiveShardReducer reducer(ar->get(), absl::Seconds(60));
+  CollectiveShardReducer reducer(ar->get(), timeout);
   absl::StatusOr<std::unique_ptr<ops::Model>> shard =
       ops::Model::ShardOf(**full, rank, degree, &reducer, 1);
   if (!shard.ok()) return shard.status();
@@ -191,6 +207,43 @@ TEST(ShardProcesses, TinyModelAtTp2And4) {
   for (int degree : {2, 4}) {
     ExpectShardProcessesMatch(*path, ops::Precision::kF32, degree, "tiny");
   }
+}
+
+// A shard process that dies fails the others' forward pass within the
+// reduce timeout, with an error naming the collective, instead of hanging or
+// answering with a partial sum.
+TEST(ShardProcesses, ADeadShardFailsTheForwardPass) {
+  ops::testing::TinyModelSpec spec;
+  spec.n_heads = 8;
+  spec.n_kv_heads = 8;
+  spec.d_ff = 96;
+  absl::StatusOr<std::string> path =
+      ops::testing::WriteTinyModel(spec, ::testing::TempDir());
+  ASSERT_TRUE(path.ok()) << path.status();
+  const std::string dir = ::testing::TempDir() + "/dead-shard";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    (void)Shard(*path, ops::Precision::kF32, 1, 2, dir, absl::Seconds(3),
+                /*die=*/true);
+    _exit(1);  // not reached: the shard exits once connected
+  }
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status mine =
+      Shard(*path, ops::Precision::kF32, 0, 2, dir, absl::Seconds(3));
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_FALSE(mine.ok()) << "a forward pass without its peer succeeded";
+  // The forward pass's reduce failed (not the connection: both connected).
+  EXPECT_NE(mine.message().find("rank 1"), std::string::npos) << mine;
+  EXPECT_EQ(mine.message().find("cannot reach"), std::string::npos) << mine;
+  EXPECT_LT(took, 60) << "the surviving shard hung";
+  EXPECT_FALSE(std::filesystem::exists(dir + "/logits-0"));
 }
 
 TEST(ShardProcesses, SmolLm2AtTp3) {
