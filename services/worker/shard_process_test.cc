@@ -196,13 +196,17 @@ void ExpectShardProcessesMatch(const std::string& model_path,
   }
 }
 
-TEST(ShardProcesses, TinyModelAtTp2And4) {
+// A random-weight model with 8 K/V heads: TP 1, 2, 4 and 8 are possible.
+absl::StatusOr<std::string> WriteEightHeadModel() {
   ops::testing::TinyModelSpec spec;
   spec.n_heads = 8;
   spec.n_kv_heads = 8;
   spec.d_ff = 96;
-  absl::StatusOr<std::string> path =
-      ops::testing::WriteTinyModel(spec, ::testing::TempDir());
+  return ops::testing::WriteTinyModel(spec, ::testing::TempDir());
+}
+
+TEST(ShardProcesses, TinyModelAtTp2And4) {
+  absl::StatusOr<std::string> path = WriteEightHeadModel();
   ASSERT_TRUE(path.ok()) << path.status();
   for (int degree : {2, 4}) {
     ExpectShardProcessesMatch(*path, ops::Precision::kF32, degree, "tiny");
@@ -213,12 +217,7 @@ TEST(ShardProcesses, TinyModelAtTp2And4) {
 // reduce timeout, with an error naming the collective, instead of hanging or
 // answering with a partial sum.
 TEST(ShardProcesses, ADeadShardFailsTheForwardPass) {
-  ops::testing::TinyModelSpec spec;
-  spec.n_heads = 8;
-  spec.n_kv_heads = 8;
-  spec.d_ff = 96;
-  absl::StatusOr<std::string> path =
-      ops::testing::WriteTinyModel(spec, ::testing::TempDir());
+  absl::StatusOr<std::string> path = WriteEightHeadModel();
   ASSERT_TRUE(path.ok()) << path.status();
   const std::string dir = ::testing::TempDir() + "/dead-shard";
   std::filesystem::remove_all(dir);
