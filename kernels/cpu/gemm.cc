@@ -1,5 +1,7 @@
 #include "kernels/cpu/gemm.h"
 
+#include <cassert>
+
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/internal/gemm_isa.h"
 
@@ -39,6 +41,7 @@ void Gemm(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
 
 void GroupedGemm(const float* x, int64_t m, int64_t ldx, const WeightView& w,
                  int64_t groups, float* y, int64_t ldy, ThreadPool* pool) {
+  assert(groups >= 1 && w.cols % groups == 0);
   if (m <= 0 || w.rows <= 0) return;
   const internal::GemmArgs args{x,      m, ldx, w.data, w.stride(),
                                 w.cols, y, ldy, groups};

@@ -14,25 +14,9 @@ namespace kvd::kernels::cpu {
 namespace {
 
 using testing::ContractDot;
+using testing::IsaGuard;
 using testing::RandomVector;
-
-std::vector<Isa> SupportedIsas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
-    if (IsaSupported(isa)) out.push_back(isa);
-  return out;
-}
-
-class IsaGuard {
- public:
-  explicit IsaGuard(Isa isa) : saved_(ActiveIsa()) {
-    EXPECT_TRUE(SetIsa(isa).ok());
-  }
-  ~IsaGuard() { (void)SetIsa(saved_); }
-
- private:
-  Isa saved_;
-};
+using testing::SupportedIsas;
 
 std::vector<float> RunGemm(const std::vector<float>& x, int64_t m, int64_t k,
                            const WeightView& w, ThreadPool* pool) {

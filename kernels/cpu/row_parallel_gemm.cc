@@ -30,11 +30,4 @@ void AddPartial(const float* p, int64_t m, int64_t n, int64_t ld, float* acc) {
   }
 }
 
-void RowParallelGemm(const float* x, int64_t m, int64_t ldx,
-                     const WeightView& w, int64_t groups, float* y, int64_t ldy,
-                     ThreadPool* pool) {
-  assert(groups >= 1 && w.cols % groups == 0);
-  GroupedGemm(x, m, ldx, w, groups, y, ldy, pool);
-}
-
 }  // namespace kvd::kernels::cpu

@@ -10,7 +10,7 @@
 // unsharded path produce the same bits; a session checkpointed at TP = 3
 // resumes bit-identically at TP = 1. With groups = 1 this is plain Gemm.
 //
-//   RowParallelGemm(x, m, ldx, w, /*groups=*/3, y, ldy, pool);
+//   GroupedGemm(x, m, ldx, w, /*groups=*/3, y, ldy, pool);  // gemm.h
 //   // a shard holding groups [2, 3): GroupPartial(x, m, ldx, w, 3, 2, p, ...)
 //
 // Thread-safety: pure functions of their inputs; `pool` must not be shared by
@@ -31,12 +31,6 @@ namespace kvd::kernels::cpu {
 void GroupPartial(const float* x, int64_t m, int64_t ldx, const WeightView& w,
                   int64_t groups, int64_t g, float* p, int64_t ldp,
                   ThreadPool* pool);
-
-// y = the groups' partials added in group order, in one pass over the
-// weights (GroupedGemm).
-void RowParallelGemm(const float* x, int64_t m, int64_t ldx,
-                     const WeightView& w, int64_t groups, float* y, int64_t ldy,
-                     ThreadPool* pool);
 
 // acc[i * ld + j] += p[i * ld + j] for i < m, j < n: the ordered add of one
 // more partial (the same fp32 add the collectives do).

@@ -271,8 +271,8 @@ void Model::RowParallel(const float* x, int64_t m, int64_t ldx,
                         const cpu::WeightView& w, float* y,
                         Workspace& ws) const {
   if (reducer_ == nullptr) {
-    cpu::RowParallelGemm(x, m, ldx, w, config_.row_parallel_groups(), y, w.rows,
-                         pool_.get());
+    cpu::GroupedGemm(x, m, ldx, w, config_.row_parallel_groups(), y, w.rows,
+                     pool_.get());
     return;
   }
   const int64_t n = m * w.rows;

@@ -199,7 +199,7 @@ class Model final : public ModelBackend {
                  Workspace& ws, ResidualObserver* observer,
                  ResidualPatcher* patcher) const;
   // y (m x d_model) = x W^T summed as the numerics contract's ordered group
-  // partials: in one process RowParallelGemm, in a shard this shard's
+  // partials: in one process GroupedGemm, in a shard this shard's
   // partials joined with the others' by the reducer.
   void RowParallel(const float* x, int64_t m, int64_t ldx,
                    const kernels::cpu::WeightView& w, float* y,

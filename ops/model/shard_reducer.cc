@@ -1,5 +1,9 @@
 #include "ops/model/shard_reducer.h"
 
+#include <algorithm>
+
+#include "kernels/cpu/row_parallel_gemm.h"
+
 namespace kvd::ops {
 
 ThreadShardReducer::ThreadShardReducer(int64_t degree)
@@ -27,10 +31,9 @@ void ThreadShardReducer::Reduce(int64_t shard,
   std::vector<const float*> all;
   for (const auto& p : posted_) all.insert(all.end(), p.begin(), p.end());
   lock.unlock();
-  for (int64_t i = 0; i < n; ++i) out[i] = all[0][i];
+  std::copy(all[0], all[0] + n, out);
   for (size_t g = 1; g < all.size(); ++g) {
-    const float* p = all[g];
-    for (int64_t i = 0; i < n; ++i) out[i] += p[i];
+    kernels::cpu::AddPartial(all[g], 1, n, n, out);
   }
   lock.lock();
   // Nobody may reuse its partial buffers while another shard still reads.

@@ -15,51 +15,29 @@
 #include "gtest/gtest.h"
 #include "ops/model/model.h"
 #include "ops/model/shard_reducer.h"
+#include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
 
 namespace kvd::ops {
 namespace {
 
-// A prompt, then single-token steps (fixed tokens, so that shards never
-// diverge on a choice), each step's last logits.
-std::vector<std::vector<float>> RunSteps(const Model& m,
-                                         const std::vector<int32_t>& prompt,
-                                         const std::vector<int32_t>& steps) {
-  KvCache cache = m.NewCache();
-  std::vector<std::vector<float>> out;
-  auto step = [&](absl::Span<const int32_t> tokens) {
-    SequenceStep s{&cache, tokens, LogitsMode::kLast};
-    ForwardOutput f;
-    absl::Status st = m.Forward({&s, 1}, &f);
-    EXPECT_TRUE(st.ok()) << st;
-    const float* l = f.Logits(0);
-    out.emplace_back(l, l + m.config().vocab_size);
-  };
-  step(prompt);
-  for (int32_t t : steps) step({&t, 1});
-  return out;
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-std::vector<int32_t> RandomTokens(int n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
-}
-
-bool SameBits(const std::vector<std::vector<float>>& a,
-              const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].size() != b[i].size() ||
-        std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0)
-      return false;
-  }
-  return true;
+// The last logits of every step (testing::LastLogitsPerStep); a failure is
+// an empty vector, which matches nothing.
+std::vector<float> RunSteps(const Model& m, const std::vector<int32_t>& prompt,
+                            const std::vector<int32_t>& steps) {
+  absl::StatusOr<std::vector<float>> out =
+      testing::LastLogitsPerStep(m, prompt, steps);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? *std::move(out) : std::vector<float>();
 }
 
 // Runs `degree` shards of `full` as threads; every shard's logits.
-std::vector<std::vector<std::vector<float>>> RunSharded(
+std::vector<std::vector<float>> RunSharded(
     const Model& full, int64_t degree, const std::vector<int32_t>& prompt,
     const std::vector<int32_t>& steps,
     std::vector<std::unique_ptr<Model>>* shards_out = nullptr) {
@@ -72,7 +50,7 @@ std::vector<std::vector<std::vector<float>>> RunSharded(
     if (!m.ok()) return {};
     shards.push_back(*std::move(m));
   }
-  std::vector<std::vector<std::vector<float>>> logits(degree);
+  std::vector<std::vector<float>> logits(degree);
   std::vector<std::thread> threads;
   for (int64_t s = 0; s < degree; ++s) {
     threads.emplace_back(
@@ -143,8 +121,10 @@ TEST_P(TinyShardTest, EveryDegreeDividingTheGroupsGivesTheSameBits) {
       testing::LoadTinyModel(spec, GetParam(), 1);
   ASSERT_TRUE(full.ok()) << full.status();
   ASSERT_EQ((*full)->config().row_parallel_groups(), 8);
-  const std::vector<int32_t> prompt = RandomTokens(21, spec.vocab_size, 1);
-  const std::vector<int32_t> steps = RandomTokens(5, spec.vocab_size, 2);
+  const std::vector<int32_t> prompt =
+      testing::RandomTokens(21, 1, spec.vocab_size);
+  const std::vector<int32_t> steps =
+      testing::RandomTokens(5, 2, spec.vocab_size);
   const auto want = RunSteps(**full, prompt, steps);
   for (int64_t degree : {1, 2, 4, 8}) {
     std::vector<std::unique_ptr<Model>> shards;
@@ -173,9 +153,9 @@ TEST(SmolLm2ShardTest, ThreeShardsGiveTheSameBitsAsOneProcess) {
                          << " (the model comes with tools/setup.sh --test)";
   ASSERT_EQ((*full)->config().row_parallel_groups(), 3);
   const std::vector<int32_t> prompt =
-      RandomTokens(40, (*full)->config().vocab_size, 3);
+      testing::RandomTokens(40, 3, (*full)->config().vocab_size);
   const std::vector<int32_t> steps =
-      RandomTokens(4, (*full)->config().vocab_size, 4);
+      testing::RandomTokens(4, 4, (*full)->config().vocab_size);
   const auto want = RunSteps(**full, prompt, steps);
   std::vector<std::unique_ptr<Model>> shards;
   const auto got = RunSharded(**full, 3, prompt, steps, &shards);

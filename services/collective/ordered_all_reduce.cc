@@ -77,13 +77,13 @@ absl::Status OrderedAllReduce::Connect(
 void OrderedAllReduce::SendLoop(Outbox* box) {
   std::unique_lock<std::mutex> l(box->mu);
   for (;;) {
-    box->cv.wait(l, [box] { return box->has_pending || box->stop; });
+    box->cv.wait(l, [box] { return box->pending != nullptr || box->stop; });
     if (box->stop) return;
-    std::string msg = std::move(box->pending);
+    std::shared_ptr<const std::string> msg = std::move(box->pending);
+    box->pending = nullptr;
     l.unlock();
-    absl::Status s = box->sender->Send(msg);
+    absl::Status s = box->sender->Send(*msg);
     l.lock();
-    box->has_pending = false;
     box->last = s;
     ++box->sent;
     box->cv.notify_all();
@@ -94,24 +94,24 @@ absl::Status OrderedAllReduce::Reduce(absl::Span<const float* const> parts,
                                       int64_t n, float* out,
                                       absl::Time deadline) {
   if (!failed_.ok()) return failed_;
+  if (static_cast<int>(outboxes_.size()) != size_) {
+    return absl::FailedPreconditionError("Reduce before Connect");
+  }
   if (parts.empty() || n <= 0) {
     return absl::InvalidArgumentError("Reduce needs partials of n > 0 floats");
   }
   const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
-  std::string mine(bytes * parts.size(), '\0');
+  const size_t message_bytes = bytes * parts.size();
+  auto mine = std::make_shared<std::string>(message_bytes, '\0');
   for (size_t i = 0; i < parts.size(); ++i) {
-    std::memcpy(mine.data() + i * bytes, parts[i], bytes);
+    std::memcpy(mine->data() + i * bytes, parts[i], bytes);
   }
-  // Hand this rank's partials to every peer's sender thread.
+  // Hand this rank's partials (one buffer, shared) to every peer's sender.
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     Outbox* box = outboxes_[p].get();
-    if (box == nullptr) {
-      return absl::FailedPreconditionError("Reduce before Connect");
-    }
     std::lock_guard<std::mutex> l(box->mu);
     box->pending = mine;
-    box->has_pending = true;
     box->cv.notify_all();
   }
   absl::Status status;
@@ -123,10 +123,10 @@ absl::Status OrderedAllReduce::Reduce(absl::Span<const float* const> parts,
           absl::Status(more.status().code(),
                        absl::StrCat("rank ", rank_, " receiving from rank ", p,
                                     ": ", more.status().message()));
-    } else if (!*more || received_[p].size() != mine.size()) {
+    } else if (!*more || received_[p].size() != message_bytes) {
       status = absl::UnavailableError(
           absl::StrCat("rank ", p, " sent ", *more ? received_[p].size() : 0,
-                       " bytes of partials, want ", mine.size(),
+                       " bytes of partials, want ", message_bytes,
                        *more ? "" : " (its stream ended)"));
     }
   }
@@ -146,18 +146,21 @@ absl::Status OrderedAllReduce::Reduce(absl::Span<const float* const> parts,
     failed_ = status;
     return status;
   }
-  // The ordered sum: rank by rank, each rank's partials in order.
-  bool first = true;
+  // The ordered sum: rank by rank, each rank's partials in order. A peer's
+  // bytes are copied out as floats first (a string's bytes are not floats).
   std::vector<float> part(n);
   for (int p = 0; p < size_; ++p) {
-    const char* base = p == rank_ ? mine.data() : received_[p].data();
     for (size_t i = 0; i < parts.size(); ++i) {
-      std::memcpy(first ? out : part.data(), base + i * bytes, bytes);
-      if (first) {
-        first = false;
-        continue;
+      const float* src = parts[i];
+      if (p != rank_) {
+        std::memcpy(part.data(), received_[p].data() + i * bytes, bytes);
+        src = part.data();
       }
-      for (int64_t j = 0; j < n; ++j) out[j] += part[j];
+      if (p == 0 && i == 0) {
+        std::memcpy(out, src, bytes);
+      } else {
+        for (int64_t j = 0; j < n; ++j) out[j] += src[j];
+      }
     }
   }
   return absl::OkStatus();

@@ -66,8 +66,7 @@ class OrderedAllReduce {
     std::unique_ptr<transport::ChunkSender> sender;
     std::mutex mu;
     std::condition_variable cv;
-    std::string pending;
-    bool has_pending = false;
+    std::shared_ptr<const std::string> pending;  // null: nothing to send
     bool stop = false;
     absl::Status last;
     int64_t sent = 0;  // messages sent so far

@@ -18,7 +18,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -29,6 +28,7 @@
 #include "base/model_dir.h"
 #include "gtest/gtest.h"
 #include "ops/model/model.h"
+#include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
 #include "services/collective/ordered_all_reduce.h"
 #include "services/transport/ucx_transport.h"
@@ -37,33 +37,12 @@
 namespace kvd::worker {
 namespace {
 
-std::vector<int32_t> Tokens(int n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
-}
-
-// A prompt, then fixed single tokens: every step's last logits, flattened.
+// Every step's last logits of the fixed conversation all shards run.
 absl::StatusOr<std::vector<float>> RunSteps(const ops::Model& m) {
   const int64_t vocab = m.config().vocab_size;
-  const std::vector<int32_t> prompt = Tokens(33, vocab, 1);
-  const std::vector<int32_t> steps = Tokens(4, vocab, 2);
-  ops::KvCache cache = m.NewCache();
-  std::vector<float> out;
-  auto step = [&](absl::Span<const int32_t> tokens) -> absl::Status {
-    ops::SequenceStep s{&cache, tokens, ops::LogitsMode::kLast};
-    ops::ForwardOutput f;
-    absl::Status st = m.Forward({&s, 1}, &f);
-    if (!st.ok()) return st;
-    out.insert(out.end(), f.Logits(0), f.Logits(0) + vocab);
-    return absl::OkStatus();
-  };
-  if (absl::Status s = step(prompt); !s.ok()) return s;
-  for (int32_t t : steps) {
-    if (absl::Status s = step({&t, 1}); !s.ok()) return s;
-  }
-  return out;
+  return ops::testing::LastLogitsPerStep(
+      m, ops::testing::RandomTokens(33, 1, vocab),
+      ops::testing::RandomTokens(4, 2, vocab));
 }
 
 std::string ReadFile(const std::string& path) {

@@ -7,6 +7,8 @@ binary and etcd itself.
         c.start_etcd()
         n1 = c.start_node("n1")
         r = c.start_router()
+    # or, for the usual 3 nodes and a router, all ready:
+    #   r = c.start_nodes_and_router()
         status, headers, body = r.chat("s1", "Hello")
 """
 
@@ -26,6 +28,10 @@ import urllib.error
 import urllib.request
 
 TOKEN = "test-router-token"
+# Nodes keeping two copies of every session, a turn acknowledged only once
+# both hold it; no rebalancing, so sessions stay where the checks expect.
+REPLICATED_NODE_FLAGS = ["--ucx-tls", "tcp", "--replicas", "2",
+                         "--replication", "sync", "--rebalance-every", "0"]
 # The cluster CA (tools/cluster/make_certs.sh) that https:// nodes are
 # verified against; set by Cluster.
 SSL_CONTEXT = None
@@ -258,6 +264,18 @@ class Cluster:
         r = Router(self)
         self.routers.append(r)
         return r
+
+    def start_nodes_and_router(self, nodes=3):
+        """etcd, nodes n1..nN of SmolLM2 and one router, waited for until
+        every node is live and the router ready; returns the router."""
+        self.start_etcd()
+        for i in range(1, nodes + 1):
+            self.start_node("n%d" % i)
+        router = self.start_router()
+        wait_until("%d live nodes" % nodes,
+                   lambda: len(self.live_nodes()) == nodes, 60)
+        wait_until("the router", lambda: router.get("/readyz")[0] == 200, 30)
+        return router
 
     # etcd's own JSON gateway (v3), for checks independent of kvd's client.
     def _gateway(self, path, body):

@@ -26,8 +26,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_harness import (Cluster, check, finish, http,  # noqa: E402
-                             scratch_dir, wait_until)
+from cluster_harness import (REPLICATED_NODE_FLAGS, Cluster,  # noqa: E402
+                             check, finish, http, scratch_dir, wait_until)
 import migration_test as mt  # noqa: E402  (turn texts, chat, the replay)
 
 USERS = int(os.environ.get("KVD_FAILOVER_USERS", "6"))
@@ -63,15 +63,8 @@ def main():
     start = time.time()
     replies = {"user-%02d" % u: [] for u in range(USERS)}
     with Cluster(kvd, tmp, ttl=3, make_certs=make_certs,
-                 node_flags=["--ucx-tls", "tcp", "--replicas", "2",
-                             "--replication", "sync",
-                             "--rebalance-every", "0"]) as c:
-        c.start_etcd()
-        for i in (1, 2, 3):
-            c.start_node("n%d" % i)
-        router = c.start_router()
-        wait_until("3 live nodes", lambda: len(c.live_nodes()) == 3, 60)
-        wait_until("the router", lambda: router.get("/readyz")[0] == 200, 30)
+                 node_flags=REPLICATED_NODE_FLAGS) as c:
+        router = c.start_nodes_and_router()
         print("cluster up in %.1f s" % (time.time() - start), flush=True)
 
         errors, waits = [], {}

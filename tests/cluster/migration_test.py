@@ -212,12 +212,7 @@ def main():
     start = time.time()
     with Cluster(kvd, tmp, ttl=5, make_certs=make_certs,
                  node_flags=["--ucx-tls", "tcp", "--rebalance-every", "2"]) as c:
-        c.start_etcd()
-        for i in (1, 2, 3):
-            c.start_node("n%d" % i)
-        router = c.start_router()
-        wait_until("3 live nodes", lambda: len(c.live_nodes()) == 3, 60)
-        wait_until("the router", lambda: router.get("/readyz")[0] == 200, 30)
+        router = c.start_nodes_and_router()
         print("cluster up in %.1f s" % (time.time() - start), flush=True)
 
         # Moves that cannot happen are refused; nothing is lost.

@@ -219,12 +219,8 @@ void RunUser(const Config& cfg, int user, Clock::time_point t0,
     }
     std::string message;
     if (conv == nullptr) {
-      convs.push_back(
-          {absl::StrCat("bench-", cfg.run_id, "-u", user, "-c", started++),
-           {},
-           0,
-           -1,
-           ""});
+      convs.push_back(Conversation{
+          absl::StrCat("bench-", cfg.run_id, "-u", user, "-c", started++)});
       conv = &convs.back();
       message = kOpeners[rng() % std::size(kOpeners)];
     } else {
@@ -254,8 +250,8 @@ void RunUser(const Config& cfg, int user, Clock::time_point t0,
       r.turn = conv->turns + 1;
       r.resumed = conv->turns > 0;
       r.events_seen = gate.Enter();
-      r.first_after_event = conv->turns > 0 && conv->events_seen >= 0 &&
-                            conv->events_seen < r.events_seen;
+      r.first_after_event =
+          conv->turns > 0 && conv->events_seen < r.events_seen;
       r.start_s = Seconds(t0, Clock::now());
       absl::StatusOr<ChatCallResult> res = client.Complete(call, nullptr);
       gate.Leave();

@@ -1,7 +1,8 @@
 // The numerics contract's dot product restated independently of the
 // kernels, for their tests (test-only): 16 lanes, lane r takes k = r (mod 16)
-// in increasing k with FMA, zero padding, then the fixed pairwise tree; and
-// the row-parallel grouped sum built from it.
+// in increasing k with FMA, zero padding, then the fixed pairwise tree; the
+// row-parallel grouped sum built from it; and running a test on every ISA
+// the machine has.
 #ifndef KVD_KERNELS_CPU_TESTING_GEMM_CONTRACT_H_
 #define KVD_KERNELS_CPU_TESTING_GEMM_CONTRACT_H_
 
@@ -10,7 +11,31 @@
 #include <random>
 #include <vector>
 
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_features.h"
+
 namespace kvd::kernels::cpu::testing {
+
+inline std::vector<Isa> SupportedIsas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (IsaSupported(isa)) out.push_back(isa);
+  return out;
+}
+
+// Runs the kernels on `isa` while in scope.
+class IsaGuard {
+ public:
+  explicit IsaGuard(Isa isa) : saved_(ActiveIsa()) {
+    EXPECT_TRUE(SetIsa(isa).ok());
+  }
+  ~IsaGuard() { (void)SetIsa(saved_); }
+  IsaGuard(const IsaGuard&) = delete;
+  IsaGuard& operator=(const IsaGuard&) = delete;
+
+ private:
+  Isa saved_;
+};
 
 // Deterministic values in about [-1.26, 1.26], exactly representable.
 inline std::vector<float> RandomVector(size_t n, uint32_t seed) {

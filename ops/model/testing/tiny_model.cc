@@ -141,4 +141,22 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTinyModel(const TinyModelSpec& spec,
   return Model::Load(path, options);
 }
 
+absl::StatusOr<std::vector<float>> LastLogitsPerStep(
+    const Model& m, const std::vector<int32_t>& prompt,
+    const std::vector<int32_t>& steps) {
+  const int64_t vocab = m.config().vocab_size;
+  KvCache cache = m.NewCache();
+  std::vector<float> out;
+  for (size_t i = 0; i <= steps.size(); ++i) {
+    SequenceStep s{&cache,
+                   i == 0 ? absl::MakeConstSpan(prompt)
+                          : absl::MakeConstSpan(&steps[i - 1], 1),
+                   LogitsMode::kLast};
+    ForwardOutput f;
+    KVD_RETURN_IF_ERROR(m.Forward({&s, 1}, &f));
+    out.insert(out.end(), f.Logits(0), f.Logits(0) + vocab);
+  }
+  return out;
+}
+
 }  // namespace kvd::ops::testing

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "ops/model/model.h"
@@ -49,6 +50,14 @@ absl::StatusOr<std::string> WriteTinyModel(const TinyModelSpec& spec,
 absl::StatusOr<std::unique_ptr<Model>> LoadTinyModel(const TinyModelSpec& spec,
                                                      Precision precision,
                                                      int threads = 2);
+
+// Runs `prompt`, then each of `steps` as a single-token step, in a fresh
+// cache of `m`: every step's last-position logits, one vocab_size row after
+// another. Fixed tokens, not sampled ones, so that runs in lockstep (shards)
+// never diverge on a choice.
+absl::StatusOr<std::vector<float>> LastLogitsPerStep(
+    const Model& m, const std::vector<int32_t>& prompt,
+    const std::vector<int32_t>& steps);
 
 }  // namespace kvd::ops::testing
 
