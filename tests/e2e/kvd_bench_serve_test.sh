@@ -64,14 +64,18 @@ assert s["event"]["ran"] and s["event"]["exit_code"] == 0, s["event"]
 ok = [r for r in j["requests"] if r["ok"]]
 assert all(0 < r["output_tokens"] <= 16 for r in ok), ok  # max_tokens honoured
 assert all(r["ttft_s"] <= r["latency_s"] for r in ok)
-# Every turn says where the server found its session: a new one, or a continued one in memory
-# before the restart; the first turn of a conversation after it, from RocksDB.
+# Every turn says where the server found its session: a first turn a new one; a continued one
+# before the restart in memory (hot) or in a tier it was demoted to (DRAM, RocksDB); the first
+# turn of a conversation after the restart from storage: RocksDB, or the DRAM tier when the
+# node prefetched it from RocksDB while the request waited. Never hot there (the new process
+# had nothing in memory) and never re-prefilled (the residuals were good).
 before = [r for r in ok if r["events_seen"] == 0]
-assert all(r["state"] == "new" if r["turn"] == 1 else r["state"] in ("hot", "dram")
+assert all(r["state"] == "new" if r["turn"] == 1 else r["state"] in ("hot", "dram", "rocksdb")
            for r in before), before
+assert any(r["state"] == "hot" for r in before), before
 first = [r for r in ok if r["first_after_event"]]
-assert first and all(r["state"] == "rocksdb" for r in first), first
-assert "| first after restart: rocksdb |" in open(sys.argv[2]).read()
+assert first and all(r["state"] in ("rocksdb", "dram") for r in first), first
+assert "| first after restart: " in open(sys.argv[2]).read()
 PY
 
 out="$("$KVD" chat --server "$URL" --session s --temperature 0 --max-tokens 24 \
