@@ -22,10 +22,12 @@ absl::StatusOr<BackendRequest> EffectiveRequest(
   }
   if (tp.degree == 1) return request;
   if (request == BackendRequest::kCpu) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tensor-parallel-size ", tp.degree,
-        " splits the model over GPUs, but --backend cpu asks for the CPU; "
-        "drop one of them"));
+    if (tp.simulate) {
+      return absl::InvalidArgumentError(
+          "--tensor-parallel-simulate runs GPU shards on one GPU; with "
+          "--backend cpu the shards are processes: drop it");
+    }
+    return BackendRequest::kCpu;  // shard worker processes
   }
   return BackendRequest::kCuda;
 }
@@ -88,6 +90,8 @@ absl::Status PrecheckBackend(BackendRequest request,
                              const TensorParallelRequest& tp) {
   KVD_ASSIGN_OR_RETURN(const BackendRequest effective,
                        EffectiveRequest(request, tp));
+  if (tp.degree > 1 && effective == BackendRequest::kCpu)
+    return absl::OkStatus();
   if (tp.degree > 1) return TensorParallelDeviceCheck(tp);
   if (effective != BackendRequest::kCuda) return absl::OkStatus();
   // Any model: only the device is in question here.
@@ -101,6 +105,12 @@ absl::StatusOr<OpenedBackend> OpenBackend(BackendRequest request,
                                           const TensorParallelRequest& tp) {
   KVD_ASSIGN_OR_RETURN(const BackendRequest effective,
                        EffectiveRequest(request, tp));
+  if (tp.degree > 1 && effective == BackendRequest::kCpu) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--tensor-parallel-size ", tp.degree,
+        " --backend cpu runs its shards as worker processes, which a node "
+        "starts itself (services/worker/shard_group.h), not OpenBackend"));
+  }
   if (tp.degree > 1) return OpenTensorParallel(model, tp);
   request = effective;
   KVD_ASSIGN_OR_RETURN(

@@ -40,11 +40,12 @@ struct OpenedBackend {
 // cannot run) / the CUDA backend's own error (UNIMPLEMENTED,
 // RESOURCE_EXHAUSTED, INTERNAL) naming what to do.
 // tp.degree > 1 asks for CUDA whatever `request` says unless it is kCpu
-// (INVALID_ARGUMENT: the flags contradict each other); it fails rather than
-// fall back: FAILED_PRECONDITION without enough devices (or NCCL), the
-// backend's own error otherwise (INVALID_ARGUMENT for a degree the model
-// does not split into, naming the ones it does). tp.degree < 1:
-// INVALID_ARGUMENT.
+// (FAILED_PRECONDITION: CPU shards are worker processes, which
+// services/node's runtime starts with services/worker/shard_group.h;
+// INVALID_ARGUMENT with tp.simulate); on CUDA it fails rather than fall back:
+// FAILED_PRECONDITION without enough devices (or NCCL), the backend's own error
+// otherwise (INVALID_ARGUMENT for a degree the model does not split into,
+// naming the ones it does). tp.degree < 1: INVALID_ARGUMENT.
 absl::StatusOr<OpenedBackend> OpenBackend(BackendRequest request,
                                           const Model& model,
                                           const TensorParallelRequest& tp = {});
@@ -53,7 +54,8 @@ absl::StatusOr<OpenedBackend> OpenBackend(BackendRequest request,
 // CUDA device can be used (the reason and what to do), so nobody waits for
 // the weights to load to learn it. OK otherwise; OpenBackend checks the
 // model itself.
-// With tp.degree > 1 as for kCuda, after OpenBackend's flag checks.
+// With tp.degree > 1 as for kCuda, after OpenBackend's flag checks (OK for
+// kCpu: the shard processes need no device).
 absl::Status PrecheckBackend(BackendRequest request,
                              const TensorParallelRequest& tp = {});
 

@@ -110,7 +110,8 @@ KvCache::KvCache(KvCache&& other) noexcept
       block_rows_(other.block_rows_),
       length_(other.length_),
       trims_past_windows_(other.trims_past_windows_),
-      layers_(std::move(other.layers_)) {
+      layers_(std::move(other.layers_)),
+      mirror_(std::move(other.mirror_)) {
   other.layers_.assign(layers_.size(), LayerBlocks{});
   other.length_ = 0;
 }
@@ -127,6 +128,7 @@ KvCache& KvCache::operator=(KvCache&& other) noexcept {
   length_ = other.length_;
   trims_past_windows_ = other.trims_past_windows_;
   layers_ = std::move(other.layers_);
+  mirror_ = std::move(other.mirror_);
   other.layers_.assign(layers_.size(), LayerBlocks{});
   other.length_ = 0;
   return *this;
@@ -218,13 +220,16 @@ void KvCache::Grow(LayerBlocks& l, int64_t length,
 
 void KvCache::DropBelow(int64_t layer, int64_t position) {
   Drop(layers_[layer], position, nullptr);
+  Tell(KvCacheOp::kDropBelow, layer, position);
 }
 
 void KvCache::DropBelow(int64_t position) {
   for (LayerBlocks& l : layers_) Drop(l, position, nullptr);
+  Tell(KvCacheOp::kDropBelow, -1, position);
 }
 
 void KvCache::Truncate(int64_t length) {
+  Tell(KvCacheOp::kTruncate, -1, length);
   length_ = std::min(length_, std::max<int64_t>(0, length));
   const int64_t keep_blocks = CeilDiv(length_, block_rows_);
   for (LayerBlocks& l : layers_) {
@@ -242,6 +247,7 @@ void KvCache::Truncate(int64_t length) {
 }
 
 void KvCache::Reset(int64_t length) {
+  Tell(KvCacheOp::kReset, -1, length);
   ReleaseAll();
   length_ = std::max<int64_t>(0, length);
   for (LayerBlocks& l : layers_) l.first_kept = length_;
@@ -253,6 +259,7 @@ absl::Status KvCache::Reserve(int64_t length) {
     n += BlocksToGrow(l, l.first_kept, length);
   if (absl::Status s = pool_->Reserve(n); !s.ok()) return s;
   for (LayerBlocks& l : layers_) Grow(l, length, nullptr);
+  Tell(KvCacheOp::kReserve, -1, length);
   return absl::OkStatus();
 }
 
@@ -263,6 +270,7 @@ absl::Status KvCache::ReserveLayer(int64_t layer, int64_t length) {
     return s;
   }
   Grow(l, length, nullptr);
+  Tell(KvCacheOp::kReserve, layer, length);
   return absl::OkStatus();
 }
 

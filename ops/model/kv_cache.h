@@ -52,6 +52,34 @@ namespace kvd::ops {
 // the chunk holding the window's first key must stay addressable.
 int64_t WindowStart(int64_t sliding_window, int64_t length);
 
+// One bookkeeping call made on a cache (rows are not in it: only a backend
+// writes rows). What a KvCacheMirror is told.
+struct KvCacheOp {
+  enum Kind : int32_t {
+    kTruncate = 1,       // Truncate(value)
+    kReset = 2,          // Reset(value)
+    kDropBelow = 3,      // DropBelow(layer, value); layer -1: every layer
+    kReserve = 4,        // Reserve / ReserveLayer(layer, value), succeeded
+    kSetLength = 5,      // SetLength(value)
+    kKeepPastWindow = 6  // KeepRowsPastWindows()
+  };
+  Kind kind;
+  int64_t layer = -1;
+  int64_t value = 0;
+};
+
+// Told of every bookkeeping call made on a cache, so that a backend whose
+// caches have twins in other processes (the shard workers of a CPU
+// tensor-parallel leader, services/worker/shard_group.h) can make the same
+// calls on each twin, in the same order, and the twins hold the same
+// positions. Attached by that backend's NewCache; moves with the cache and is
+// destroyed with it (which is when a twin is dropped). A copy has none.
+class KvCacheMirror {
+ public:
+  virtual ~KvCacheMirror() = default;
+  virtual void Record(const KvCacheOp& op) = 0;
+};
+
 class KvCache {
  public:
   // Bytes of one K (or V) row for this model and precision.
@@ -99,7 +127,10 @@ class KvCache {
   // (default true). Off keeps every row a KvSource does not drop: for tests
   // and experiments that read old rows back.
   bool trims_past_windows() const { return trims_past_windows_; }
-  void KeepRowsPastWindows() { trims_past_windows_ = false; }
+  void KeepRowsPastWindows() {
+    trims_past_windows_ = false;
+    Tell(KvCacheOp::kKeepPastWindow, -1, 0);
+  }
 
   // Rolls back to `length` tokens, releasing the blocks past it.
   void Truncate(int64_t length);
@@ -165,7 +196,16 @@ class KvCache {
   }
 
   // Called by Model::Forward once every layer holds rows up to `length`.
-  void SetLength(int64_t length) { length_ = length; }
+  void SetLength(int64_t length) {
+    length_ = length;
+    Tell(KvCacheOp::kSetLength, -1, length);
+  }
+
+  // The mirror told of this cache's bookkeeping calls (null: none).
+  void AttachMirror(std::unique_ptr<KvCacheMirror> mirror) {
+    mirror_ = std::move(mirror);
+  }
+  KvCacheMirror* mirror() const { return mirror_.get(); }
 
  private:
   KvCache(const ModelConfig& config, Precision precision, KvBlockPool* pool,
@@ -194,6 +234,9 @@ class KvCache {
   void CheckHostAccess(const char* what) const;
   void Write(uint8_t* dst, const float* row);
   kernels::cpu::WeightType type() const;
+  void Tell(KvCacheOp::Kind kind, int64_t layer, int64_t value) {
+    if (mirror_ != nullptr) mirror_->Record({kind, layer, value});
+  }
 
   Precision precision_;
   int64_t row_size_;
@@ -205,6 +248,7 @@ class KvCache {
   int64_t length_ = 0;
   bool trims_past_windows_ = true;
   std::vector<LayerBlocks> layers_;
+  std::unique_ptr<KvCacheMirror> mirror_;
 };
 
 }  // namespace kvd::ops

@@ -158,6 +158,13 @@ class ModelBackend {
   // for a bounded --hot-budget, so sessions do not fail turn after turn.
   virtual absl::Status BoundedHotWindowSupport() const = 0;
 
+  // Whether every row `cache` holds is still there for this backend's
+  // kernels. False only for a cache whose rows the backend lost: a CPU
+  // tensor-parallel group's cache whose twins died with restarted shard
+  // workers (services/worker/shard_group.h). The engine then resumes the
+  // session from its checkpoint instead of failing its turn.
+  virtual bool CacheIntact(const KvCache& cache) const { return true; }
+
   // A block pool whose blocks live where this backend's kernels read them
   // and fit this model's caches. INVALID_ARGUMENT for bad options;
   // RESOURCE_EXHAUSTED if a backend that allocates its pool up front (CUDA)

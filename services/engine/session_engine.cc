@@ -561,6 +561,15 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
       hot = std::move(active);
     }
   }
+  if (hot != nullptr && !model_.CacheIntact(hot->cache)) {
+    // The backend lost this session's K/V (a tensor-parallel shard worker
+    // restarted): resume it from its checkpoint, as if it had been demoted.
+    SetInTurn(*hot, false);
+    Drop(key);
+    hot = nullptr;
+    absl::MutexLock lock(&mu_);
+    stats_.restores_by_path[StatePathName(StatePath::kHot)]--;
+  }
   if (hot != nullptr) {
     // Hot state is trusted only while the stored manifest is the one it was
     // committed under: the session may have been released, adopted or

@@ -36,6 +36,33 @@ absl::StatusOr<std::unique_ptr<storage::TieredStore>> NodeRuntime::OpenStore(
   return storage::TieredStore::Create(std::move(db), store_options);
 }
 
+absl::Status NodeRuntime::StartShardGroup(const NodeOptions& options) {
+  if (options.tensor_parallel.simulate) {
+    return absl::InvalidArgumentError(
+        "--tensor-parallel-simulate is for GPU shards; CPU shards are "
+        "processes");
+  }
+  worker::ShardGroupOptions so;
+  so.model_path = options.model_path;
+  so.degree = options.tensor_parallel.degree;
+  so.threads_per_shard = options.num_threads;
+  so.worker_binary = options.worker_binary;
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<worker::ShardGroup> group,
+                       worker::ShardGroup::Start(*model_, so));
+  std::string pids;
+  for (const worker::ShardWorkerInfo& w : group->workers())
+    absl::StrAppend(&pids, pids.empty() ? "" : ", ", w.pid);
+  shard_group_ = group.get();
+  backend_.kind = ops::Backend::kCpu;
+  backend_.owned = std::move(group);
+  backend_.backend = backend_.owned.get();
+  backend_.notice = absl::StrCat(
+      "kvd: tensor parallel over ", so.degree,
+      " CPU shards: this process (shard 0) and 'kvd worker' processes ", pids,
+      " (UCX)");
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Open(
     const NodeOptions& options, const std::function<void(int, int)>& progress) {
   std::unique_ptr<NodeRuntime> rt(new NodeRuntime());
@@ -75,11 +102,17 @@ absl::StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Open(
   // engine checks them again against the backend it gets.
   KVD_RETURN_IF_ERROR(
       engine::SessionEngine::ValidateOptions(*rt->model_, options.engine));
-  KVD_ASSIGN_OR_RETURN(
-      rt->backend_,
-      ops::OpenBackend(options.backend, *rt->model_, options.tensor_parallel));
-  // A GPU backend holds its own copy of the weights.
-  if (rt->backend_.kind == ops::Backend::kCuda) rt->model_->ReleaseWeights();
+  if (options.backend == ops::BackendRequest::kCpu &&
+      options.tensor_parallel.degree > 1) {
+    KVD_RETURN_IF_ERROR(rt->StartShardGroup(options));
+  } else {
+    KVD_ASSIGN_OR_RETURN(rt->backend_,
+                         ops::OpenBackend(options.backend, *rt->model_,
+                                          options.tensor_parallel));
+  }
+  // A GPU backend or a shard group holds its own copy of the weights.
+  if (rt->backend_.kind == ops::Backend::kCuda || rt->shard_group_ != nullptr)
+    rt->model_->ReleaseWeights();
   const ops::ModelBackend& backend = *rt->backend_.backend;
   KVD_ASSIGN_OR_RETURN(
       rt->engine_, engine::SessionEngine::Create(

@@ -28,6 +28,7 @@
 #include "ops/tokenizer/tokenizer.h"
 #include "services/engine/session_engine.h"
 #include "services/node/memory_trimmer.h"
+#include "services/worker/shard_group.h"
 #include "storage/rocksdb/session_db.h"
 #include "storage/tiered/tiered_store.h"
 
@@ -49,8 +50,11 @@ struct NodeOptions {
   // saying why the CPU, or which device, is backend_notice().
   ops::BackendRequest backend = ops::BackendRequest::kCpu;
   // Tensor-parallel shards (above 1: a CUDA backend over several GPUs, or
-  // simulated on one).
+  // simulated on one; with backend kCpu, this process as shard 0 and
+  // degree - 1 `kvd worker` processes, services/worker/shard_group.h).
   ops::TensorParallelRequest tensor_parallel;
+  // The kvd binary CPU shard workers run; empty: this process's own.
+  std::string worker_binary;
   // Return memory malloc keeps free to the kernel every few seconds
   // (memory_trimmer.h), so resident memory tracks the budgets above.
   bool trim_free_memory = true;
@@ -96,14 +100,20 @@ class NodeRuntime {
   bool create_sessions_on_first_use() const {
     return create_sessions_on_first_use_;
   }
+  // The CPU tensor-parallel shard group the engine runs on; null unless
+  // tensor_parallel.degree > 1 with the CPU backend.
+  const worker::ShardGroup* shard_group() const { return shard_group_; }
   // Null when NodeOptions::trim_free_memory is off.
   const MemoryTrimmer* memory_trimmer() const { return trimmer_.get(); }
 
  private:
   NodeRuntime() = default;
+  // backend_ as a ShardGroup of model_ (the CPU with tensor_parallel).
+  absl::Status StartShardGroup(const NodeOptions& options);
 
   std::unique_ptr<ops::Model> model_;
   ops::OpenedBackend backend_;  // may own a GPU backend made from model_
+  const worker::ShardGroup* shard_group_ = nullptr;  // owned by backend_
   std::unique_ptr<ops::Tokenizer> tokenizer_;
   std::optional<ops::ChatTemplate> chat_template_;
   std::unique_ptr<storage::TieredStore> store_;

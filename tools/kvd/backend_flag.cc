@@ -10,9 +10,10 @@ void DeclareBackendFlag(Args& a) {
          "once the CUDA backend has passed its device check), cpu, or cuda "
          "(GPU 0; fail rather than fall back)");
   a.Flag("tensor-parallel-size", "1",
-         "split the model's attention heads and MLP over this many GPUs "
-         "(0..N-1, NCCL); must divide the model's K/V heads; above 1 implies "
-         "--backend cuda");
+         "split the model's attention heads and MLP over this many shards: "
+         "GPUs 0..N-1 (NCCL), or with --backend cpu this process and N-1 "
+         "'kvd worker' processes it starts (UCX); must divide the model's "
+         "K/V heads; above 1 without --backend cpu implies --backend cuda");
   a.Switch("tensor-parallel-simulate",
            "run the --tensor-parallel-size shards one after another on GPU 0 "
            "(tests the sharded code on one GPU; no speed-up)");

@@ -20,6 +20,8 @@ int ServeCommand(const std::vector<std::string>& args);
 int RouterCommand(const std::vector<std::string>& args);
 // `kvd cluster status|drain|undrain`.
 int ClusterCommand(const std::vector<std::string>& args);
+// `kvd worker`: a CPU tensor-parallel shard, started by its leader.
+int WorkerCommand(const std::vector<std::string>& args);
 
 }  // namespace kvd::cli
 

@@ -26,6 +26,8 @@ constexpr char kUsage[] =
     "             ('kvd bench serve': load-test a running server)\n"
     "  plan       estimate (and measure) K/V rebuild time per checkpoint "
     "policy\n"
+    "  worker     one CPU tensor-parallel shard (started by 'kvd serve\n"
+    "             --tensor-parallel-size N --backend cpu')\n"
     "\n"
     "Run 'kvd <command> --help' for the flags of a command.\n";
 
@@ -50,6 +52,7 @@ int main(int argc, char** argv) {
   if (command == "router") return kvd::cli::RouterCommand(args);
   if (command == "cluster") return kvd::cli::ClusterCommand(args);
   if (command == "sessions") return kvd::cli::SessionsCommand(args);
+  if (command == "worker") return kvd::cli::WorkerCommand(args);
   std::fprintf(stderr, "kvd: unknown command '%s'\n\n%s", command.c_str(),
                kUsage);
   return 2;

@@ -142,10 +142,11 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTinyModel(const TinyModelSpec& spec,
 }
 
 absl::StatusOr<std::vector<float>> LastLogitsPerStep(
-    const Model& m, const std::vector<int32_t>& prompt,
+    const ModelBackend& m, const std::vector<int32_t>& prompt,
     const std::vector<int32_t>& steps) {
   const int64_t vocab = m.config().vocab_size;
-  KvCache cache = m.NewCache();
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<KvBlockPool> pool, m.NewBlockPool({}));
+  KVD_ASSIGN_OR_RETURN(KvCache cache, m.NewCache(pool.get()));
   std::vector<float> out;
   for (size_t i = 0; i <= steps.size(); ++i) {
     SequenceStep s{&cache,

@@ -56,7 +56,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTinyModel(const TinyModelSpec& spec,
 // another. Fixed tokens, not sampled ones, so that runs in lockstep (shards)
 // never diverge on a choice.
 absl::StatusOr<std::vector<float>> LastLogitsPerStep(
-    const Model& m, const std::vector<int32_t>& prompt,
+    const ModelBackend& m, const std::vector<int32_t>& prompt,
     const std::vector<int32_t>& steps);
 
 }  // namespace kvd::ops::testing
