@@ -1,5 +1,8 @@
 #include "services/node/node_metrics.h"
 
+#include <string>
+#include <vector>
+
 #include "base/process_memory.h"
 
 namespace kvd::node {
@@ -38,6 +41,25 @@ void DeclareNodeMetrics(Metrics& m) {
   m.DeclareCounter("kvd_heap_trimmed_bytes_total",
                    "Resident bytes returned to the kernel by the memory "
                    "trimmer (malloc_trim).");
+  // CPU tensor parallelism (--tensor-parallel-size N --backend cpu): the
+  // shard workers, as of their last replies, by rank (1 .. N-1; the leader
+  // is shard 0). Counters restart with a worker.
+  m.DeclareGauge("kvd_shard_workers", "Shard worker processes running.");
+  m.DeclareCounter("kvd_shard_worker_restarts_total",
+                   "Times the shard workers were restarted after a failure.");
+  m.DeclareCounter("kvd_shard_residual_bytes_received_total",
+                   "Residual bytes a shard worker received to recompute its "
+                   "heads' K/V from (restores, partial prefills).");
+  m.DeclareCounter("kvd_shard_rows_recomputed_total",
+                   "Layer rows of K/V a shard worker recomputed from "
+                   "residuals.");
+  m.DeclareCounter("kvd_shard_recompute_seconds_total",
+                   "Time a shard worker spent recomputing K/V.");
+  m.DeclareCounter("kvd_shard_forward_seconds_total",
+                   "Time a shard worker spent in forward steps (including "
+                   "waiting for the other shards' partial sums).");
+  m.DeclareGauge("kvd_shard_kv_bytes",
+                 "K/V bytes a shard worker holds for its heads.");
 }
 
 void UpdateNodeGauges(NodeRuntime& runtime, Metrics& m) {
@@ -74,6 +96,21 @@ void UpdateNodeGauges(NodeRuntime& runtime, Metrics& m) {
   set("kvd_heap_bytes", {{"state", "free"}}, memory.heap_free_bytes);
   if (const MemoryTrimmer* trimmer = runtime.memory_trimmer()) {
     set("kvd_heap_trimmed_bytes_total", {}, trimmer->stats().released_bytes);
+  }
+  if (const worker::ShardGroup* group = runtime.shard_group()) {
+    const std::vector<worker::ShardWorkerInfo> workers = group->workers();
+    set("kvd_shard_workers", {}, workers.size());
+    set("kvd_shard_worker_restarts_total", {}, group->restarts());
+    for (const worker::ShardWorkerInfo& w : workers) {
+      const MetricLabels rank = {{"rank", std::to_string(w.rank)}};
+      set("kvd_shard_residual_bytes_received_total", rank,
+          w.stats.residual_bytes_received());
+      set("kvd_shard_rows_recomputed_total", rank, w.stats.rows_recomputed());
+      set("kvd_shard_recompute_seconds_total", rank,
+          w.stats.recompute_seconds());
+      set("kvd_shard_forward_seconds_total", rank, w.stats.forward_seconds());
+      set("kvd_shard_kv_bytes", rank, w.stats.kv_bytes());
+    }
   }
 }
 

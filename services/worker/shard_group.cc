@@ -306,6 +306,7 @@ void ShardGroup::Teardown(bool graceful) const {
     link.pid = 0;
   }
   session_.reset();
+  PublishWorkers();
 }
 
 absl::Status ShardGroup::Fail(const absl::Status& why) const {
@@ -323,7 +324,10 @@ absl::Status ShardGroup::Fail(const absl::Status& why) const {
 
 absl::Status ShardGroup::EnsureUp() const {
   if (session_ != nullptr) return absl::OkStatus();
-  restarts_++;
+  {
+    absl::MutexLock lock(&info_mu_);
+    restarts_++;
+  }
   if (absl::Status s = Connect(); !s.ok()) {
     Teardown(/*graceful=*/false);
     return absl::UnavailableError(absl::StrCat(
@@ -429,6 +433,7 @@ absl::Status ShardGroup::WaitAll() const {
       }
     }
   }
+  PublishWorkers();
   return first;
 }
 
@@ -531,17 +536,23 @@ absl::Status ShardGroup::RecomputeKvIntoCache(int64_t layer,
   return absl::OkStatus();
 }
 
+void ShardGroup::PublishWorkers() const {
+  std::vector<ShardWorkerInfo> info;
+  if (session_ != nullptr) {
+    for (const Link& link : session_->links)
+      info.push_back({link.rank, link.pid, link.stats});
+  }
+  absl::MutexLock lock(&info_mu_);
+  info_ = std::move(info);
+}
+
 std::vector<ShardWorkerInfo> ShardGroup::workers() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<ShardWorkerInfo> out;
-  if (session_ == nullptr) return out;
-  for (const Link& link : session_->links)
-    out.push_back({link.rank, link.pid, link.stats});
-  return out;
+  absl::MutexLock lock(&info_mu_);
+  return info_;
 }
 
 int64_t ShardGroup::restarts() const {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&info_mu_);
   return restarts_;
 }
 

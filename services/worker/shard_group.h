@@ -109,7 +109,8 @@ class ShardGroup final : public ops::ModelBackend {
                                     ops::KvCache* cache) const override;
 
   int degree() const { return options_.degree; }
-  // Workers 1..degree-1 (empty while the group is down).
+  // Workers 1..degree-1 as of their last replies (empty while the group is
+  // down). Does not wait for a step in progress.
   std::vector<ShardWorkerInfo> workers() const;
   // How many times the workers were started again after a failure.
   int64_t restarts() const;
@@ -171,7 +172,12 @@ class ShardGroup final : public ops::ModelBackend {
   mutable absl::Mutex mu_;
   mutable std::unique_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
   mutable absl::Status failed_ ABSL_GUARDED_BY(mu_);
-  mutable int64_t restarts_ ABSL_GUARDED_BY(mu_) = 0;
+  // What workers() and restarts() report, apart from mu_ so that a metrics
+  // scrape does not wait for a step.
+  void PublishWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  mutable absl::Mutex info_mu_;
+  mutable std::vector<ShardWorkerInfo> info_ ABSL_GUARDED_BY(info_mu_);
+  mutable int64_t restarts_ ABSL_GUARDED_BY(info_mu_) = 0;
   mutable int64_t next_command_ ABSL_GUARDED_BY(mu_) = 1;
 
   mutable absl::Mutex journal_mu_;

@@ -156,6 +156,16 @@ def main():
             print(f"TP={tp} turn {i + 1}: {reply.get('session_state')}, "
                   f"restore {reply.get('session_restore_ms', 0):.1f} ms: "
                   f"{turn_of(reply)[0]!r}", flush=True)
+        if tp > 1 and turns[0] > 0:
+            # The restore streamed residual rows to both workers, which recomputed from them.
+            text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics").read()
+            metrics = dict(re.findall(r'(kvd_shard_\w+\{rank="\d"\}) (\S+)', text.decode()))
+            for rank in (1, 2):
+                got = float(metrics.get(f'kvd_shard_residual_bytes_received_total{{rank="{rank}"}}',
+                                        0))
+                rows = float(metrics.get(f'kvd_shard_rows_recomputed_total{{rank="{rank}"}}', 0))
+                print(f"rank {rank}: {got / 2**20:.1f} MiB of residuals, {rows:.0f} rows", flush=True)
+                check(got > 0 and rows > 0, f"rank {rank} got no residuals to resume from: {metrics}")
         server.stop()
         check(wait_gone(server.workers, 30), f"TP={tp}: workers outlived their leader's stop")
 
