@@ -112,10 +112,7 @@ void ExpectKvSlices(const Model& full,
 class TinyShardTest : public ::testing::TestWithParam<Precision> {};
 
 TEST_P(TinyShardTest, EveryDegreeDividingTheGroupsGivesTheSameBits) {
-  testing::TinyModelSpec spec;
-  spec.n_heads = 8;
-  spec.n_kv_heads = 8;
-  spec.d_ff = 96;
+  testing::TinyModelSpec spec = testing::EightKvHeadSpec();
   spec.n_layers = 3;
   absl::StatusOr<std::unique_ptr<Model>> full =
       testing::LoadTinyModel(spec, GetParam(), 1);

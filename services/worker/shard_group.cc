@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -94,13 +95,107 @@ class ShardGroup::Reducer final : public ops::ShardReducer {
   CollectiveShardReducer* current_ = nullptr;
 };
 
+namespace {
+
+// One worker's commands, sent by a thread of their own: a send returns only
+// once the worker took the chunk, that is once it finished the command
+// before, and the leader should meanwhile go on with its own share (its
+// checkpoint reads and shard 0's recompute during a restore). At most
+// kMaxQueued commands wait, bounding the memory they hold.
+class Outbox {
+ public:
+  explicit Outbox(transport::ChunkSender* to)
+      : to_(to), thread_([this] { Loop(); }) {}
+  ~Outbox() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+  // Queues `bytes`, waiting while the queue is full. The first failed send
+  // fails this and every later call.
+  absl::Status Push(std::shared_ptr<const std::string> bytes) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](Outbox* o) {
+          return o->queue_.size() < kMaxQueued || !o->failed_.ok();
+        },
+        this));
+    if (!failed_.ok()) return failed_;
+    queue_.push_back(std::move(bytes));
+    return absl::OkStatus();
+  }
+
+  // Waits until every queued command was sent; the send error if one
+  // failed, DEADLINE_EXCEEDED if the worker took nothing until `deadline`.
+  absl::Status Drain(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    const bool done = mu_.AwaitWithDeadline(
+        absl::Condition(
+            +[](Outbox* o) {
+              return (o->queue_.empty() && !o->sending_) || !o->failed_.ok();
+            },
+            this),
+        deadline);
+    if (!failed_.ok()) return failed_;
+    return done ? absl::OkStatus()
+                : absl::DeadlineExceededError("it took no command");
+  }
+
+ private:
+  static constexpr size_t kMaxQueued = 4;
+
+  void Loop() {
+    while (true) {
+      std::shared_ptr<const std::string> next;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](Outbox* o) { return o->stop_ || !o->queue_.empty(); }, this));
+        if (stop_ || !failed_.ok()) return;
+        next = std::move(queue_.front());
+        queue_.pop_front();
+        sending_ = true;
+      }
+      absl::Status sent = to_->Send(*next);
+      absl::MutexLock lock(&mu_);
+      sending_ = false;
+      if (!sent.ok()) {
+        failed_ = sent;
+        queue_.clear();
+        return;
+      }
+    }
+  }
+
+  transport::ChunkSender* const to_;
+  absl::Mutex mu_;
+  std::deque<std::shared_ptr<const std::string>> queue_ ABSL_GUARDED_BY(mu_);
+  bool sending_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // last: starts once the rest is ready
+};
+
+}  // namespace
+
 struct ShardGroup::Link {
   int rank = 0;
   pid_t pid = 0;
   std::unique_ptr<transport::ChunkReceiver> replies;
   std::unique_ptr<transport::ChunkSender> commands;
-  int64_t answered = 0;  // id of the last command it replied to
+  std::unique_ptr<Outbox> outbox;  // sends `commands`; destroyed before it
+  int64_t answered = 0;            // id of the last command it replied to
   v1::WorkerStats stats;
+
+  absl::Status Push(const std::shared_ptr<const std::string>& bytes) {
+    absl::Status s = outbox->Push(bytes);
+    if (s.ok()) return s;
+    return absl::Status(
+        s.code(), absl::StrCat("shard worker rank ", rank, ": ", s.message()));
+  }
 };
 
 struct ShardGroup::Session {
@@ -254,6 +349,7 @@ absl::Status ShardGroup::Connect() const {
     }
     KVD_ASSIGN_OR_RETURN(link.commands,
                          session_->ucx->Connect(hello.command_inbox()));
+    link.outbox = std::make_unique<Outbox>(link.commands.get());
   }
 
   // The mesh: rank p sends its partials to the inbox rank q opened for it.
@@ -265,7 +361,8 @@ absl::Status ShardGroup::Connect() const {
     c->add_all_reduce_inboxes(session_->all_reduce->InboxFor(link.rank));
     for (int q = 1; q < options_.degree; ++q)
       c->add_all_reduce_inboxes(hellos[q].all_reduce_inboxes(link.rank));
-    KVD_RETURN_IF_ERROR(link.commands->Send(connect.SerializeAsString()));
+    KVD_RETURN_IF_ERROR(link.Push(
+        std::make_shared<const std::string>(connect.SerializeAsString())));
   }
   session_->last_sent = connect.id();
   std::vector<std::string> mine(options_.degree);
@@ -286,9 +383,12 @@ void ShardGroup::Teardown(bool graceful) const {
     v1::WorkerCommand bye;
     bye.set_id(next_command_++);
     bye.mutable_shutdown();
+    const auto bytes =
+        std::make_shared<const std::string>(bye.SerializeAsString());
     for (Link& link : session_->links) {
-      if (link.commands != nullptr)
-        link.commands->Send(bye.SerializeAsString()).IgnoreError();
+      if (link.outbox == nullptr) continue;
+      if (link.outbox->Push(bytes).ok())
+        link.outbox->Drain(absl::Now() + absl::Seconds(2)).IgnoreError();
     }
   }
   for (Link& link : session_->links) {
@@ -398,13 +498,9 @@ absl::Status ShardGroup::SendAll(v1::WorkerCommand& command) const {
     for (v1::CacheOp& op : journal_) *command.add_cache_ops() = std::move(op);
     journal_.clear();
   }
-  const std::string bytes = command.SerializeAsString();
-  for (Link& link : session_->links) {
-    if (absl::Status s = link.commands->Send(bytes); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("shard worker rank ",
-                                                 link.rank, ": ", s.message()));
-    }
-  }
+  const auto bytes =
+      std::make_shared<const std::string>(command.SerializeAsString());
+  for (Link& link : session_->links) KVD_RETURN_IF_ERROR(link.Push(bytes));
   session_->last_sent = command.id();
   return absl::OkStatus();
 }
@@ -413,6 +509,11 @@ absl::Status ShardGroup::WaitAll() const {
   absl::Status first;
   const absl::Time deadline = absl::Now() + options_.timeout;
   for (Link& link : session_->links) {
+    if (absl::Status s = link.outbox->Drain(deadline); !s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("shard worker rank ", link.rank, " (pid ", link.pid,
+                       ") did not take its commands: ", s.ToString()));
+    }
     while (link.answered < session_->last_sent) {
       std::string chunk;
       absl::StatusOr<bool> got = link.replies->Receive(&chunk, deadline);

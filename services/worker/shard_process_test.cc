@@ -177,11 +177,8 @@ void ExpectShardProcessesMatch(const std::string& model_path,
 
 // A random-weight model with 8 K/V heads: TP 1, 2, 4 and 8 are possible.
 absl::StatusOr<std::string> WriteEightHeadModel() {
-  ops::testing::TinyModelSpec spec;
-  spec.n_heads = 8;
-  spec.n_kv_heads = 8;
-  spec.d_ff = 96;
-  return ops::testing::WriteTinyModel(spec, ::testing::TempDir());
+  return ops::testing::WriteTinyModel(ops::testing::EightKvHeadSpec(),
+                                      ::testing::TempDir());
 }
 
 TEST(ShardProcesses, TinyModelAtTp2And4) {

@@ -78,16 +78,12 @@ class Worker {
         KVD_ASSIGN_OR_RETURN(ops::KvCache * cache, twins_.Find(f.cache()));
         std::vector<float> h;
         KVD_RETURN_IF_ERROR(DecodeResiduals(f.h(), f.n(), d, &h));
-        stats_.set_residual_bytes_received(stats_.residual_bytes_received() +
-                                           f.h().data().size());
         const auto start = Clock::now();
         KVD_RETURN_IF_ERROR(shard_.ForwardLayers(cache, f.position(), f.n(),
                                                  f.first_layer(), f.end_layer(),
                                                  h.data()));
-        stats_.set_rows_recomputed(stats_.rows_recomputed() +
-                                   f.n() * (f.end_layer() - f.first_layer()));
-        stats_.set_recompute_seconds(stats_.recompute_seconds() +
-                                     SecondsSince(start));
+        CountRecompute(f.h().data().size(),
+                       f.n() * (f.end_layer() - f.first_layer()), start);
         return absl::OkStatus();
       }
       case v1::WorkerCommand::kRecompute: {
@@ -95,14 +91,10 @@ class Worker {
         KVD_ASSIGN_OR_RETURN(ops::KvCache * cache, twins_.Find(r.cache()));
         std::vector<float> h;
         KVD_RETURN_IF_ERROR(DecodeResiduals(r.residuals(), r.n(), d, &h));
-        stats_.set_residual_bytes_received(stats_.residual_bytes_received() +
-                                           r.residuals().data().size());
         const auto start = Clock::now();
         KVD_RETURN_IF_ERROR(shard_.RecomputeKvIntoCache(
             r.layer(), h.data(), r.position(), r.n(), cache));
-        stats_.set_rows_recomputed(stats_.rows_recomputed() + r.n());
-        stats_.set_recompute_seconds(stats_.recompute_seconds() +
-                                     SecondsSince(start));
+        CountRecompute(r.residuals().data().size(), r.n(), start);
         return absl::OkStatus();
       }
       case v1::WorkerCommand::kSync:
@@ -112,6 +104,15 @@ class Worker {
         return absl::InvalidArgumentError(absl::StrCat(
             "shard worker: unexpected command ", command.op_case()));
     }
+  }
+
+  // A recompute from `bytes` of residuals that wrote `rows` layer rows.
+  void CountRecompute(size_t bytes, int64_t rows, Clock::time_point start) {
+    stats_.set_residual_bytes_received(stats_.residual_bytes_received() +
+                                       bytes);
+    stats_.set_rows_recomputed(stats_.rows_recomputed() + rows);
+    stats_.set_recompute_seconds(stats_.recompute_seconds() +
+                                 SecondsSince(start));
   }
 
   const ops::Model& shard_;

@@ -37,11 +37,8 @@ std::string KvdBinary() {
 
 // A random-weight model with 8 K/V heads (TP 1, 2, 4 and 8 divide it).
 absl::StatusOr<std::string> EightHeadModel() {
-  ops::testing::TinyModelSpec spec;
-  spec.n_heads = 8;
-  spec.n_kv_heads = 8;
-  spec.d_ff = 96;
-  return ops::testing::WriteTinyModel(spec, ::testing::TempDir());
+  return ops::testing::WriteTinyModel(ops::testing::EightKvHeadSpec(),
+                                      ::testing::TempDir());
 }
 
 struct Fixture {

@@ -141,6 +141,14 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTinyModel(const TinyModelSpec& spec,
   return Model::Load(path, options);
 }
 
+TinyModelSpec EightKvHeadSpec() {
+  TinyModelSpec spec;
+  spec.n_heads = 8;
+  spec.n_kv_heads = 8;
+  spec.d_ff = 96;
+  return spec;
+}
+
 absl::StatusOr<std::vector<float>> LastLogitsPerStep(
     const ModelBackend& m, const std::vector<int32_t>& prompt,
     const std::vector<int32_t>& steps) {

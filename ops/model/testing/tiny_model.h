@@ -42,6 +42,10 @@ struct TinyModelSpec {
 };
 
 // Writes the model to `dir`/tiny-<family>-<seed>.gguf and returns the path.
+// A llama-family tiny model with 8 query and 8 K/V heads (d_ff 96): tensor
+// parallel degrees 1, 2, 4 and 8 all divide it.
+TinyModelSpec EightKvHeadSpec();
+
 absl::StatusOr<std::string> WriteTinyModel(const TinyModelSpec& spec,
                                            const std::string& dir);
 
