@@ -33,6 +33,7 @@ absl::StatusOr<BackendChoice> SelectBackend(BackendRequest request,
   }
   if (why_not.empty() && request == BackendRequest::kAuto &&
       !auto_may_pick_cuda) {
+    choice.detail = "the CUDA backend has not passed its device check yet";
     choice.notice = absl::StrCat(
         "kvd: the CUDA backend has not passed its device check yet "
         "(ops::kCudaAutoSelectVerified), so --backend auto stays on the CPU "
@@ -52,7 +53,11 @@ absl::StatusOr<BackendChoice> SelectBackend(BackendRequest request,
         "; run on a machine with a supported NVIDIA GPU, or pass "
         "--backend auto (falls back to the CPU) or --backend cpu"));
   }
-  choice.notice = absl::StrCat("kvd: ", why_not, "; using the CPU backend");
+  choice.detail = why_not;
+  // No device at all is the ordinary laptop: nothing to tell on every run.
+  if (probe.device_count > 0) {
+    choice.notice = absl::StrCat("kvd: ", why_not, "; using the CPU backend");
+  }
   return choice;
 }
 

@@ -93,14 +93,19 @@ struct TensorParallelRequest {
 struct BackendChoice {
   Backend backend = Backend::kCpu;
   // One line for the user when the choice is not what was asked for or needs
-  // saying ("kvd: no CUDA device (...); using the CPU backend"); empty when
-  // the CPU was asked for explicitly.
+  // saying ("kvd: the CUDA backend cannot run gemma3 ...; using the CPU
+  // backend"); empty when the CPU was asked for explicitly, and when --backend
+  // auto found no CUDA device at all: a laptop without an NVIDIA driver
+  // should not hear about CUDA on every command.
   std::string notice;
+  // Why not CUDA, whenever the CPU was chosen under kAuto or kCuda ("no CUDA
+  // device (cudaGetDeviceCount: ...)"): for --verbose and `kvd bench`.
+  std::string detail;
 };
 
 // kCpu: the CPU, no notice. kAuto: CUDA if probe.device_count > 0,
-// support.can_serve and auto_may_pick_cuda; otherwise the CPU with a notice
-// naming the reason.
+// support.can_serve and auto_may_pick_cuda; otherwise the CPU with the
+// reason in `detail`, and in a notice too unless there is no device at all.
 // kCuda: CUDA under the same conditions; otherwise FAILED_PRECONDITION with
 // the reason and what to do (run on a GPU machine, or pass --backend auto or
 // cpu).

@@ -15,10 +15,12 @@
 #include <string>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/cpu_features.h"
+#include "ops/backend/cuda_probe.h"
 #include "ops/model/model.h"
 #include "tools/kvd/args.h"
 #include "tools/kvd/commands.h"
@@ -139,8 +141,17 @@ absl::Status Run(const Args& args) {
                          ops::ParsePrecision(p));
     precisions.push_back(precision);
   }
-  std::printf("model: %s\nISA: %s\n\n", path.c_str(),
-              kernels::cpu::IsaName(kernels::cpu::ActiveIsa()));
+  // The one place a CPU-only run hears about CUDA (other commands stay
+  // quiet on a machine without a device).
+  const ops::DeviceProbe probe = ops::ProbeCudaDevices();
+  const std::string cuda =
+      probe.device_count > 0
+          ? absl::StrCat(probe.device_count, " device(s), ", probe.device_name)
+          : absl::StrCat("no device (", probe.detail, ")");
+  std::printf(
+      "model: %s\nISA: %s\nCUDA: %s (kvd bench measures the CPU engine)\n\n",
+      path.c_str(), kernels::cpu::IsaName(kernels::cpu::ActiveIsa()),
+      cuda.c_str());
   std::printf(
       "| precision | threads | test | tok/s | RSS MiB | peak RSS MiB |\n");
   std::printf("|---|---|---|---|---|---|\n");
