@@ -60,6 +60,8 @@ SCOPE = [
     "//kernels/cpu:gemm_benchmark",
     "//kernels/cpu:gemm_contract",
     "//kernels/cpu:gemm_test",
+    "//kernels/cpu:machine_ceilings",
+    "//kernels/cpu:machine_ceilings_test",
     "//kernels/cpu:row_parallel_gemm_test",
     "//kernels/cpu:thread_pool",
     "//kernels/cuda:argument_checks_test",

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/machine_ceilings.h"
 #include "ops/backend/cuda_probe.h"
 #include "ops/model/model.h"
 #include "tools/kvd/args.h"
@@ -123,6 +125,17 @@ absl::StatusOr<double> DecodeTokensPerSecond(const ops::Model& m, int64_t batch,
   return Median(rates);
 }
 
+// Parameters of the matrix multiplications one token goes through: the
+// layers' projections, and the output projection if `with_output`.
+double MatmulParams(const ops::ModelConfig& c, bool with_output) {
+  const double hd = static_cast<double>(c.head_dim);
+  const double per_layer =
+      c.d_model * (c.n_heads * hd + 2 * c.n_kv_heads * hd) +
+      c.n_heads * hd * c.d_model + 3.0 * c.d_model * c.d_ff;
+  return c.n_layers * per_layer +
+         (with_output ? static_cast<double>(c.vocab_size) * c.d_model : 0);
+}
+
 absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(std::string path, ResolveModel(args.Get("model")));
   KVD_ASSIGN_OR_RETURN(std::vector<int64_t> threads,
@@ -149,12 +162,24 @@ absl::Status Run(const Args& args) {
           ? absl::StrCat(probe.device_count, " device(s), ", probe.device_name)
           : absl::StrCat("no device (", probe.detail, ")");
   std::printf(
-      "model: %s\nISA: %s\nCUDA: %s (kvd bench measures the CPU engine)\n\n",
+      "model: %s\nISA: %s\nCUDA: %s (kvd bench measures the CPU engine)\n",
       path.c_str(), kernels::cpu::IsaName(kernels::cpu::ActiveIsa()),
       cuda.c_str());
+  // The yardsticks, measured here and now (tables from different machines
+  // are not comparable without them).
+  std::map<int64_t, kernels::cpu::MachineCeilings> ceilings;
+  for (int64_t t : threads) {
+    ceilings[t] = kernels::cpu::MeasureMachineCeilings(static_cast<int>(t));
+    std::printf(
+        "machine: %s; %lld thread(s): fp32 FMA peak %.0f GFLOP/s, memory read "
+        "%.1f GB/s\n",
+        ceilings[t].cpu.c_str(), static_cast<long long>(t),
+        ceilings[t].fma_gflops, ceilings[t].read_gb_per_s);
+  }
   std::printf(
-      "| precision | threads | test | tok/s | RSS MiB | peak RSS MiB |\n");
-  std::printf("|---|---|---|---|---|---|\n");
+      "\n| precision | threads | test | tok/s | of the ceiling | RSS MiB | "
+      "peak RSS MiB |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
   for (ops::Precision precision : precisions) {
     for (int64_t t : threads) {
       ops::LoadOptions opts;
@@ -168,26 +193,43 @@ absl::Status Run(const Args& args) {
             "--prompt-tokens (", pp, ") and --gen-tokens (", tg,
             ") must each fit the model's context of ", context, " tokens"));
       }
-      auto row = [&](const std::string& test, double rate) {
+      auto row = [&](const std::string& test, double rate,
+                     const std::string& share) {
         const auto [rss, hwm] = MemoryMiB();
-        std::printf("| %s | %lld | %s | %.1f | %.0f | %.0f |\n",
+        std::printf("| %s | %lld | %s | %.1f | %s | %.0f | %.0f |\n",
                     ops::PrecisionName(precision), static_cast<long long>(t),
-                    test.c_str(), rate, rss, hwm);
+                    test.c_str(), rate, share.c_str(), rss, hwm);
         std::fflush(stdout);
       };
+      const kernels::cpu::MachineCeilings& ceiling = ceilings[t];
+      // Prefill against the FMA peak (the projections' 2 FLOPs per
+      // parameter; attention not counted); decode against reading every
+      // weight once per step.
       KVD_ASSIGN_OR_RETURN(double pp_rate,
                            PrefillTokensPerSecond(*model, pp, reps));
-      row(absl::StrFormat("pp%d", pp), pp_rate);
+      const double pp_flops = 2 * MatmulParams(model->config(), false);
+      row(absl::StrFormat("pp%d", pp), pp_rate,
+          absl::StrFormat(
+              "%.0f%% of FMA peak",
+              100 * pp_rate * pp_flops / (ceiling.fma_gflops * 1e9)));
+      const double weight_bytes = MatmulParams(model->config(), true) *
+                                  (precision == ops::Precision::kF32 ? 4 : 2);
       for (int64_t b : batches) {
         KVD_ASSIGN_OR_RETURN(double tg_rate,
                              DecodeTokensPerSecond(*model, b, tg, reps));
-        row(absl::StrFormat("tg%d batch %d", tg, b), tg_rate);
+        row(absl::StrFormat("tg%d batch %d", tg, b), tg_rate,
+            absl::StrFormat("%.0f%% of memory read",
+                            100 * tg_rate / b * weight_bytes /
+                                (ceiling.read_gb_per_s * 1e9)));
       }
     }
   }
   std::printf(
       "\npeak RSS is the process high-water mark so far (models are loaded in "
-      "turn).\n");
+      "turn). Of the ceiling: prefill's projection FLOPs (2 per weight per "
+      "token, attention not counted) against the measured FMA peak; decode's "
+      "weight bytes read per step against the measured memory read "
+      "bandwidth.\n");
   return absl::OkStatus();
 }
 
