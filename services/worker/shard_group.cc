@@ -1,6 +1,7 @@
 #include "services/worker/shard_group.h"
 
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -215,7 +216,12 @@ std::string SelfExe() {
 }
 
 // fork + exec, with the arguments laid out before the fork (the child of a
-// threaded process may only make async-signal-safe calls).
+// threaded process may only make async-signal-safe calls). The worker gets
+// no signal blocked (kvd serve blocks SIGINT and SIGTERM to wait for them),
+// none of the leader's files but stdio (its listening sockets), and a
+// process group of its own, so a Ctrl-C meant for the leader does not kill
+// the shards under a turn the leader is still finishing: they exit when
+// told to, or when their leader is gone.
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv) {
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.data()));
@@ -226,6 +232,13 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv) {
         absl::StrCat("fork for a shard worker: ", std::strerror(errno)));
   }
   if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    setpgid(0, 0);
+    if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0) {
+      for (int fd = 3; fd < 4096; ++fd) close(fd);
+    }
     execv(args[0], args.data());
     _exit(127);
   }
@@ -288,7 +301,10 @@ ShardGroup::~ShardGroup() {
 }
 
 absl::Status ShardGroup::Connect() const {
-  auto session = std::make_unique<Session>();
+  // Held from the start: Teardown kills whatever was spawned if a later
+  // step fails.
+  session_ = std::make_unique<Session>();
+  Session* session = session_.get();
   transport::UcxOptions uo;
   uo.tls = options_.transport_tls;
   uo.send_timeout = options_.timeout;
@@ -306,18 +322,18 @@ absl::Status ShardGroup::Connect() const {
     link.rank = rank;
     KVD_ASSIGN_OR_RETURN(link.replies,
                          session->ucx->Listen({.max_chunk_bytes = 1 << 20}));
+    session->links.push_back(std::move(link));
+    Link& added = session->links.back();
     KVD_ASSIGN_OR_RETURN(
-        link.pid,
+        added.pid,
         Spawn({binary, "worker", "--leader",
-               absl::BytesToHexString(link.replies->address()), "--rank",
+               absl::BytesToHexString(added.replies->address()), "--rank",
                std::to_string(rank), "--tensor-parallel-size",
                std::to_string(options_.degree), "--model", options_.model_path,
                "--precision", ops::PrecisionName(shard0_->precision()),
                "--threads", threads, "--timeout-s", timeout, "--transport-tls",
                options_.transport_tls}));
-    session->links.push_back(std::move(link));
   }
-  session_ = std::move(session);  // Teardown kills them from here on
 
   // Each worker says hello once its model is loaded.
   std::vector<v1::WorkerHello> hellos(options_.degree);
