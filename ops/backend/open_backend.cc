@@ -108,8 +108,9 @@ absl::StatusOr<OpenedBackend> OpenBackend(BackendRequest request,
   if (tp.degree > 1 && effective == BackendRequest::kCpu) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--tensor-parallel-size ", tp.degree,
-        " --backend cpu runs its shards as worker processes, which a node "
-        "starts itself (services/worker/shard_group.h), not OpenBackend"));
+        " --backend cpu runs its shards as worker processes, which only a "
+        "node starts ('kvd serve', 'kvd chat'); drop --tensor-parallel-size "
+        "here"));
   }
   if (tp.degree > 1) return OpenTensorParallel(model, tp);
   request = effective;
