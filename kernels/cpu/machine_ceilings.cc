@@ -132,12 +132,12 @@ MachineCeilings MeasureMachineCeilings(int threads) {
     }
     iters *= 4;
   }
-  double flops = 0, best = 0;
+  double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     std::vector<double> done(threads);
     const double s = RunTogether(
         threads, [&](int t) { done[t] = Fma(iters, &sinks[t * 16]); });
-    flops = 0;
+    double flops = 0;
     for (double d : done) flops += d;
     best = std::max(best, flops / s);
   }

@@ -551,7 +551,12 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
   {
     absl::MutexLock lock(&mu_);
     auto it = hot_.find(key);
-    if (it != hot_.end()) {
+    if (it != hot_.end() && !model_.CacheIntact(it->second->cache)) {
+      // The backend lost this session's K/V (a tensor-parallel shard worker
+      // restarted): resume it from its checkpoint, as if it were demoted.
+      hot_.erase(it);
+      lru_.remove(key);
+    } else if (it != hot_.end()) {
       result->path = StatePath::kHot;
       std::shared_ptr<Active> active = it->second;
       // Under the lock that found it: DemoteOneIdle (scheduler thread) must
@@ -560,15 +565,6 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
       stats_.restores_by_path[StatePathName(StatePath::kHot)]++;
       hot = std::move(active);
     }
-  }
-  if (hot != nullptr && !model_.CacheIntact(hot->cache)) {
-    // The backend lost this session's K/V (a tensor-parallel shard worker
-    // restarted): resume it from its checkpoint, as if it had been demoted.
-    SetInTurn(*hot, false);
-    Drop(key);
-    hot = nullptr;
-    absl::MutexLock lock(&mu_);
-    stats_.restores_by_path[StatePathName(StatePath::kHot)]--;
   }
   if (hot != nullptr) {
     // Hot state is trusted only while the stored manifest is the one it was

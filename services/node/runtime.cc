@@ -46,7 +46,6 @@ absl::Status NodeRuntime::StartShardGroup(const NodeOptions& options) {
   so.model_path = options.model_path;
   so.degree = options.tensor_parallel.degree;
   so.threads_per_shard = options.num_threads;
-  so.worker_binary = options.worker_binary;
   KVD_ASSIGN_OR_RETURN(std::unique_ptr<worker::ShardGroup> group,
                        worker::ShardGroup::Start(*model_, so));
   std::string pids;

@@ -53,8 +53,6 @@ struct NodeOptions {
   // simulated on one; with backend kCpu, this process as shard 0 and
   // degree - 1 `kvd worker` processes, services/worker/shard_group.h).
   ops::TensorParallelRequest tensor_parallel;
-  // The kvd binary CPU shard workers run; empty: this process's own.
-  std::string worker_binary;
   // Return memory malloc keeps free to the kernel every few seconds
   // (memory_trimmer.h), so resident memory tracks the budgets above.
   bool trim_free_memory = true;

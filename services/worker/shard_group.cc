@@ -53,23 +53,29 @@ class ShardGroup::Twin final : public ops::KvCacheMirror {
 
   const ShardGroup* group() const { return group_; }
 
+  // Whether the workers still hold this cache's rows: its twin is alive, or
+  // it holds none (a new twin is then exact).
   bool Intact(const ops::KvCache& cache) const {
     absl::MutexLock lock(&group_->journal_mu_);
-    return generation_ == group_->generation_ ||
-           (cache.length() == 0 && cache.blocks_held() == 0);
+    return IntactLocked(cache);
   }
 
   // The twin's id, making a new twin for an empty cache whose old one died;
   // nullopt if it died holding rows.
   std::optional<uint64_t> Current(const ops::KvCache& cache) {
     absl::MutexLock lock(&group_->journal_mu_);
-    if (generation_ == group_->generation_) return id_;
-    if (cache.length() != 0 || cache.blocks_held() != 0) return std::nullopt;
-    ReviveLocked();
+    if (!IntactLocked(cache)) return std::nullopt;
+    if (generation_ != group_->generation_) ReviveLocked();
     return id_;
   }
 
  private:
+  bool IntactLocked(const ops::KvCache& cache) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(group_->journal_mu_) {
+    return generation_ == group_->generation_ ||
+           (cache.length() == 0 && cache.blocks_held() == 0);
+  }
+
   void ReviveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(group_->journal_mu_) {
     id_ = group_->NewTwinLocked(block_rows_, keep_past_windows_, &generation_);
   }
@@ -432,7 +438,6 @@ absl::Status ShardGroup::Fail(const absl::Status& why) const {
     journal_.clear();
     generation_++;  // every twin died with its worker
   }
-  failed_ = why;
   return absl::UnavailableError(
       absl::StrCat("tensor-parallel shard group failed (", why.message(),
                    "); its workers are being restarted: retry the request"));
@@ -590,11 +595,18 @@ absl::Status ShardGroup::RunForward(absl::Span<const ops::SequenceStep> batch,
   // is a shard's, and fails the group.
   KVD_RETURN_IF_ERROR(
       ops::PrepareStepCaches(shard0_->config(), precision(), batch).status());
+  return Lockstep(command,
+                  [&] { return shard0_->Forward(batch, out, observer); });
+}
+
+absl::Status ShardGroup::Lockstep(
+    v1::WorkerCommand& command,
+    const std::function<absl::Status()>& local) const {
   if (absl::Status s = SendAll(command); !s.ok()) return Fail(s);
-  const absl::Status local = shard0_->Forward(batch, out, observer);
+  const absl::Status mine = local();
   const absl::Status remote = WaitAll();
   if (!remote.ok()) return Fail(remote);
-  if (!local.ok()) return Fail(local);
+  if (!mine.ok()) return Fail(mine);
   return absl::OkStatus();
 }
 
@@ -619,13 +631,10 @@ absl::Status ShardGroup::RunForwardLayers(ops::KvCache* cache, int64_t position,
   f->set_first_layer(first_layer);
   f->set_end_layer(end_layer);
   EncodeResiduals(h, n, config_.d_model, f->mutable_h());
-  if (absl::Status s = SendAll(command); !s.ok()) return Fail(s);
-  const absl::Status local = shard0_->ForwardLayers(
-      cache, position, n, first_layer, end_layer, h, observer, sequence_id);
-  const absl::Status remote = WaitAll();
-  if (!remote.ok()) return Fail(remote);
-  if (!local.ok()) return Fail(local);
-  return absl::OkStatus();
+  return Lockstep(command, [&] {
+    return shard0_->ForwardLayers(cache, position, n, first_layer, end_layer, h,
+                                  observer, sequence_id);
+  });
 }
 
 absl::Status ShardGroup::RecomputeKvIntoCache(int64_t layer,

@@ -41,6 +41,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -115,8 +116,6 @@ class ShardGroup final : public ops::ModelBackend {
   // How many times the workers were started again after a failure.
   int64_t restarts() const;
 
-  class Twin;  // a cache's KvCacheMirror (in the .cc)
-
  protected:
   absl::Status RunForward(absl::Span<const ops::SequenceStep> batch,
                           ops::ForwardOutput* out,
@@ -129,6 +128,7 @@ class ShardGroup final : public ops::ModelBackend {
                                 int64_t sequence_id) const override;
 
  private:
+  class Twin;      // a cache's KvCacheMirror
   struct Link;     // one worker's process and streams
   struct Session;  // the transport, the collective and the links
   class Reducer;   // shard 0's ShardReducer: the current session's
@@ -152,6 +152,11 @@ class ShardGroup final : public ops::ModelBackend {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every worker's replies up to the last command sent; the first error.
   absl::Status WaitAll() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A step every shard runs together: `command` to the workers, `local` on
+  // shard 0, then the workers' replies; any failure fails the group.
+  absl::Status Lockstep(v1::WorkerCommand& command,
+                        const std::function<absl::Status()>& local) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Twins: the journal of cache calls not yet sent, and the generation
   // (bumped when the workers die; a twin of an older one is gone).
@@ -171,7 +176,6 @@ class ShardGroup final : public ops::ModelBackend {
 
   mutable absl::Mutex mu_;
   mutable std::unique_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
-  mutable absl::Status failed_ ABSL_GUARDED_BY(mu_);
   // What workers() and restarts() report, apart from mu_ so that a metrics
   // scrape does not wait for a step.
   void PublishWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

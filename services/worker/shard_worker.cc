@@ -121,10 +121,6 @@ class Worker {
   absl::Status failed_;
 };
 
-absl::Status Send(transport::ChunkSender& to, const v1::WorkerReply& reply) {
-  return to.Send(reply.SerializeAsString());
-}
-
 }  // namespace
 
 absl::Status RunShardWorker(const ShardWorkerOptions& options) {
@@ -211,7 +207,7 @@ absl::Status RunShardWorker(const ShardWorkerOptions& options) {
     } else {
       worker.Run(command, &reply);
     }
-    KVD_RETURN_IF_ERROR(Send(*replies, reply));
+    KVD_RETURN_IF_ERROR(replies->Send(reply.SerializeAsString()));
     // No Close: it would wait for a leader that is no longer reading.
     if (command.has_shutdown()) return absl::OkStatus();
   }
