@@ -137,8 +137,9 @@ class ForwardingService final : public v1::Sessions::Service {
       }
       routing_->placement().Started(call.target.node.id);
       bool relayed = false;
-      grpc::Status s = Relay(call.stub->Generate(call.up.get(), *request), ctx,
-                             writer, call, &relayed);
+      grpc::Status s =
+          RelayGenerate(call.stub->Generate(call.up.get(), *request), ctx,
+                        writer, call, &relayed);
       routing_->placement().Finished(call.target.node.id);
       const std::string not_run =
           s.ok() || relayed ? "" : Trailer(*call.up, node::kRetryHeader);
@@ -241,21 +242,60 @@ class ForwardingService final : public v1::Sessions::Service {
 
   // Passes a node's response stream on; a client that leaves cancels the
   // node's call too.
-  // `relayed` (optional): set when a message went on to the caller.
   template <typename Response>
   static grpc::Status Relay(
       std::unique_ptr<grpc::ClientReader<Response>> reader,
       grpc::ServerContext* ctx, grpc::ServerWriter<Response>* writer,
-      const Call& call, bool* relayed = nullptr) {
+      const Call& call) {
     Response r;
     while (reader->Read(&r)) {
-      if (relayed != nullptr) *relayed = true;
       if (ctx->IsCancelled() || !writer->Write(r)) {
         call.up->TryCancel();
         break;
       }
     }
     return reader->Finish();
+  }
+
+  // Relay for Generate: the node's `started` message is held back until
+  // something follows it, because a node may still refuse the turn after
+  // it without running anything (the session moved between its owner check
+  // and the turn's claim; the kvd-retry trailer says so). Such a call has
+  // relayed nothing and can be resent; the client sees one `started`, from
+  // the node that runs its turn. `relayed`: set once a message went on to
+  // the caller.
+  static grpc::Status RelayGenerate(
+      std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader,
+      grpc::ServerContext* ctx,
+      grpc::ServerWriter<v1::GenerateResponse>* writer, const Call& call,
+      bool* relayed) {
+    std::optional<v1::GenerateResponse> held;
+    v1::GenerateResponse r;
+    auto forward = [&](const v1::GenerateResponse& m) {
+      *relayed = true;
+      if (ctx->IsCancelled() || !writer->Write(m)) {
+        call.up->TryCancel();
+        return false;
+      }
+      return true;
+    };
+    bool open = true;
+    while (open && reader->Read(&r)) {
+      if (!*relayed && !held.has_value() && r.has_started()) {
+        held = r;
+        continue;
+      }
+      if (held.has_value()) {
+        open = forward(*held);
+        held.reset();
+      }
+      if (open) open = forward(r);
+    }
+    grpc::Status s = reader->Finish();
+    const bool resendable =
+        !s.ok() && !Trailer(*call.up, node::kRetryHeader).empty();
+    if (held.has_value() && !resendable) forward(*held);
+    return s;
   }
 
   // A trailing metadata value of a finished call ("" if absent).
