@@ -1,5 +1,6 @@
 // kvd: stateful LLM inference over residual-stream checkpoints. Entry point of
 // the CLI.
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -34,6 +35,11 @@ constexpr char kUsage[] =
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A peer that vanishes mid-write (a node killed while the router forwards
+  // to it over TLS, a client that hangs up) must cost one request an EPIPE,
+  // not the whole process a SIGPIPE: OpenSSL and cpp-httplib write to
+  // sockets without MSG_NOSIGNAL. chaos_test once lost its router so.
+  std::signal(SIGPIPE, SIG_IGN);
   if (argc < 2 || !std::strcmp(argv[1], "--help") ||
       !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
