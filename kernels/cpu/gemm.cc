@@ -10,7 +10,25 @@ namespace {
 
 using RangeFn = void (*)(const internal::GemmArgs&, int64_t, int64_t);
 
+// GGML blocks: the vector paths take every type and shape the loader keeps
+// (gemm_blocks.h); anything else falls back to the scalar reference.
+template <bool (*Vector)(const internal::GemmArgs&, int64_t, int64_t)>
+void BlocksOrScalar(const internal::GemmArgs& a, int64_t begin, int64_t end) {
+  if (!Vector(a, begin, end)) internal::GemmBlocksScalar(a, begin, end);
+}
+
 RangeFn Pick(WeightType type, int64_t m) {
+  if (type == WeightType::kGgmlBlocks) {
+    switch (ActiveIsa()) {
+      case Isa::kAvx512:
+        return BlocksOrScalar<internal::GemmBlocksAvx512>;
+      case Isa::kAvx2:
+        return BlocksOrScalar<internal::GemmBlocksAvx2>;
+      case Isa::kScalar:
+        break;
+    }
+    return internal::GemmBlocksScalar;
+  }
   const bool bf16 = type == WeightType::kBf16;
   switch (ActiveIsa()) {
     case Isa::kAvx512:
@@ -43,8 +61,13 @@ void GroupedGemm(const float* x, int64_t m, int64_t ldx, const WeightView& w,
                  int64_t groups, float* y, int64_t ldy, ThreadPool* pool) {
   assert(groups >= 1 && w.cols % groups == 0);
   if (m <= 0 || w.rows <= 0) return;
-  const internal::GemmArgs args{x,      m, ldx, w.data, w.stride(),
-                                w.cols, y, ldy, groups};
+  const bool blocks = w.type == WeightType::kGgmlBlocks;
+  assert(!blocks ||
+         (IsGemmBlockType(w.blocks) && w.cols % BlockSize(w.blocks) == 0 &&
+          w.stride() % BlockSize(w.blocks) == 0));
+  const internal::GemmArgs args{
+      x,      m, ldx, w.data, blocks ? w.row_stride_bytes() : w.stride(),
+      w.cols, y, ldy, groups, w.blocks};
   const RangeFn fn = Pick(w.type, m);
   if (pool == nullptr || pool->num_threads() == 1 ||
       m * w.rows * w.cols < kMinParallelWork) {
@@ -54,6 +77,35 @@ void GroupedGemm(const float* x, int64_t m, int64_t ldx, const WeightView& w,
   pool->ParallelFor(
       w.rows, [&](int64_t begin, int64_t end) { fn(args, begin, end); },
       /*align=*/8);
+}
+
+int64_t WeightView::row_stride_bytes() const {
+  switch (type) {
+    case WeightType::kF32:
+      return stride() * 4;
+    case WeightType::kBf16:
+      return stride() * 2;
+    case WeightType::kGgmlBlocks:
+      break;
+  }
+  return stride() / BlockSize(blocks) * BlockBytes(blocks);
+}
+
+bool IsGemmBlockType(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+    case GgmlType::kF16:
+      return true;
+    default:
+      return false;
+  }
 }
 
 float Dot(const float* a, const float* b, int64_t n) {

@@ -1,11 +1,14 @@
 // Throughput of the canonical GEMM at decode (m = 1) and prefill (m = 512)
 // shapes of SmolLM2-135M's projections.
 //   bazel run -c opt //kernels/cpu:gemm_benchmark
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "benchmark/benchmark.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/quant/ggml_type.h"
+#include "kernels/quant/half.h"
 
 namespace kvd::kernels::cpu {
 namespace {
@@ -44,6 +47,49 @@ BENCHMARK(BM_Gemm)
     ->Args({512, 1536, 576, 2, 0})
     ->Args({512, 1536, 576, 1, 1})
     ->Args({512, 576, 1536, 2, 0})
+    ->UseRealTime();
+
+// Weights kept as GGML blocks (the fp32 mode's default for quantized files):
+// random blocks with small finite scales.
+void BM_GemmBlocks(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const int threads = static_cast<int>(state.range(3));
+  const auto type = static_cast<GgmlType>(state.range(4));
+  std::mt19937 rng(1);
+  std::vector<uint8_t> w(n * k / BlockSize(type) * BlockBytes(type));
+  for (uint8_t& b : w) b = static_cast<uint8_t>(rng());
+  const uint16_t scale = Fp32ToFp16(0.01f);
+  for (size_t i = 0; i < w.size(); i += BlockBytes(type)) {
+    const size_t at = type == GgmlType::kQ6_K ? i + 208 : i;
+    std::memcpy(&w[at], &scale, 2);
+    if (type == GgmlType::kQ4_1 || type == GgmlType::kQ4_K)
+      std::memcpy(&w[at + 2], &scale, 2);
+  }
+  std::vector<float> x(m * k, 0.5f), y(m * n);
+  ThreadPool pool(threads);
+  const WeightView wv{WeightType::kGgmlBlocks, w.data(), n, k, 0, type};
+  for (auto _ : state) {
+    Gemm(x.data(), m, k, wv, y.data(), n, &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(
+      static_cast<double>(w.size()) * state.iterations(),
+      benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * m * n * k * state.iterations(), benchmark::Counter::kIsRate,
+      benchmark::Counter::kIs1000);
+}
+// Args: m, n, k, threads, GGML type id (3 = Q4_1, 8 = Q8_0, 12 = Q4_K,
+// 14 = Q6_K). SmolLM2's MLP and output head at decode and prefill.
+BENCHMARK(BM_GemmBlocks)
+    ->ArgNames({"m", "n", "k", "threads", "type"})
+    ->Args({1, 1536, 576, 1, 3})
+    ->Args({1, 576, 1536, 1, 3})
+    ->Args({1, 49152, 576, 1, 8})
+    ->Args({1, 1536, 1024, 1, 12})
+    ->Args({1, 1536, 1024, 1, 14})
+    ->Args({4, 1536, 576, 1, 3})
+    ->Args({512, 1536, 576, 1, 3})
     ->UseRealTime();
 
 }  // namespace

@@ -3,11 +3,6 @@
 #include <cassert>
 
 namespace kvd::kernels::cpu {
-namespace {
-
-int64_t ElementBytes(WeightType t) { return t == WeightType::kF32 ? 4 : 2; }
-
-}  // namespace
 
 void GroupPartial(const float* x, int64_t m, int64_t ldx, const WeightView& w,
                   int64_t groups, int64_t g, float* p, int64_t ldp,
@@ -16,7 +11,15 @@ void GroupPartial(const float* x, int64_t m, int64_t ldx, const WeightView& w,
   const int64_t slice = w.cols / groups;
   const int64_t k0 = g * slice;
   WeightView part = w;
-  part.data = static_cast<const char*>(w.data) + k0 * ElementBytes(w.type);
+  // Blocks: k0 must start a block (GroupedGemm takes any slicing).
+  const int64_t per =
+      w.type == WeightType::kGgmlBlocks ? BlockSize(w.blocks) : 1;
+  assert(k0 % per == 0);
+  part.data = static_cast<const char*>(w.data) +
+              k0 / per *
+                  (w.type == WeightType::kGgmlBlocks ? BlockBytes(w.blocks)
+                   : w.type == WeightType::kF32      ? 4
+                                                     : 2);
   part.cols = slice;
   part.ld = w.stride();
   Gemm(x + k0, m, ldx, part, p, ldp, pool);

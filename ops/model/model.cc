@@ -76,9 +76,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
   }
   m->precision_ = options.precision;
   m->pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
-  KVD_ASSIGN_OR_RETURN(m->weights_,
-                       LoadWeights(*m->file_, m->config_, options.precision,
-                                   m->pool_.get(), options.progress));
+  KVD_ASSIGN_OR_RETURN(
+      m->weights_,
+      LoadWeights(*m->file_, m->config_, options.precision, options.weights,
+                  m->pool_.get(), options.progress));
   return m;
 }
 

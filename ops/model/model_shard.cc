@@ -11,14 +11,12 @@
 namespace kvd::ops {
 namespace {
 
-// Rows [r0, r1) and columns [c0, c1) of `m` as their own matrix, in `m`'s
-// storage type (bf16 values go through fp32 and back unchanged).
+// Rows [r0, r1) and columns [c0, c1) of `m` as their own matrix: bf16 in the
+// bf16 mode (values go through fp32 and back unchanged), fp32 in the fp32
+// mode (a shard's slice of blocks is dequantized; same values).
 absl::StatusOr<Matrix> Slice(const Matrix& m, int64_t r0, int64_t r1,
-                             int64_t c0, int64_t c1,
+                             int64_t c0, int64_t c1, Precision stored,
                              kernels::cpu::ThreadPool* pool) {
-  const Precision stored = m.view().type == kernels::cpu::WeightType::kF32
-                               ? Precision::kF32
-                               : Precision::kBf16;
   return Matrix::FromRows(
       r1 - r0, c1 - c0, stored, pool, [&](int64_t r, float* dst) {
         std::vector<float> row(m.cols());
@@ -79,10 +77,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::ShardOf(const Model& full,
   for (const LayerWeights& fl : fw.layers) {
     LayerWeights l;
     l.attn_norm = fl.attn_norm;
-    KVD_ASSIGN_OR_RETURN(l.wq, Slice(fl.wq, q0, q1, 0, d, pool));
-    KVD_ASSIGN_OR_RETURN(l.wk, Slice(fl.wk, k0, k1, 0, d, pool));
-    KVD_ASSIGN_OR_RETURN(l.wv, Slice(fl.wv, k0, k1, 0, d, pool));
-    KVD_ASSIGN_OR_RETURN(l.wo, Slice(fl.wo, 0, d, q0, q1, pool));
+    KVD_ASSIGN_OR_RETURN(l.wq,
+                         Slice(fl.wq, q0, q1, 0, d, full.precision_, pool));
+    KVD_ASSIGN_OR_RETURN(l.wk,
+                         Slice(fl.wk, k0, k1, 0, d, full.precision_, pool));
+    KVD_ASSIGN_OR_RETURN(l.wv,
+                         Slice(fl.wv, k0, k1, 0, d, full.precision_, pool));
+    KVD_ASSIGN_OR_RETURN(l.wo,
+                         Slice(fl.wo, 0, d, q0, q1, full.precision_, pool));
     l.bq = SliceVector(fl.bq, q0, q1);
     l.bk = SliceVector(fl.bk, k0, k1);
     l.bv = SliceVector(fl.bv, k0, k1);
@@ -90,9 +92,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::ShardOf(const Model& full,
     l.k_norm = fl.k_norm;
     l.post_attn_norm = fl.post_attn_norm;
     l.ffn_norm = fl.ffn_norm;
-    KVD_ASSIGN_OR_RETURN(l.w_gate, Slice(fl.w_gate, f0, f1, 0, d, pool));
-    KVD_ASSIGN_OR_RETURN(l.w_up, Slice(fl.w_up, f0, f1, 0, d, pool));
-    KVD_ASSIGN_OR_RETURN(l.w_down, Slice(fl.w_down, 0, d, f0, f1, pool));
+    KVD_ASSIGN_OR_RETURN(l.w_gate,
+                         Slice(fl.w_gate, f0, f1, 0, d, full.precision_, pool));
+    KVD_ASSIGN_OR_RETURN(l.w_up,
+                         Slice(fl.w_up, f0, f1, 0, d, full.precision_, pool));
+    KVD_ASSIGN_OR_RETURN(l.w_down,
+                         Slice(fl.w_down, 0, d, f0, f1, full.precision_, pool));
     l.post_ffn_norm = fl.post_ffn_norm;
     w.layers.push_back(std::move(l));
   }

@@ -42,19 +42,29 @@ absl::StatusOr<const GgufTensor*> CheckedTensor(const GgufFile& file,
 }  // namespace
 
 kernels::cpu::WeightView Matrix::view() const {
-  return kernels::cpu::WeightView{type_,
-                                  type_ == WeightType::kF32
-                                      ? static_cast<const void*>(f32_.data())
-                                      : bf16_.data(),
-                                  rows_, cols_, cols_};
+  const void* data =
+      type_ == WeightType::kF32    ? static_cast<const void*>(f32_.data())
+      : type_ == WeightType::kBf16 ? static_cast<const void*>(bf16_.data())
+                                   : blocks_.data();
+  return kernels::cpu::WeightView{type_, data,  rows_,
+                                  cols_, cols_, block_type_};
 }
 
 void Matrix::RowToFloat(int64_t r, float* out) const {
-  if (type_ == WeightType::kF32) {
-    std::memcpy(out, f32_.data() + r * cols_, cols_ * sizeof(float));
-  } else {
-    kernels::cpu::Bf16ToFloat(bf16_.data() + r * cols_, out, cols_);
+  switch (type_) {
+    case WeightType::kF32:
+      std::memcpy(out, f32_.data() + r * cols_, cols_ * sizeof(float));
+      return;
+    case WeightType::kBf16:
+      kernels::cpu::Bf16ToFloat(bf16_.data() + r * cols_, out, cols_);
+      return;
+    case WeightType::kGgmlBlocks:
+      break;
   }
+  const int64_t row_bytes = view().row_stride_bytes();
+  // The shape was checked when the blocks were kept (FromGguf).
+  (void)kernels::DequantizeRow(block_type_, blocks_.data() + r * row_bytes,
+                               row_bytes, out, cols_);
 }
 
 absl::StatusOr<Matrix> Matrix::FromRows(
@@ -100,10 +110,31 @@ absl::StatusOr<Matrix> Matrix::FromRows(
 absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
                                         const std::string& name, int64_t rows,
                                         int64_t cols, Precision precision,
-                                        kernels::cpu::ThreadPool* pool) {
+                                        kernels::cpu::ThreadPool* pool,
+                                        WeightStorage storage) {
   KVD_ASSIGN_OR_RETURN(const GgufTensor* t,
                        CheckedTensor(file, name, rows, cols));
   const uint64_t row_bytes = t->row_bytes();
+  const bool blocks = kernels::cpu::IsGemmBlockType(t->type) &&
+                      cols % kernels::BlockSize(t->type) == 0;
+  if (precision == Precision::kF32 && storage == WeightStorage::kAsStored &&
+      (blocks || t->type == kernels::GgmlType::kBF16)) {
+    // Kept as the file stores it; the GEMM's products are those of the fp32
+    // dequantization (bf16 widens exactly).
+    Matrix m;
+    m.rows_ = rows;
+    m.cols_ = cols;
+    if (blocks) {
+      m.type_ = WeightType::kGgmlBlocks;
+      m.block_type_ = t->type;
+      m.blocks_.assign(t->data, t->data + rows * row_bytes);
+    } else {
+      m.type_ = WeightType::kBf16;
+      m.bf16_.resize(rows * cols);
+      std::memcpy(m.bf16_.data(), t->data, rows * row_bytes);
+    }
+    return m;
+  }
   return FromRows(
       rows, cols, precision, pool, [&](int64_t r, float* dst) -> absl::Status {
         absl::Status s = kernels::DequantizeRow(
@@ -139,7 +170,7 @@ size_t ModelWeights::size_bytes() const {
 
 absl::StatusOr<ModelWeights> LoadWeights(
     const GgufFile& file, const ModelConfig& c, Precision precision,
-    kernels::cpu::ThreadPool* pool,
+    WeightStorage storage, kernels::cpu::ThreadPool* pool,
     const std::function<void(int, int)>& progress) {
   ModelWeights w;
   const int total = static_cast<int>(c.n_layers) + 2;
@@ -149,13 +180,13 @@ absl::StatusOr<ModelWeights> LoadWeights(
   };
   KVD_ASSIGN_OR_RETURN(w.token_embedding,
                        Matrix::FromGguf(file, "token_embd.weight", c.vocab_size,
-                                        c.d_model, precision, pool));
+                                        c.d_model, precision, pool, storage));
   KVD_ASSIGN_OR_RETURN(w.output_norm,
                        VectorFromGguf(file, "output_norm.weight", c.d_model));
   if (file.FindTensor("output.weight") != nullptr) {
     KVD_ASSIGN_OR_RETURN(w.output,
                          Matrix::FromGguf(file, "output.weight", c.vocab_size,
-                                          c.d_model, precision, pool));
+                                          c.d_model, precision, pool, storage));
   }
   step();
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -165,16 +196,16 @@ absl::StatusOr<ModelWeights> LoadWeights(
         lw.attn_norm, VectorFromGguf(file, p + "attn_norm.weight", c.d_model));
     KVD_ASSIGN_OR_RETURN(
         lw.wq, Matrix::FromGguf(file, p + "attn_q.weight", c.q_dim(), c.d_model,
-                                precision, pool));
+                                precision, pool, storage));
     KVD_ASSIGN_OR_RETURN(lw.wk,
                          Matrix::FromGguf(file, p + "attn_k.weight", c.kv_dim(),
-                                          c.d_model, precision, pool));
+                                          c.d_model, precision, pool, storage));
     KVD_ASSIGN_OR_RETURN(lw.wv,
                          Matrix::FromGguf(file, p + "attn_v.weight", c.kv_dim(),
-                                          c.d_model, precision, pool));
+                                          c.d_model, precision, pool, storage));
     KVD_ASSIGN_OR_RETURN(
         lw.wo, Matrix::FromGguf(file, p + "attn_output.weight", c.d_model,
-                                c.q_dim(), precision, pool));
+                                c.q_dim(), precision, pool, storage));
     if (c.qkv_bias) {
       KVD_ASSIGN_OR_RETURN(lw.bq,
                            VectorFromGguf(file, p + "attn_q.bias", c.q_dim()));
@@ -200,13 +231,13 @@ absl::StatusOr<ModelWeights> LoadWeights(
         lw.ffn_norm, VectorFromGguf(file, p + "ffn_norm.weight", c.d_model));
     KVD_ASSIGN_OR_RETURN(lw.w_gate,
                          Matrix::FromGguf(file, p + "ffn_gate.weight", c.d_ff,
-                                          c.d_model, precision, pool));
+                                          c.d_model, precision, pool, storage));
     KVD_ASSIGN_OR_RETURN(
         lw.w_up, Matrix::FromGguf(file, p + "ffn_up.weight", c.d_ff, c.d_model,
-                                  precision, pool));
+                                  precision, pool, storage));
     KVD_ASSIGN_OR_RETURN(
         lw.w_down, Matrix::FromGguf(file, p + "ffn_down.weight", c.d_model,
-                                    c.d_ff, precision, pool));
+                                    c.d_ff, precision, pool, storage));
     if (c.post_ffn_norm) {
       KVD_ASSIGN_OR_RETURN(
           lw.post_ffn_norm,

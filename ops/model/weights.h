@@ -1,9 +1,13 @@
-// Model weights held in memory in the precision mode's dtype.
+// Model weights held in memory.
 //
-// Quantized GGUF tensors are dequantized once at load time: to fp32 in the fp32
-// mode, to bf16 (round-to-nearest-even from the exact fp32 dequantization) in
-// the bf16 mode. Norm weights and biases are always fp32. Thread-safety:
-// immutable after loading.
+// In the bf16 mode every matrix is bf16 (round-to-nearest-even from the exact
+// fp32 dequantization of the file's tensor). In the fp32 mode a matrix stays
+// as the file stores it (GGML blocks, bf16, fp16, fp32) when the GEMM can
+// take that type (kernels/cpu/gemm.h): the GEMM dequantizes it into registers
+// by the loader's own formulas, so the bits equal those of weights
+// dequantized to fp32 at load (WeightStorage::kDequantized, kept for
+// comparison), with 3.5-7x fewer bytes to hold and stream. Norm weights and
+// biases are always fp32. Thread-safety: immutable after loading.
 #ifndef KVD_OPS_MODEL_WEIGHTS_H_
 #define KVD_OPS_MODEL_WEIGHTS_H_
 
@@ -20,7 +24,13 @@
 
 namespace kvd::ops {
 
-// A rows x cols matrix (rows = output features) in fp32 or bf16.
+// How the fp32 mode holds the file's matrices (the bf16 mode always converts).
+enum class WeightStorage {
+  kAsStored,     // the file's blocks, dequantized inside the GEMM
+  kDequantized,  // fp32 copies made at load
+};
+
+// A rows x cols matrix (rows = output features) in fp32, bf16 or GGML blocks.
 class Matrix {
  public:
   Matrix() = default;
@@ -30,14 +40,16 @@ class Matrix {
   kernels::cpu::WeightView view() const;
   // Copies row r as fp32 (the embedding lookup).
   void RowToFloat(int64_t r, float* out) const;
-  size_t size_bytes() const { return f32_.size() * 4 + bf16_.size() * 2; }
+  size_t size_bytes() const {
+    return f32_.size() * 4 + bf16_.size() * 2 + blocks_.size();
+  }
 
-  // Dequantizes GGUF tensor `name`, which must have `cols` values per row and
-  // `rows` rows.
-  static absl::StatusOr<Matrix> FromGguf(const GgufFile& file,
-                                         const std::string& name, int64_t rows,
-                                         int64_t cols, Precision precision,
-                                         kernels::cpu::ThreadPool* pool);
+  // GGUF tensor `name`, which must have `cols` values per row and `rows` rows,
+  // held per `precision` and `storage` (see the file comment).
+  static absl::StatusOr<Matrix> FromGguf(
+      const GgufFile& file, const std::string& name, int64_t rows, int64_t cols,
+      Precision precision, kernels::cpu::ThreadPool* pool,
+      WeightStorage storage = WeightStorage::kDequantized);
 
   // Builds a rows x cols matrix from fp32 rows: `row(r, dst)` writes row r's
   // `cols` values to dst, which are then stored as FromGguf stores dequantized
@@ -54,6 +66,8 @@ class Matrix {
   int64_t cols_ = 0;
   std::vector<float> f32_;
   std::vector<uint16_t> bf16_;
+  std::vector<uint8_t> blocks_;  // kGgmlBlocks: the file's bytes, row-major
+  kernels::GgmlType block_type_ = kernels::GgmlType::kF32;
 };
 
 // A 1-D fp32 tensor (norm weights, biases) of exactly `n` values.
@@ -88,7 +102,7 @@ struct ModelWeights {
 // tensors load.
 absl::StatusOr<ModelWeights> LoadWeights(
     const GgufFile& file, const ModelConfig& config, Precision precision,
-    kernels::cpu::ThreadPool* pool,
+    WeightStorage storage, kernels::cpu::ThreadPool* pool,
     const std::function<void(int, int)>& progress);
 
 }  // namespace kvd::ops

@@ -147,12 +147,45 @@ absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(int64_t pp, args.GetIntIn("prompt-tokens", 1, 65536));
   KVD_ASSIGN_OR_RETURN(int64_t tg, args.GetIntIn("gen-tokens", 1, 65536));
   KVD_ASSIGN_OR_RETURN(int64_t reps, args.GetIntIn("repetitions", 1, 1000));
-  std::vector<ops::Precision> precisions;
+  // The modes measured: each precision, and in fp32 each weight storage.
+  struct Mode {
+    ops::Precision precision;
+    ops::WeightStorage storage;
+    std::string name;
+  };
+  std::vector<ops::WeightStorage> storages;
+  for (absl::string_view w :
+       absl::StrSplit(args.Get("weights"), ',', absl::SkipEmpty())) {
+    if (w == "as-stored") {
+      storages.push_back(ops::WeightStorage::kAsStored);
+    } else if (w == "dequantized") {
+      storages.push_back(ops::WeightStorage::kDequantized);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--weights: unknown storage '", w,
+                       "'; use as-stored, dequantized or both"));
+    }
+  }
+  if (storages.empty()) {
+    return absl::InvalidArgumentError(
+        "--weights needs as-stored, dequantized or both");
+  }
+  std::vector<Mode> modes;
   for (absl::string_view p :
        absl::StrSplit(args.Get("precision"), ',', absl::SkipEmpty())) {
     KVD_ASSIGN_OR_RETURN(const ops::Precision precision,
                          ops::ParsePrecision(p));
-    precisions.push_back(precision);
+    if (precision != ops::Precision::kF32) {
+      modes.push_back({precision, ops::WeightStorage::kDequantized,
+                       ops::PrecisionName(precision)});
+      continue;
+    }
+    for (ops::WeightStorage storage : storages) {
+      modes.push_back({precision, storage,
+                       storage == ops::WeightStorage::kAsStored
+                           ? "fp32 (as stored)"
+                           : "fp32 (dequantized)"});
+    }
   }
   // The one place a CPU-only run hears about CUDA (other commands stay
   // quiet on a machine without a device).
@@ -180,10 +213,11 @@ absl::Status Run(const Args& args) {
       "\n| precision | threads | test | tok/s | of the ceiling | RSS MiB | "
       "peak RSS MiB |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
-  for (ops::Precision precision : precisions) {
+  for (const Mode& mode : modes) {
     for (int64_t t : threads) {
       ops::LoadOptions opts;
-      opts.precision = precision;
+      opts.precision = mode.precision;
+      opts.weights = mode.storage;
       opts.num_threads = static_cast<int>(t);
       KVD_ASSIGN_OR_RETURN(std::unique_ptr<ops::Model> model,
                            ops::Model::Load(path, opts));
@@ -197,8 +231,8 @@ absl::Status Run(const Args& args) {
                      const std::string& share) {
         const auto [rss, hwm] = MemoryMiB();
         std::printf("| %s | %lld | %s | %.1f | %s | %.0f | %.0f |\n",
-                    ops::PrecisionName(precision), static_cast<long long>(t),
-                    test.c_str(), rate, share.c_str(), rss, hwm);
+                    mode.name.c_str(), static_cast<long long>(t), test.c_str(),
+                    rate, share.c_str(), rss, hwm);
         std::fflush(stdout);
       };
       const kernels::cpu::MachineCeilings& ceiling = ceilings[t];
@@ -212,8 +246,12 @@ absl::Status Run(const Args& args) {
           absl::StrFormat(
               "%.0f%% of FMA peak",
               100 * pp_rate * pp_flops / (ceiling.fma_gflops * 1e9)));
-      const double weight_bytes = MatmulParams(model->config(), true) *
-                                  (precision == ops::Precision::kF32 ? 4 : 2);
+      // The bytes the projections actually stream (blocks as stored, or
+      // their fp32/bf16 copies); a tied output matrix is the embedding.
+      const ops::ModelWeights& weights = model->weights();
+      const double weight_bytes = static_cast<double>(
+          weights.size_bytes() -
+          (weights.output.empty() ? 0 : weights.token_embedding.size_bytes()));
       for (int64_t b : batches) {
         KVD_ASSIGN_OR_RETURN(double tg_rate,
                              DecodeTokensPerSecond(*model, b, tg, reps));
@@ -247,6 +285,10 @@ int BenchCommand(const std::vector<std::string>& argv) {
             "GGUF file, or a cached model name: smollm2, gemma3");
   args.Flag("precision", "fp32,bf16",
             "precision modes to measure, comma-separated");
+  args.Flag("weights", "as-stored",
+            "how the fp32 mode holds quantized weights, comma-separated: "
+            "as-stored (the file's blocks, dequantized inside the GEMM) or "
+            "dequantized (fp32 copies made at load); both give the same bits");
   args.Flag("threads", "1,2", "thread counts to measure, comma-separated");
   args.Flag("batch", "1,8,32",
             "decode batch sizes (sequences decoded together)");

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/internal/gemm_blocks.h"
 #include "kernels/cpu/internal/gemm_isa.h"
 #include "kernels/cpu/internal/gemm_tile.h"
 
@@ -28,6 +29,81 @@ struct Avx2Ops {
     return {_mm256_fmadd_ps(a.lo, b.lo, c.lo),
             _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
   }
+  static void Store(float* p, const V& v) {
+    _mm256_storeu_ps(p, v.lo);
+    _mm256_storeu_ps(p + 8, v.hi);
+  }
+
+  // GGML-block decoding (gemm_blocks.h): 16 int32 lanes as two registers.
+  struct I {
+    __m256i lo, hi;
+  };
+  static I U8(const uint8_t* p) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return {_mm256_cvtepu8_epi32(b),
+            _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))};
+  }
+  static I S8(const uint8_t* p) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return {_mm256_cvtepi8_epi32(b),
+            _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))};
+  }
+  static I Broadcast(uint32_t v) {
+    return {_mm256_set1_epi32(v), _mm256_set1_epi32(v)};
+  }
+  static I AndC(const I& v, int c) {
+    const __m256i k = _mm256_set1_epi32(c);
+    return {_mm256_and_si256(v.lo, k), _mm256_and_si256(v.hi, k)};
+  }
+  static I SubC(const I& v, int c) {
+    const __m256i k = _mm256_set1_epi32(c);
+    return {_mm256_sub_epi32(v.lo, k), _mm256_sub_epi32(v.hi, k)};
+  }
+  static I Or(const I& a, const I& b) {
+    return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)};
+  }
+  static I Srl(const I& v, int n) {
+    return {_mm256_srli_epi32(v.lo, n), _mm256_srli_epi32(v.hi, n)};
+  }
+  static I Shl(const I& v, int n) {
+    return {_mm256_slli_epi32(v.lo, n), _mm256_slli_epi32(v.hi, n)};
+  }
+  // Lane r shifted right by first + r.
+  static I SrlIota(const I& v, int first) {
+    const __m256i f = _mm256_set1_epi32(first);
+    const __m256i lo =
+        _mm256_add_epi32(f, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i hi =
+        _mm256_add_epi32(f, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15));
+    return {_mm256_srlv_epi32(v.lo, lo), _mm256_srlv_epi32(v.hi, hi)};
+  }
+  static V ToFloat(const I& v) {
+    return {_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)};
+  }
+  static V Mul(const V& v, float s) {
+    const __m256 k = _mm256_set1_ps(s);
+    return {_mm256_mul_ps(v.lo, k), _mm256_mul_ps(v.hi, k)};
+  }
+  static V Add(const V& v, float s) {
+    const __m256 k = _mm256_set1_ps(s);
+    return {_mm256_add_ps(v.lo, k), _mm256_add_ps(v.hi, k)};
+  }
+  static V Sub(const V& v, float s) {
+    const __m256 k = _mm256_set1_ps(s);
+    return {_mm256_sub_ps(v.lo, k), _mm256_sub_ps(v.hi, k)};
+  }
+  // Two 8-lane permutes and a blend cost what convert, multiply and add do.
+  static constexpr bool kLut16 = false;
+  static V Iota() { return Zero(); }
+  static V IotaMinus8() { return Zero(); }
+  static V Lut16(const V& table, const I&) { return table; }
+  static V Half(const uint8_t* p) {
+    return {
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+        _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+  }
+
   static float Reduce(const V& v) {
     const __m256 s = _mm256_add_ps(v.lo, v.hi);  // s[i] = l[i] + l[i+8]
     const __m128 t =
@@ -47,6 +123,10 @@ void GemmF32Avx2(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
 
 void GemmBf16Avx2(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   GemmRange<Avx2Ops, uint16_t, 2, 3, 1>(a, n_begin, n_end);
+}
+
+bool GemmBlocksAvx2(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
+  return BlocksRange<Avx2Ops, 2, 3, 1, 4>(a, n_begin, n_end);
 }
 
 }  // namespace kvd::kernels::cpu::internal

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/internal/gemm_blocks.h"
 #include "kernels/cpu/internal/gemm_isa.h"
 #include "kernels/cpu/internal/gemm_tile.h"
 
@@ -21,6 +22,54 @@ struct Avx512Ops {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
   static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+
+  // GGML-block decoding (gemm_blocks.h): 16 int32 lanes.
+  using I = __m512i;
+  static I U8(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I S8(const uint8_t* p) {
+    return _mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I Broadcast(uint32_t v) { return _mm512_set1_epi32(v); }
+  static I AndC(I v, int c) {
+    return _mm512_and_si512(v, _mm512_set1_epi32(c));
+  }
+  static I SubC(I v, int c) {
+    return _mm512_sub_epi32(v, _mm512_set1_epi32(c));
+  }
+  static I Or(I a, I b) { return _mm512_or_si512(a, b); }
+  static I Srl(I v, int n) { return _mm512_srli_epi32(v, n); }
+  static I Shl(I v, int n) { return _mm512_slli_epi32(v, n); }
+  // Lane r shifted right by first + r.
+  static I SrlIota(I v, int first) {
+    const I iota =
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_srlv_epi32(v,
+                             _mm512_add_epi32(iota, _mm512_set1_epi32(first)));
+  }
+  static V ToFloat(I v) { return _mm512_cvtepi32_ps(v); }
+  static V Mul(V v, float s) { return _mm512_mul_ps(v, _mm512_set1_ps(s)); }
+  static V Add(V v, float s) { return _mm512_add_ps(v, _mm512_set1_ps(s)); }
+  static V Sub(V v, float s) { return _mm512_sub_ps(v, _mm512_set1_ps(s)); }
+  // Lane r of the table at the low four bits of idx[r] (vpermps ignores the
+  // rest).
+  static constexpr bool kLut16 = true;
+  static V Iota() {
+    return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  }
+  static V IotaMinus8() {
+    return _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6,
+                          7);
+  }
+  static V Lut16(V table, I idx) { return _mm512_permutexvar_ps(idx, table); }
+  static V Half(const uint8_t* p) {
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
   static float Reduce(V v) {
     const __m256 s =
         _mm256_add_ps(_mm512_extractf32x8_ps(v, 0),
@@ -40,6 +89,10 @@ void GemmF32Avx512(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
 
 void GemmBf16Avx512(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   GemmRange<Avx512Ops, uint16_t, 4, 4, 1>(a, n_begin, n_end);
+}
+
+bool GemmBlocksAvx512(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
+  return BlocksRange<Avx512Ops, 4, 4, 1, 4>(a, n_begin, n_end);
 }
 
 }  // namespace kvd::kernels::cpu::internal

@@ -1,0 +1,172 @@
+// GEMM over GGML blocks: every output equals, bit for bit, the contract's dot
+// product over the rows kernels/quant dequantizes at load (the fp32 mode's
+// weights), for every block type, ISA, batch height, thread count and
+// row-parallel grouping.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/testing/gemm_contract.h"
+#include "kernels/quant/dequant.h"
+#include "kernels/quant/ggml_type.h"
+#include "kernels/quant/half.h"
+
+namespace kvd::kernels::cpu {
+namespace {
+
+using testing::ContractDot;
+using testing::ContractGrouped;
+using testing::IsaGuard;
+using testing::RandomVector;
+using testing::SupportedIsas;
+
+// Random bytes are valid blocks for every quant bit; only the fp16 scales
+// need to be finite, so they are rewritten with small values of either sign.
+std::vector<uint8_t> RandomBlocks(GgmlType type, int64_t rows, int64_t cols,
+                                  uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t nb = rows * cols / BlockSize(type);
+  const int64_t bytes = BlockBytes(type);
+  std::vector<uint8_t> data(nb * bytes);
+  for (uint8_t& b : data) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
+  auto put = [&](uint8_t* p) {
+    const uint16_t h = Fp32ToFp16(scale(rng));
+    std::memcpy(p, &h, 2);
+  };
+  for (int64_t i = 0; i < nb; ++i) {
+    uint8_t* b = data.data() + i * bytes;
+    switch (type) {
+      case GgmlType::kF16:
+        put(b);
+        break;
+      case GgmlType::kQ6_K:
+        put(b + 208);
+        break;
+      case GgmlType::kQ4_0:
+      case GgmlType::kQ5_0:
+      case GgmlType::kQ8_0:
+        put(b);
+        break;
+      default:  // d and a min or dmin
+        put(b);
+        put(b + 2);
+        break;
+    }
+  }
+  return data;
+}
+
+std::vector<float> Dequantized(GgmlType type, const std::vector<uint8_t>& q,
+                               int64_t rows, int64_t cols) {
+  const int64_t row_bytes = cols / BlockSize(type) * BlockBytes(type);
+  std::vector<float> w(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_TRUE(DequantizeRow(type, q.data() + r * row_bytes, row_bytes,
+                              w.data() + r * cols, cols)
+                    .ok());
+  }
+  return w;
+}
+
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct Case {
+  GgmlType type;
+  int64_t rows;
+  int64_t cols;
+  int64_t groups;
+};
+
+class GemmBlocks : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GemmBlocks, EqualsTheContractOverRowsDequantizedAtLoad) {
+  const Case c = GetParam();
+  ASSERT_TRUE(IsGemmBlockType(c.type));
+  const std::vector<uint8_t> q = RandomBlocks(c.type, c.rows, c.cols, 7);
+  const std::vector<float> wf = Dequantized(c.type, q, c.rows, c.cols);
+  const WeightView w{
+      WeightType::kGgmlBlocks, q.data(), c.rows, c.cols, 0, c.type};
+  const int64_t k = c.cols;
+  for (const int64_t m : {1, 2, 3, 4, 5, 37}) {
+    const std::vector<float> x = RandomVector(m * k, 11 + m);
+    std::vector<float> want(m * c.rows);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < c.rows; ++j)
+        want[i * c.rows + j] =
+            c.groups == 1 ? ContractDot(&x[i * k], &wf[j * k], k)
+                          : ContractGrouped(&x[i * k], &wf[j * k], k, c.groups);
+    for (Isa isa : SupportedIsas()) {
+      IsaGuard guard(isa);
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(std::string(GgmlTypeName(c.type)) + " " + IsaName(isa) +
+                     " m=" + std::to_string(m) +
+                     " threads=" + std::to_string(threads));
+        ThreadPool pool(threads);
+        std::vector<float> y(m * c.rows, std::nanf(""));
+        GroupedGemm(x.data(), m, k, w, c.groups, y.data(), c.rows, &pool);
+        EXPECT_TRUE(BitEqual(y, want));
+      }
+    }
+  }
+}
+
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  return std::string(GgmlTypeName(info.param.type)) + "_" +
+         std::to_string(info.param.rows) + "x" +
+         std::to_string(info.param.cols) + "_g" +
+         std::to_string(info.param.groups);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Types, GemmBlocks,
+    ::testing::Values(
+        // SmolLM2's shapes (W_o and W_down are row-parallel in 3 groups).
+        Case{GgmlType::kQ4_1, 37, 576, 1}, Case{GgmlType::kQ4_1, 19, 576, 3},
+        Case{GgmlType::kQ4_1, 9, 1536, 3}, Case{GgmlType::kQ8_0, 21, 576, 1},
+        Case{GgmlType::kQ4_0, 13, 576, 3}, Case{GgmlType::kQ5_0, 17, 640, 1},
+        Case{GgmlType::kQ5_1, 11, 320, 2}, Case{GgmlType::kF16, 7, 592, 1},
+        // Gemma 3's K-quants; with 4 groups a slice is half a super-block,
+        // which the direct path cannot take.
+        Case{GgmlType::kQ4_K, 10, 1024, 1}, Case{GgmlType::kQ4_K, 6, 1024, 4},
+        Case{GgmlType::kQ5_K, 9, 512, 2}, Case{GgmlType::kQ6_K, 12, 2048, 1},
+        Case{GgmlType::kQ6_K, 5, 768, 3}),
+    CaseName);
+
+TEST(GemmBlocksView, StridedRowsAndColumnSlices) {
+  // A view over the middle 64 columns of 128-wide Q8_0 rows.
+  const int64_t rows = 6, ld = 128, k = 64;
+  const std::vector<uint8_t> q = RandomBlocks(GgmlType::kQ8_0, rows, ld, 3);
+  const std::vector<float> wf = Dequantized(GgmlType::kQ8_0, q, rows, ld);
+  const WeightView w{WeightType::kGgmlBlocks,
+                     q.data() + BlockBytes(GgmlType::kQ8_0),
+                     rows,
+                     k,
+                     ld,
+                     GgmlType::kQ8_0};
+  EXPECT_EQ(w.row_stride_bytes(), 4 * 34);
+  const std::vector<float> x = RandomVector(2 * k, 5);
+  for (Isa isa : SupportedIsas()) {
+    IsaGuard guard(isa);
+    for (const int64_t m : {1, 2}) {
+      std::vector<float> y(m * rows);
+      Gemm(x.data(), m, k, w, y.data(), rows, nullptr);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < rows; ++j)
+          EXPECT_EQ(y[i * rows + j],
+                    ContractDot(&x[i * k], &wf[j * ld + 32], k))
+              << IsaName(isa) << " m=" << m << " " << i << "," << j;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvd::kernels::cpu
