@@ -79,33 +79,16 @@ void GroupedGemm(const float* x, int64_t m, int64_t ldx, const WeightView& w,
       /*align=*/8);
 }
 
-int64_t WeightView::row_stride_bytes() const {
+int64_t WeightView::bytes_for(int64_t elements) const {
   switch (type) {
     case WeightType::kF32:
-      return stride() * 4;
+      return elements * 4;
     case WeightType::kBf16:
-      return stride() * 2;
+      return elements * 2;
     case WeightType::kGgmlBlocks:
       break;
   }
-  return stride() / BlockSize(blocks) * BlockBytes(blocks);
-}
-
-bool IsGemmBlockType(GgmlType type) {
-  switch (type) {
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1:
-    case GgmlType::kQ5_0:
-    case GgmlType::kQ5_1:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K:
-    case GgmlType::kF16:
-      return true;
-    default:
-      return false;
-  }
+  return PackedRowBytes(blocks, elements);
 }
 
 float Dot(const float* a, const float* b, int64_t n) {

@@ -1,11 +1,11 @@
 // Canonical matrix multiplication: y = x * W^T with fp32 accumulation.
 //
 // W is stored row-major as `rows` output features by `cols` inputs (GGUF's
-// layout), in fp32, bf16, or as GGML blocks straight from a GGUF file (Q4_0,
-// Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16), which are dequantized into
-// registers by kernels/quant's formulas right before the FMAs, so a blocks
-// view gives the bits of an fp32 view of the dequantized rows. Every output
-// element is computed by the canonical
+// layout), in fp32, bf16, or as a GGUF file's quantized blocks (Q4_0, Q4_1,
+// Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16) packed by packed_blocks.h, which
+// are dequantized into registers by kernels/quant's formulas right before the
+// FMAs, so a blocks view gives the bits of an fp32 view of the dequantized
+// rows. Every output element is computed by the canonical
 // 16-lane FMA reduction (internal/gemm_tile.h), so a row's result is
 // bit-identical whatever the batch size, thread count or ISA (scalar, AVX2,
 // AVX-512). There is no split-K: work is divided over output columns.
@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/packed_blocks.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/quant/ggml_type.h"
 
@@ -33,16 +34,15 @@ struct WeightView {
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t ld = 0;  // 0 means cols; for blocks a multiple of the block size
-  // kGgmlBlocks only: the block type (IsGemmBlockType). cols must be a whole
-  // number of blocks.
+  // kGgmlBlocks only: the block type (IsGemmBlockType); data holds rows
+  // packed by PackRow, and cols is a whole number of packed blocks.
   GgmlType blocks = GgmlType::kF32;
   int64_t stride() const { return ld == 0 ? cols : ld; }
-  // Bytes from one row to the next.
-  int64_t row_stride_bytes() const;
+  // Bytes taken by `elements` consecutive elements of a row (for blocks a
+  // whole number of them).
+  int64_t bytes_for(int64_t elements) const;
+  int64_t row_stride_bytes() const { return bytes_for(stride()); }
 };
-
-// The GGML types a kGgmlBlocks view may hold.
-bool IsGemmBlockType(GgmlType type);
 
 // y[i * ldy + j] = sum_k x[i * ldx + k] * W[j][k], for i < m and j < w.rows.
 // `pool` may be null (single-threaded).

@@ -1,7 +1,7 @@
-// GEMM over GGML blocks: every output equals, bit for bit, the contract's dot
-// product over the rows kernels/quant dequantizes at load (the fp32 mode's
-// weights), for every block type, ISA, batch height, thread count and
-// row-parallel grouping.
+// GEMM over packed GGML blocks: every output equals, bit for bit, the
+// contract's dot product over the rows kernels/quant dequantizes from the
+// file's blocks (the fp32 mode's weights), for every block type, ISA, batch
+// height, thread count and row-parallel grouping.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/packed_blocks.h"
 #include "kernels/cpu/testing/gemm_contract.h"
 #include "kernels/quant/dequant.h"
 #include "kernels/quant/ggml_type.h"
@@ -74,6 +75,18 @@ std::vector<float> Dequantized(GgmlType type, const std::vector<uint8_t>& q,
   return w;
 }
 
+std::vector<uint8_t> Packed(GgmlType type, const std::vector<uint8_t>& q,
+                            int64_t rows, int64_t cols) {
+  const int64_t row_bytes = cols / BlockSize(type) * BlockBytes(type);
+  std::vector<uint8_t> p(rows * PackedRowBytes(type, cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_TRUE(PackRow(type, q.data() + r * row_bytes, row_bytes, cols,
+                        p.data() + r * PackedRowBytes(type, cols))
+                    .ok());
+  }
+  return p;
+}
+
 bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() &&
          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -93,8 +106,9 @@ TEST_P(GemmBlocks, EqualsTheContractOverRowsDequantizedAtLoad) {
   ASSERT_TRUE(IsGemmBlockType(c.type));
   const std::vector<uint8_t> q = RandomBlocks(c.type, c.rows, c.cols, 7);
   const std::vector<float> wf = Dequantized(c.type, q, c.rows, c.cols);
+  const std::vector<uint8_t> packed = Packed(c.type, q, c.rows, c.cols);
   const WeightView w{
-      WeightType::kGgmlBlocks, q.data(), c.rows, c.cols, 0, c.type};
+      WeightType::kGgmlBlocks, packed.data(), c.rows, c.cols, 0, c.type};
   const int64_t k = c.cols;
   for (const int64_t m : {1, 2, 3, 4, 5, 37}) {
     const std::vector<float> x = RandomVector(m * k, 11 + m);
@@ -146,13 +160,14 @@ TEST(GemmBlocksView, StridedRowsAndColumnSlices) {
   const int64_t rows = 6, ld = 128, k = 64;
   const std::vector<uint8_t> q = RandomBlocks(GgmlType::kQ8_0, rows, ld, 3);
   const std::vector<float> wf = Dequantized(GgmlType::kQ8_0, q, rows, ld);
+  const std::vector<uint8_t> packed = Packed(GgmlType::kQ8_0, q, rows, ld);
   const WeightView w{WeightType::kGgmlBlocks,
-                     q.data() + BlockBytes(GgmlType::kQ8_0),
+                     packed.data() + PackedBlockBytes(GgmlType::kQ8_0),
                      rows,
                      k,
                      ld,
                      GgmlType::kQ8_0};
-  EXPECT_EQ(w.row_stride_bytes(), 4 * 34);
+  EXPECT_EQ(w.row_stride_bytes(), 4 * 36);
   const std::vector<float> x = RandomVector(2 * k, 5);
   for (Isa isa : SupportedIsas()) {
     IsaGuard guard(isa);
@@ -166,6 +181,34 @@ TEST(GemmBlocksView, StridedRowsAndColumnSlices) {
               << IsaName(isa) << " m=" << m << " " << i << "," << j;
     }
   }
+}
+
+TEST(PackedBlocks, UnpackGivesTheDequantizersBits) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                        GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ4_K,
+                        GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kF16}) {
+    const int64_t k = 1024;
+    const std::vector<uint8_t> q = RandomBlocks(type, 3, k, 9);
+    const std::vector<float> want = Dequantized(type, q, 3, k);
+    const std::vector<uint8_t> packed = Packed(type, q, 3, k);
+    ASSERT_EQ(packed.size(), static_cast<size_t>(3 * PackedRowBytes(type, k)));
+    std::vector<float> got(3 * k);
+    for (int64_t r = 0; r < 3; ++r)
+      UnpackRow(type, packed.data() + r * PackedRowBytes(type, k), k,
+                got.data() + r * k);
+    EXPECT_TRUE(BitEqual(got, want)) << GgmlTypeName(type);
+  }
+}
+
+TEST(PackedBlocks, RefusesWhatItCannotPack) {
+  std::vector<uint8_t> src(64), dst(64);
+  EXPECT_FALSE(
+      PackRow(GgmlType::kQ2_K, src.data(), src.size(), 256, dst.data()).ok());
+  EXPECT_FALSE(
+      PackRow(GgmlType::kQ4_1, src.data(), src.size(), 48, dst.data()).ok())
+      << "not a whole number of blocks";
+  EXPECT_FALSE(PackRow(GgmlType::kQ8_0, src.data(), 33, 32, dst.data()).ok())
+      << "short source";
 }
 
 }  // namespace

@@ -12,14 +12,9 @@ void GroupPartial(const float* x, int64_t m, int64_t ldx, const WeightView& w,
   const int64_t k0 = g * slice;
   WeightView part = w;
   // Blocks: k0 must start a block (GroupedGemm takes any slicing).
-  const int64_t per =
-      w.type == WeightType::kGgmlBlocks ? BlockSize(w.blocks) : 1;
-  assert(k0 % per == 0);
-  part.data = static_cast<const char*>(w.data) +
-              k0 / per *
-                  (w.type == WeightType::kGgmlBlocks ? BlockBytes(w.blocks)
-                   : w.type == WeightType::kF32      ? 4
-                                                     : 2);
+  assert(w.type != WeightType::kGgmlBlocks ||
+         k0 % PackedBlockSize(w.blocks) == 0);
+  part.data = static_cast<const char*>(w.data) + w.bytes_for(k0);
   part.cols = slice;
   part.ld = w.stride();
   Gemm(x + k0, m, ldx, part, p, ldp, pool);

@@ -106,18 +106,6 @@ void DequantQ8_0(const uint8_t* b, int64_t nb, float* y) {
   }
 }
 
-// The 12 scale bytes of Q4_K/Q5_K hold eight 6-bit scales and eight 6-bit mins
-// (ggml-quants.c get_scale_min_k4).
-void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // block_q4_K {fp16 d; fp16 dmin; uint8 scales[12]; uint8 qs[128]}: 8 sub-blocks
 // of 32; each 32 qs bytes give two sub-blocks (low nibbles, then high nibbles).
 void DequantQ4_K(const uint8_t* b, int64_t nb, float* y) {
@@ -129,10 +117,10 @@ void DequantQ4_K(const uint8_t* b, int64_t nb, float* y) {
     int is = 0;
     for (int j = 0; j < kQK_K; j += 64) {
       uint8_t sc, m;
-      ScaleMinK4(is + 0, scales, &sc, &m);
+      KQuantScaleMin(is + 0, scales, &sc, &m);
       const float d1 = d * sc;
       const float m1 = min * m;
-      ScaleMinK4(is + 1, scales, &sc, &m);
+      KQuantScaleMin(is + 1, scales, &sc, &m);
       const float d2 = d * sc;
       const float m2 = min * m;
       for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0x0f) - m1;
@@ -157,10 +145,10 @@ void DequantQ5_K(const uint8_t* b, int64_t nb, float* y) {
     uint8_t u1 = 1, u2 = 2;
     for (int j = 0; j < kQK_K; j += 64) {
       uint8_t sc, m;
-      ScaleMinK4(is + 0, scales, &sc, &m);
+      KQuantScaleMin(is + 0, scales, &sc, &m);
       const float d1 = d * sc;
       const float m1 = min * m;
-      ScaleMinK4(is + 1, scales, &sc, &m);
+      KQuantScaleMin(is + 1, scales, &sc, &m);
       const float d2 = d * sc;
       const float m2 = min * m;
       for (int l = 0; l < 32; ++l)
@@ -212,6 +200,17 @@ void DequantQ6_K(const uint8_t* b, int64_t nb, float* y) {
 }
 
 }  // namespace
+
+// The 12 scale bytes of Q4_K/Q5_K hold eight 6-bit scales and eight 6-bit mins.
+void KQuantScaleMin(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
 
 absl::Status DequantizeRow(GgmlType type, const void* src, size_t src_bytes,
                            float* dst, int64_t n) {

@@ -36,6 +36,11 @@ namespace kvd::kernels {
 absl::Status DequantizeRow(GgmlType type, const void* src, size_t src_bytes,
                            float* dst, int64_t n);
 
+// The 6-bit scale and min of sub-block `j` (0..7) of a Q4_K or Q5_K
+// super-block, unpacked from its 12 scale bytes (ggml-quants.c
+// get_scale_min_k4).
+void KQuantScaleMin(int j, const uint8_t* scales, uint8_t* sc, uint8_t* m);
+
 }  // namespace kvd::kernels
 
 #endif  // KVD_KERNELS_QUANT_DEQUANT_H_

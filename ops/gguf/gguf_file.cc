@@ -482,6 +482,11 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(
   return file;
 }
 
+void GgufFile::ReleaseResidentPages() const {
+  // Read-only private mapping: no page was ever written, so nothing is lost.
+  if (mapping_ != nullptr) ::madvise(mapping_, mapping_size_, MADV_DONTNEED);
+}
+
 GgufFile::~GgufFile() {
   if (mapping_ != nullptr) ::munmap(mapping_, mapping_size_);
 }

@@ -165,6 +165,10 @@ class GgufFile {
   GgufFile& operator=(const GgufFile&) = delete;
 
   const std::string& path() const { return path_; }
+  // Drops the file's pages from this process's resident memory (they are read
+  // back from the page cache if touched again). For after the weights were
+  // copied out: the mapped file otherwise counts a second time in RSS.
+  void ReleaseResidentPages() const;
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   // Absolute offset of the (aligned) tensor data section.

@@ -80,6 +80,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
       m->weights_,
       LoadWeights(*m->file_, m->config_, options.precision, options.weights,
                   m->pool_.get(), options.progress));
+  // Every tensor was copied out; the mapping stays for metadata lookups.
+  m->file_->ReleaseResidentPages();
   return m;
 }
 

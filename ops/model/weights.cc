@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/packed_blocks.h"
 #include "kernels/quant/dequant.h"
 #include "kernels/quant/ggml_type.h"
 
@@ -61,10 +62,8 @@ void Matrix::RowToFloat(int64_t r, float* out) const {
     case WeightType::kGgmlBlocks:
       break;
   }
-  const int64_t row_bytes = view().row_stride_bytes();
-  // The shape was checked when the blocks were kept (FromGguf).
-  (void)kernels::DequantizeRow(block_type_, blocks_.data() + r * row_bytes,
-                               row_bytes, out, cols_);
+  kernels::cpu::UnpackRow(
+      block_type_, blocks_.data() + r * view().row_stride_bytes(), cols_, out);
 }
 
 absl::StatusOr<Matrix> Matrix::FromRows(
@@ -116,7 +115,7 @@ absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
                        CheckedTensor(file, name, rows, cols));
   const uint64_t row_bytes = t->row_bytes();
   const bool blocks = kernels::cpu::IsGemmBlockType(t->type) &&
-                      cols % kernels::BlockSize(t->type) == 0;
+                      cols % kernels::cpu::PackedBlockSize(t->type) == 0;
   if (precision == Precision::kF32 && storage == WeightStorage::kAsStored &&
       (blocks || t->type == kernels::GgmlType::kBF16)) {
     // Kept as the file stores it; the GEMM's products are those of the fp32
@@ -127,7 +126,27 @@ absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
     if (blocks) {
       m.type_ = WeightType::kGgmlBlocks;
       m.block_type_ = t->type;
-      m.blocks_.assign(t->data, t->data + rows * row_bytes);
+      const int64_t packed = kernels::cpu::PackedRowBytes(t->type, cols);
+      m.blocks_.resize(rows * packed);
+      std::vector<absl::Status> errors(rows);
+      auto pack = [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          errors[r] =
+              kernels::cpu::PackRow(t->type, t->data + r * row_bytes, row_bytes,
+                                    cols, m.blocks_.data() + r * packed);
+        }
+      };
+      if (pool != nullptr) {
+        pool->ParallelFor(rows, pack);
+      } else {
+        pack(0, rows);
+      }
+      for (const absl::Status& s : errors) {
+        if (!s.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              file.path(), ": tensor '", name, "': ", s.message()));
+        }
+      }
     } else {
       m.type_ = WeightType::kBf16;
       m.bf16_.resize(rows * cols);

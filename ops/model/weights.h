@@ -66,7 +66,7 @@ class Matrix {
   int64_t cols_ = 0;
   std::vector<float> f32_;
   std::vector<uint16_t> bf16_;
-  std::vector<uint8_t> blocks_;  // kGgmlBlocks: the file's bytes, row-major
+  std::vector<uint8_t> blocks_;  // kGgmlBlocks: rows packed by PackRow
   kernels::GgmlType block_type_ = kernels::GgmlType::kF32;
 };
 

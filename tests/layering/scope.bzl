@@ -63,6 +63,7 @@ SCOPE = [
     "//kernels/cpu:gemm_test",
     "//kernels/cpu:machine_ceilings",
     "//kernels/cpu:machine_ceilings_test",
+    "//kernels/cpu:packed_blocks",
     "//kernels/cpu:row_parallel_gemm_test",
     "//kernels/cpu:thread_pool",
     "//kernels/cuda:argument_checks_test",

@@ -92,7 +92,7 @@ void GemmBf16Avx512(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
 }
 
 bool GemmBlocksAvx512(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
-  return BlocksRange<Avx512Ops, 4, 4, 1, 4>(a, n_begin, n_end);
+  return BlocksRange<Avx512Ops, 4, 4, 1, 2>(a, n_begin, n_end);
 }
 
 }  // namespace kvd::kernels::cpu::internal

@@ -31,19 +31,15 @@
 #include "kernels/cpu/internal/gemm_isa.h"
 #include "kernels/cpu/internal/gemm_tile.h"
 #include "kernels/quant/ggml_type.h"
-#include "kernels/quant/half.h"
 
 namespace kvd::kernels::cpu::internal {
 namespace {
 
-// The block's fp16 scales by the F16C instruction (both vector units are
-// built with -mf16c): exact for every finite value and infinity, like
-// Fp16ToFp32. For a NaN it sets the quiet bit, which a product (every scale
-// is multiplied before use) would set anyway, so results keep their bits.
-inline float BlockFp16(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, sizeof(h));
-  return _cvtsh_ss(h);
+// A packed block's fp32 scale (packed_blocks.h).
+inline float Scale(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, sizeof(f));
+  return f;
 }
 
 // 16-entry table lookups replace convert, multiply and add where the ISA has
@@ -55,18 +51,18 @@ inline typename Ops::V Lut4(float scale, float offset, bool subtract) {
   return subtract ? Ops::Sub(v, offset) : Ops::Add(v, offset);
 }
 
-// Each decoder calls sink(v, g) for the block's groups of 16 values in order
-// (g = 0, 1, ...), v holding elements [16 g, 16 g + 16) of the block as fp32.
-// Ops supplies 16-lane int32 (I) and fp32 (V) vectors; the arithmetic is
-// dequant.cc's term by term.
+// Each decoder reads one packed block (packed_blocks.h) and calls sink(v, g)
+// for its groups of 16 values in order (g = 0, 1, ...), v holding elements
+// [16 g, 16 g + 16) of the block as fp32. Ops supplies 16-lane int32 (I) and
+// fp32 (V) vectors; the arithmetic is dequant.cc's term by term.
 
-// block_q4_0 {fp16 d; u8 qs[16]}: (q - 8) * d.
+// Q4_0 {f32 d; u8 qs[16]}: (q - 8) * d.
 struct Q4_0 {
-  static constexpr int kBlock = 32, kBytes = 18;
+  static constexpr int kBlock = 32, kBytes = 20;
   template <class Ops, class Sink>
   static void Decode(const uint8_t* b, Sink&& sink) {
-    const float d = BlockFp16(b);
-    const typename Ops::I q = Ops::U8(b + 2);
+    const float d = Scale(b);
+    const typename Ops::I q = Ops::U8(b + 4);
     if constexpr (Ops::kLut16) {
       const typename Ops::V lut = Ops::Mul(Ops::IotaMinus8(), d);
       sink(Ops::Lut16(lut, q), 0);
@@ -78,13 +74,13 @@ struct Q4_0 {
   }
 };
 
-// block_q4_1 {fp16 d; fp16 m; u8 qs[16]}: q * d + m.
+// Q4_1 {f32 d, m; u8 qs[16]}: q * d + m.
 struct Q4_1 {
-  static constexpr int kBlock = 32, kBytes = 20;
+  static constexpr int kBlock = 32, kBytes = 24;
   template <class Ops, class Sink>
   static void Decode(const uint8_t* b, Sink&& sink) {
-    const float d = BlockFp16(b), m = BlockFp16(b + 2);
-    const typename Ops::I q = Ops::U8(b + 4);
+    const float d = Scale(b), m = Scale(b + 4);
+    const typename Ops::I q = Ops::U8(b + 8);
     if constexpr (Ops::kLut16) {
       const typename Ops::V lut = Lut4<Ops>(d, m, false);
       sink(Ops::Lut16(lut, q), 0);
@@ -102,79 +98,68 @@ inline typename Ops::I FifthBits(uint32_t qh, int first) {
   return Ops::Shl(Ops::AndC(Ops::SrlIota(Ops::Broadcast(qh), first), 1), 4);
 }
 
-// block_q5_0 {fp16 d; u32 qh; u8 qs[16]}: (q - 16) * d.
-struct Q5_0 {
-  static constexpr int kBlock = 32, kBytes = 22;
+// Q5_0 {f32 d; u32 qh; u8 qs[16]} and Q5_1 {f32 d, m; u32 qh; u8 qs[16]}:
+// (q - 16) * d and q * d + m.
+template <bool kMin>
+struct Q5 {
+  static constexpr int kBlock = 32, kBytes = kMin ? 28 : 24;
   template <class Ops, class Sink>
   static void Decode(const uint8_t* b, Sink&& sink) {
-    const float d = BlockFp16(b);
+    const float d = Scale(b);
+    const uint8_t* p = b + (kMin ? 8 : 4);
     uint32_t qh;
-    std::memcpy(&qh, b + 2, sizeof(qh));
-    const typename Ops::I q = Ops::U8(b + 6);
+    std::memcpy(&qh, p, sizeof(qh));
+    const typename Ops::I q = Ops::U8(p + 4);
     const typename Ops::I lo = Ops::Or(Ops::AndC(q, 15), FifthBits<Ops>(qh, 0));
     const typename Ops::I hi = Ops::Or(Ops::Srl(q, 4), FifthBits<Ops>(qh, 16));
-    sink(Ops::Mul(Ops::ToFloat(Ops::SubC(lo, 16)), d), 0);
-    sink(Ops::Mul(Ops::ToFloat(Ops::SubC(hi, 16)), d), 1);
+    if constexpr (kMin) {
+      const float m = Scale(b + 4);
+      sink(Ops::Add(Ops::Mul(Ops::ToFloat(lo), d), m), 0);
+      sink(Ops::Add(Ops::Mul(Ops::ToFloat(hi), d), m), 1);
+    } else {
+      sink(Ops::Mul(Ops::ToFloat(Ops::SubC(lo, 16)), d), 0);
+      sink(Ops::Mul(Ops::ToFloat(Ops::SubC(hi, 16)), d), 1);
+    }
   }
 };
+using Q5_0 = Q5<false>;
+using Q5_1 = Q5<true>;
 
-// block_q5_1 {fp16 d; fp16 m; u32 qh; u8 qs[16]}: q * d + m.
-struct Q5_1 {
-  static constexpr int kBlock = 32, kBytes = 24;
-  template <class Ops, class Sink>
-  static void Decode(const uint8_t* b, Sink&& sink) {
-    const float d = BlockFp16(b), m = BlockFp16(b + 2);
-    uint32_t qh;
-    std::memcpy(&qh, b + 4, sizeof(qh));
-    const typename Ops::I q = Ops::U8(b + 8);
-    const typename Ops::I lo = Ops::Or(Ops::AndC(q, 15), FifthBits<Ops>(qh, 0));
-    const typename Ops::I hi = Ops::Or(Ops::Srl(q, 4), FifthBits<Ops>(qh, 16));
-    sink(Ops::Add(Ops::Mul(Ops::ToFloat(lo), d), m), 0);
-    sink(Ops::Add(Ops::Mul(Ops::ToFloat(hi), d), m), 1);
-  }
-};
-
-// block_q8_0 {fp16 d; i8 qs[32]}: q * d.
+// Q8_0 {f32 d; i8 qs[32]}: q * d.
 struct Q8_0 {
-  static constexpr int kBlock = 32, kBytes = 34;
+  static constexpr int kBlock = 32, kBytes = 36;
   template <class Ops, class Sink>
   static void Decode(const uint8_t* b, Sink&& sink) {
-    const float d = BlockFp16(b);
-    sink(Ops::Mul(Ops::ToFloat(Ops::S8(b + 2)), d), 0);
-    sink(Ops::Mul(Ops::ToFloat(Ops::S8(b + 18)), d), 1);
+    const float d = Scale(b);
+    sink(Ops::Mul(Ops::ToFloat(Ops::S8(b + 4)), d), 0);
+    sink(Ops::Mul(Ops::ToFloat(Ops::S8(b + 20)), d), 1);
   }
 };
 
-// Q4_K/Q5_K's packed 6-bit scale and min of sub-block j (dequant.cc).
-inline void KScaleMin(int j, const uint8_t* q, int* sc, int* m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
-// block_q4_K {fp16 d; fp16 dmin; u8 scales[12]; u8 qs[128]}: per sub-block of
-// 32, (d * sc) * q - (dmin * m); 32 qs bytes hold two sub-blocks (low nibbles,
-// then high nibbles).
-struct Q4_K {
-  static constexpr int kBlock = 256, kBytes = 144;
+// Q4_K {f32 d[8], m[8]; u8 qs[128]} and Q5_K {f32 d[8], m[8]; u8 qh[32];
+// u8 qs[128]}: per sub-block j of 32, d[j] * q - m[j]; 32 qs bytes hold two
+// sub-blocks (low nibbles, then high nibbles); for Q5_K bit j of qh[l] is the
+// fifth bit of element l of sub-block j.
+template <bool kFive>
+struct QK {
+  static constexpr int kBlock = 256, kBytes = kFive ? 224 : 192;
   template <class Ops, class Sink>
   static void Decode(const uint8_t* b, Sink&& sink) {
-    const float d = BlockFp16(b), dmin = BlockFp16(b + 2);
-    const uint8_t* scales = b + 4;
+    typename Ops::I h0, h1;
+    if constexpr (kFive) {
+      h0 = Ops::U8(b + 64);
+      h1 = Ops::U8(b + 80);
+    }
+    auto fifth = [&](const typename Ops::I& h, int bit) {
+      return Ops::Shl(Ops::AndC(Ops::Srl(h, bit), 1), 4);
+    };
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
-      const uint8_t* q = b + 16 + 32 * c;
-      int sc, m;
-      KScaleMin(2 * c, scales, &sc, &m);
-      const float d1 = d * sc, m1 = dmin * m;
-      KScaleMin(2 * c + 1, scales, &sc, &m);
-      const float d2 = d * sc, m2 = dmin * m;
+      const uint8_t* q = b + (kFive ? 96 : 64) + 32 * c;
+      const float d1 = Scale(b + 8 * c), d2 = Scale(b + 8 * c + 4);
+      const float m1 = Scale(b + 32 + 8 * c), m2 = Scale(b + 36 + 8 * c);
       const typename Ops::I q0 = Ops::U8(q), q1 = Ops::U8(q + 16);
-      if constexpr (Ops::kLut16) {
+      if constexpr (!kFive && Ops::kLut16) {
         const typename Ops::V lut1 = Lut4<Ops>(d1, m1, true);
         const typename Ops::V lut2 = Lut4<Ops>(d2, m2, true);
         sink(Ops::Lut16(lut1, q0), 4 * c);
@@ -183,43 +168,14 @@ struct Q4_K {
         sink(Ops::Lut16(lut2, Ops::Srl(q1, 4)), 4 * c + 3);
         continue;
       }
-      sink(Ops::Sub(Ops::Mul(Ops::ToFloat(Ops::AndC(q0, 15)), d1), m1), 4 * c);
-      sink(Ops::Sub(Ops::Mul(Ops::ToFloat(Ops::AndC(q1, 15)), d1), m1),
-           4 * c + 1);
-      sink(Ops::Sub(Ops::Mul(Ops::ToFloat(Ops::Srl(q0, 4)), d2), m2),
-           4 * c + 2);
-      sink(Ops::Sub(Ops::Mul(Ops::ToFloat(Ops::Srl(q1, 4)), d2), m2),
-           4 * c + 3);
-    }
-  }
-};
-
-// block_q5_K {fp16 d; fp16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}: as
-// Q4_K, bit 2c / 2c+1 of qh[l] the fifth bit of element l of sub-block 2c /
-// 2c+1.
-struct Q5_K {
-  static constexpr int kBlock = 256, kBytes = 176;
-  template <class Ops, class Sink>
-  static void Decode(const uint8_t* b, Sink&& sink) {
-    const float d = BlockFp16(b), dmin = BlockFp16(b + 2);
-    const uint8_t* scales = b + 4;
-    const typename Ops::I h0 = Ops::U8(b + 16), h1 = Ops::U8(b + 32);
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      const uint8_t* q = b + 48 + 32 * c;
-      int sc, m;
-      KScaleMin(2 * c, scales, &sc, &m);
-      const float d1 = d * sc, m1 = dmin * m;
-      KScaleMin(2 * c + 1, scales, &sc, &m);
-      const float d2 = d * sc, m2 = dmin * m;
-      const typename Ops::I q0 = Ops::U8(q), q1 = Ops::U8(q + 16);
-      auto fifth = [&](const typename Ops::I& h, int bit) {
-        return Ops::Shl(Ops::AndC(Ops::Srl(h, bit), 1), 4);
-      };
-      const typename Ops::I a0 = Ops::Or(Ops::AndC(q0, 15), fifth(h0, 2 * c));
-      const typename Ops::I a1 = Ops::Or(Ops::AndC(q1, 15), fifth(h1, 2 * c));
-      const typename Ops::I b0 = Ops::Or(Ops::Srl(q0, 4), fifth(h0, 2 * c + 1));
-      const typename Ops::I b1 = Ops::Or(Ops::Srl(q1, 4), fifth(h1, 2 * c + 1));
+      typename Ops::I a0 = Ops::AndC(q0, 15), a1 = Ops::AndC(q1, 15);
+      typename Ops::I b0 = Ops::Srl(q0, 4), b1 = Ops::Srl(q1, 4);
+      if constexpr (kFive) {
+        a0 = Ops::Or(a0, fifth(h0, 2 * c));
+        a1 = Ops::Or(a1, fifth(h1, 2 * c));
+        b0 = Ops::Or(b0, fifth(h0, 2 * c + 1));
+        b1 = Ops::Or(b1, fifth(h1, 2 * c + 1));
+      }
       sink(Ops::Sub(Ops::Mul(Ops::ToFloat(a0), d1), m1), 4 * c);
       sink(Ops::Sub(Ops::Mul(Ops::ToFloat(a1), d1), m1), 4 * c + 1);
       sink(Ops::Sub(Ops::Mul(Ops::ToFloat(b0), d2), m2), 4 * c + 2);
@@ -227,19 +183,20 @@ struct Q5_K {
     }
   }
 };
+using Q4_K = QK<false>;
+using Q5_K = QK<true>;
 
-// block_q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; fp16 d}: two halves of 128;
-// element = (d * sc) * (q - 32), one int8 scale per 16 elements.
+// Q6_K {f32 s[16]; u8 ql[128]; u8 qh[64]}: two halves of 128; element =
+// s * (q - 32), one scale per 16 elements.
 struct Q6_K {
-  static constexpr int kBlock = 256, kBytes = 210;
+  static constexpr int kBlock = 256, kBytes = 256;
   template <class Ops, class Sink>
   static void Decode(const uint8_t* b, Sink&& sink) {
-    const float d = BlockFp16(b + 208);
 #pragma GCC unroll 2
     for (int half = 0; half < 2; ++half) {
-      const uint8_t* ql = b + 64 * half;
-      const uint8_t* qh = b + 128 + 32 * half;
-      const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * half);
+      const uint8_t* ql = b + 64 + 64 * half;
+      const uint8_t* qh = b + 192 + 32 * half;
+      const uint8_t* s = b + 32 * half;
       const int g0 = 8 * half;
       // Quarter t of the half: low / high nibbles of ql[0..31] / ql[32..63]
       // with bits 2t, 2t+1 of qh.
@@ -252,8 +209,8 @@ struct Q6_K {
           const typename Ops::I low = t < 2 ? Ops::AndC(l, 15) : Ops::Srl(l, 4);
           const typename Ops::I high =
               Ops::Shl(Ops::AndC(Ops::Srl(Ops::U8(qh + 16 * h), 2 * t), 3), 4);
-          const float scale = d * sc[2 * t + h];
-          sink(Ops::Mul(Ops::ToFloat(Ops::SubC(Ops::Or(low, high), 32)), scale),
+          sink(Ops::Mul(Ops::ToFloat(Ops::SubC(Ops::Or(low, high), 32)),
+                        Scale(s + 4 * (2 * t + h))),
                g0 + 2 * t + h);
         }
       }
@@ -285,7 +242,7 @@ inline void DirectAccumulate(const float* x, int64_t ldx, const uint8_t* w,
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
       const uint8_t* wb = w + j * ldw_bytes + blk * T::kBytes;
-      __builtin_prefetch(wb + 4 * T::kBytes, 0, 0);
+      __builtin_prefetch(wb + 1024, 0, 0);
       T::template Decode<Ops>(wb, [&](const typename Ops::V& v, int g) {
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i)

@@ -36,9 +36,8 @@ void GemmF32Avx2(const GemmArgs& a, int64_t n_begin, int64_t n_end);
 void GemmBf16Avx2(const GemmArgs& a, int64_t n_begin, int64_t n_end);
 void GemmF32Avx512(const GemmArgs& a, int64_t n_begin, int64_t n_end);
 void GemmBf16Avx512(const GemmArgs& a, int64_t n_begin, int64_t n_end);
-// GGML-block weights (gemm_blocks.h). The scalar one dequantizes rows with
-// kernels/quant (the load-time reference); the vector ones return false for a
-// type or shape they do not take, and the caller then uses the scalar one.
+// Packed GGML-block weights (gemm_blocks.h). The vector ones return false for
+// a type or shape they do not take, and the caller then uses the scalar one.
 void GemmBlocksScalar(const GemmArgs& a, int64_t n_begin, int64_t n_end);
 bool GemmBlocksAvx2(const GemmArgs& a, int64_t n_begin, int64_t n_end);
 bool GemmBlocksAvx512(const GemmArgs& a, int64_t n_begin, int64_t n_end);

@@ -7,8 +7,7 @@
 
 #include "kernels/cpu/internal/gemm_isa.h"
 #include "kernels/cpu/internal/gemm_tile.h"
-#include "kernels/quant/dequant.h"
-#include "kernels/quant/ggml_type.h"
+#include "kernels/cpu/packed_blocks.h"
 
 namespace kvd::kernels::cpu::internal {
 namespace {
@@ -59,20 +58,16 @@ void GemmBf16Scalar(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   GemmRange<ScalarOps, uint16_t, 2, 2, 4>(a, n_begin, n_end);
 }
 
-// The reference for GGML blocks: each weight row dequantized by the very
-// function the loader uses, then the fp32 tiles.
+// The plain form of GGML blocks: each packed weight row unpacked by the
+// scalar code of packed_blocks.cc, then the fp32 tiles.
 void GemmBlocksScalar(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   constexpr int64_t kRows = 16;
   std::vector<float> rows(kRows * a.k);
   const auto* w = static_cast<const uint8_t*>(a.w);
   for (int64_t n0 = n_begin; n0 < n_end; n0 += kRows) {
     const int64_t count = n_end - n0 < kRows ? n_end - n0 : kRows;
-    for (int64_t r = 0; r < count; ++r) {
-      // Shapes were checked when the view was built (gemm.cc).
-      (void)DequantizeRow(a.blocks, w + (n0 + r) * a.ldw,
-                          static_cast<size_t>(a.ldw), rows.data() + r * a.k,
-                          a.k);
-    }
+    for (int64_t r = 0; r < count; ++r)
+      UnpackRow(a.blocks, w + (n0 + r) * a.ldw, a.k, rows.data() + r * a.k);
     GemmArgs f = a;
     f.w = rows.data();
     f.ldw = a.k;
