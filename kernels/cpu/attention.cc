@@ -1,11 +1,14 @@
 #include "kernels/cpu/attention.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/internal/exp_avx2.h"
 
 namespace kvd::kernels::cpu {
 namespace {
@@ -13,6 +16,60 @@ namespace {
 // Row r of `rows`. Callers only step from a resolved row to the others of
 // its canonical chunk, which share a block when the store is paged.
 const void* RowPtr(const KvRows& rows, int64_t r) { return rows.Row(r); }
+
+// 8 values of a V row, widened exactly when bf16.
+inline __m256 LoadV(const void* row, WeightType type, int64_t d) {
+  if (type == WeightType::kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + d);
+  }
+  const __m128i h = _mm_loadu_si128(
+      reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + d));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// acc[d0, d0 + 8R) = fma(p_j, v_j[d], acc[d]) for j = 0, 1, ..., n-1 in that
+// order: the contract's per-element order, with the R accumulator registers
+// kept across the chunk instead of going through memory for every key.
+template <int R>
+void AccumulateRows(const float* p, const KvRows& v, int64_t n, int64_t d0,
+                    float* acc) {
+  __m256 a[R];
+  for (int r = 0; r < R; ++r) a[r] = _mm256_loadu_ps(acc + d0 + 8 * r);
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    const void* row = RowPtr(v, j);
+    for (int r = 0; r < R; ++r)
+      a[r] = _mm256_fmadd_ps(pj, LoadV(row, v.type, d0 + 8 * r), a[r]);
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc + d0 + 8 * r, a[r]);
+}
+
+void AccumulatePV(const float* p, const KvRows& v, int64_t n, int64_t head_dim,
+                  float* acc) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= head_dim; d0 += 64) AccumulateRows<8>(p, v, n, d0, acc);
+  for (; d0 + 8 <= head_dim; d0 += 8) AccumulateRows<1>(p, v, n, d0, acc);
+  for (; d0 < head_dim; ++d0) {  // a head_dim that is not a multiple of 8
+    for (int64_t j = 0; j < n; ++j) {
+      const void* row = RowPtr(v, j);
+      const float vd = v.type == WeightType::kF32
+                           ? static_cast<const float*>(row)[d0]
+                           : Bf16ToFloat(static_cast<const uint16_t*>(row)[d0]);
+      acc[d0] = std::fma(p[j], vd, acc[d0]);
+    }
+  }
+}
+
+// x[j] = Exp(x[j] - shift), 8 lanes at a time (bit-identical to the scalar).
+void ExpShifted(float* x, int64_t n, float shift) {
+  int64_t j = 0;
+  const __m256 s = _mm256_set1_ps(shift);
+  for (; j + 8 <= n; j += 8) {
+    _mm256_storeu_ps(x + j,
+                     internal::Exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), s)));
+  }
+  for (; j < n; ++j) x[j] = Exp(x[j] - shift);
+}
 
 }  // namespace
 
@@ -63,23 +120,9 @@ void OnlineSoftmax::Fold(const KvRows& v, int64_t n) {
       for (int64_t d = 0; d < head_dim_; ++d) acc[d] *= alpha;
       max_[i] = new_max;
     }
-    for (int64_t j = 0; j < n; ++j) s[j] = Exp(s[j] - new_max);
-    for (int64_t j = 0; j < n; ++j) {
-      const float p = s[j];
-      sum_[i] += p;
-      const float* vr;
-      if (v.type == WeightType::kF32) {
-        vr = static_cast<const float*>(RowPtr(v, j));
-      } else {
-        // Widen the bf16 row first (exact), in a loop the compiler can
-        // vectorise.
-        const uint16_t* vb = static_cast<const uint16_t*>(RowPtr(v, j));
-        for (int64_t d = 0; d < head_dim_; ++d) vrow_[d] = Bf16ToFloat(vb[d]);
-        vr = vrow_.data();
-      }
-      for (int64_t d = 0; d < head_dim_; ++d)
-        acc[d] = std::fma(p, vr[d], acc[d]);
-    }
+    ExpShifted(s, n, new_max);
+    for (int64_t j = 0; j < n; ++j) sum_[i] += s[j];
+    AccumulatePV(s, v, n, head_dim_, acc);
   }
 }
 

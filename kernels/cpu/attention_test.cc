@@ -1,12 +1,15 @@
 #include "kernels/cpu/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/testing/gemm_contract.h"
 
 namespace kvd::kernels::cpu {
 namespace {
@@ -17,6 +20,89 @@ std::vector<float> Random(size_t n, uint32_t seed) {
   std::vector<float> v(n);
   for (float& x : v) x = d(rng);
   return v;
+}
+
+// The contract's attention written plainly (kernels/cpu/README.md): per
+// query, chunks of kAttentionChunk absolute positions; in each, scores by the
+// canonical dot times the scale, the running max, p = Exp(s - max), the sum
+// and acc[d] = fma(p, v[d], acc[d]) key by key in order; out = acc / sum.
+std::vector<float> ContractAttention(const std::vector<float>& q, int64_t group,
+                                     int64_t head_dim, float scale,
+                                     const std::vector<float>& k,
+                                     const std::vector<float>& v,
+                                     int64_t stride, int64_t first,
+                                     int64_t last) {
+  std::vector<float> out(group * head_dim);
+  for (int64_t g = 0; g < group; ++g) {
+    float max = -std::numeric_limits<float>::infinity(), sum = 0.0f;
+    std::vector<float> acc(head_dim, 0.0f);
+    for (int64_t c = first / kAttentionChunk * kAttentionChunk; c <= last;
+         c += kAttentionChunk) {
+      const int64_t b = std::max(c, first);
+      const int64_t e = std::min(c + kAttentionChunk - 1, last);
+      std::vector<float> s;
+      float chunk_max = -std::numeric_limits<float>::infinity();
+      for (int64_t j = b; j <= e; ++j) {
+        s.push_back(
+            testing::ContractDot(&q[g * head_dim], &k[j * stride], head_dim) *
+            scale);
+        chunk_max = std::max(chunk_max, s.back());
+      }
+      const float new_max = std::max(max, chunk_max);
+      if (max != new_max) {
+        const float alpha = max == -std::numeric_limits<float>::infinity()
+                                ? 0.0f
+                                : Exp(max - new_max);
+        sum *= alpha;
+        for (float& a : acc) a *= alpha;
+        max = new_max;
+      }
+      for (int64_t j = b; j <= e; ++j) {
+        const float p = Exp(s[j - b] - new_max);
+        sum += p;
+        for (int64_t d = 0; d < head_dim; ++d)
+          acc[d] = std::fma(p, v[j * stride + d], acc[d]);
+      }
+    }
+    for (int64_t d = 0; d < head_dim; ++d) out[g * head_dim + d] = acc[d] / sum;
+  }
+  return out;
+}
+
+TEST(Attention, FollowsTheContractBitForBit) {
+  // head_dims: SmolLM2's 64, Gemma 3's 256, and widths that leave 8-lane and
+  // single-lane remainders.
+  for (const int64_t head_dim : {64, 256, 72, 13}) {
+    const int64_t group = 3, n_keys = 100, stride = head_dim + 5;
+    const std::vector<float> q = Random(group * head_dim, 21);
+    std::vector<float> k = Random(n_keys * stride, 22),
+                       v = Random(n_keys * stride, 23);
+    for (const bool bf16 : {false, true}) {
+      std::vector<uint16_t> kb(k.size()), vb(v.size());
+      if (bf16) {
+        // The same values in both storages.
+        FloatToBf16(k.data(), kb.data(), k.size());
+        FloatToBf16(v.data(), vb.data(), v.size());
+        Bf16ToFloat(kb.data(), k.data(), k.size());
+        Bf16ToFloat(vb.data(), v.data(), v.size());
+      }
+      const KvRows kr = bf16 ? KvRows{WeightType::kBf16, kb.data(), stride}
+                             : KvRows{WeightType::kF32, k.data(), stride};
+      const KvRows vr = bf16 ? KvRows{WeightType::kBf16, vb.data(), stride}
+                             : KvRows{WeightType::kF32, v.data(), stride};
+      for (const auto& [first, last] :
+           {std::pair<int64_t, int64_t>{0, 99}, {7, 70}, {40, 41}}) {
+        std::vector<float> out(group * head_dim);
+        AttendRange(q.data(), group, head_dim, 0.125f, kr, vr, first, last,
+                    out.data());
+        const std::vector<float> want = ContractAttention(
+            q, group, head_dim, 0.125f, k, v, stride, first, last);
+        EXPECT_EQ(std::memcmp(out.data(), want.data(), out.size() * 4), 0)
+            << "head_dim " << head_dim << (bf16 ? " bf16" : " f32") << " ["
+            << first << ", " << last << "]";
+      }
+    }
+  }
 }
 
 TEST(Attention, MatchesFloat64SoftmaxReference) {

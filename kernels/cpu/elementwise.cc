@@ -1,10 +1,13 @@
 #include "kernels/cpu/elementwise.h"
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/internal/exp_avx2.h"
 
 namespace kvd::kernels::cpu {
 void RmsNorm(const float* x, const float* w, float eps, int64_t n, float* y) {
@@ -17,12 +20,36 @@ void RmsNorm(const float* x, const float* w, float eps, int64_t n, float* y) {
   }
 }
 
+// The vector loops below do, per lane, exactly what Silu / GeluTanh do
+// (internal/exp_avx2.h), so results do not depend on n or alignment.
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = Silu(gate[i]) * up[i];
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    // -x is a sign flip (not 0 - x, which differs for +0 and NaN).
+    const __m256 e = internal::Exp8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
+    const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) out[i] = Silu(gate[i]) * up[i];
 }
 
 void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = GeluTanh(gate[i]) * up[i];
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(gate + i);
+    const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    const __m256 inner = _mm256_mul_ps(
+        _mm256_set1_ps(0.7978845608028654f),
+        _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(0.044715f), cube)));
+    const __m256 e =
+        internal::Exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), inner));
+    const __m256 gelu = _mm256_div_ps(x, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) out[i] = GeluTanh(gate[i]) * up[i];
 }
 
 void AddInPlace(float* acc, const float* x, int64_t n) {

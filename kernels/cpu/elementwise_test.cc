@@ -1,11 +1,14 @@
 #include "kernels/cpu/elementwise.h"
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/internal/exp_avx2.h"
 
 namespace kvd::kernels::cpu {
 namespace {
@@ -25,6 +28,59 @@ TEST(Exp, WithinTwoUlpOfDoubleExpAcrossTheRange) {
         std::max(worst, UlpDistance(Exp(x), std::exp(static_cast<double>(x))));
   }
   EXPECT_LT(worst, 2.0);
+}
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// Inputs over every exponent and sign, plus the edges: a stride through all
+// 2^32 bit patterns (NaNs, infinities, zeros and subnormals included).
+std::vector<float> SweepInputs() {
+  std::vector<float> x;
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 4093) {
+    x.push_back(FromBits(static_cast<uint32_t>(u)));
+  }
+  for (float f : {0.0f, -0.0f, 88.72f, -87.33f, 88.7201f, -87.3301f,
+                  std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity(), std::nanf(""),
+                  -std::nanf(""), 1e-45f, -1e-45f})
+    x.push_back(f);
+  while (x.size() % 8 != 0) x.push_back(1.0f);
+  return x;
+}
+
+TEST(Exp, EightLanesGiveTheScalarBits) {
+  const std::vector<float> x = SweepInputs();
+  for (size_t i = 0; i < x.size(); i += 8) {
+    float y[8];
+    _mm256_storeu_ps(y, internal::Exp8(_mm256_loadu_ps(&x[i])));
+    for (int l = 0; l < 8; ++l)
+      ASSERT_EQ(Bits(y[l]), Bits(Exp(x[i + l]))) << "x = " << x[i + l];
+  }
+}
+
+TEST(SiluMulAndGeluTanhMul, GiveTheScalarBitsAtEveryOffset) {
+  const std::vector<float> x = SweepInputs();
+  std::vector<float> up(x.size());
+  for (size_t i = 0; i < up.size(); ++i) up[i] = 0.5f + (i % 7) * 0.25f;
+  std::vector<float> silu(x.size()), gelu(x.size());
+  // An odd length: the vector body and the scalar tail both run.
+  const int64_t n = static_cast<int64_t>(x.size()) - 3;
+  SiluMul(x.data(), up.data(), n, silu.data());
+  GeluTanhMul(x.data(), up.data(), n, gelu.data());
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(Bits(silu[i]), Bits(Silu(x[i]) * up[i])) << "x = " << x[i];
+    ASSERT_EQ(Bits(gelu[i]), Bits(GeluTanh(x[i]) * up[i])) << "x = " << x[i];
+  }
 }
 
 TEST(Exp, EdgeCases) {
