@@ -101,7 +101,9 @@ double RunTogether(int threads, Body body) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-std::string CpuName() {
+}  // namespace
+
+std::string CpuDescription() {
   std::ifstream in("/proc/cpuinfo");
   std::string line, model, family;
   while (std::getline(in, line) && (model.empty() || family.empty())) {
@@ -115,11 +117,9 @@ std::string CpuName() {
   return family.empty() ? model : model + ", CPU family " + family;
 }
 
-}  // namespace
-
 MachineCeilings MeasureMachineCeilings(int threads) {
   MachineCeilings c;
-  c.cpu = CpuName();
+  c.cpu = CpuDescription();
   c.threads = threads = threads < 1 ? 1 : threads;
   std::vector<float> sinks(threads * 16);
   // FMA: calibrate the chain to ~0.15 s per thread, best of three runs.

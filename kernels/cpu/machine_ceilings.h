@@ -31,6 +31,9 @@ struct MachineCeilings {
 
 MachineCeilings MeasureMachineCeilings(int threads);
 
+// MachineCeilings::cpu alone (reads /proc/cpuinfo; measures nothing).
+std::string CpuDescription();
+
 }  // namespace kvd::kernels::cpu
 
 #endif  // KVD_KERNELS_CPU_MACHINE_CEILINGS_H_

@@ -487,6 +487,20 @@ void GgufFile::ReleaseResidentPages() const {
   if (mapping_ != nullptr) ::madvise(mapping_, mapping_size_, MADV_DONTNEED);
 }
 
+void GgufFile::ReleaseResidentPages(const uint8_t* data, size_t bytes) const {
+  const auto* base = static_cast<const uint8_t*>(mapping_);
+  if (mapping_ == nullptr || data < base || data + bytes > base + mapping_size_)
+    return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin =
+      (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
+  const uintptr_t end =
+      (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
+  if (end > begin) {
+    ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  }
+}
+
 GgufFile::~GgufFile() {
   if (mapping_ != nullptr) ::munmap(mapping_, mapping_size_);
 }

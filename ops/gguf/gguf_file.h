@@ -169,6 +169,9 @@ class GgufFile {
   // back from the page cache if touched again). For after the weights were
   // copied out: the mapped file otherwise counts a second time in RSS.
   void ReleaseResidentPages() const;
+  // The same for the whole pages inside [data, data + bytes) of the mapping
+  // (one tensor's data once the loader has copied it out).
+  void ReleaseResidentPages(const uint8_t* data, size_t bytes) const;
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   // Absolute offset of the (aligned) tensor data section.

@@ -106,6 +106,18 @@ absl::StatusOr<Matrix> Matrix::FromRows(
   return m;
 }
 
+namespace {
+
+// Drops the tensor's file pages once they are copied out, so loading never
+// holds the file and the copies in full at once.
+absl::StatusOr<Matrix> Released(const GgufFile& file, const GgufTensor& t,
+                                absl::StatusOr<Matrix> m) {
+  if (m.ok()) file.ReleaseResidentPages(t.data, t.size_bytes);
+  return m;
+}
+
+}  // namespace
+
 absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
                                         const std::string& name, int64_t rows,
                                         int64_t cols, Precision precision,
@@ -152,18 +164,21 @@ absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
       m.bf16_.resize(rows * cols);
       std::memcpy(m.bf16_.data(), t->data, rows * row_bytes);
     }
-    return m;
+    return Released(file, *t, std::move(m));
   }
-  return FromRows(
-      rows, cols, precision, pool, [&](int64_t r, float* dst) -> absl::Status {
-        absl::Status s = kernels::DequantizeRow(
-            t->type, t->data + r * row_bytes, row_bytes, dst, cols);
-        if (!s.ok()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              file.path(), ": tensor '", name, "' row ", r, ": ", s.message()));
-        }
-        return absl::OkStatus();
-      });
+  return Released(
+      file, *t,
+      FromRows(rows, cols, precision, pool,
+               [&](int64_t r, float* dst) -> absl::Status {
+                 absl::Status s = kernels::DequantizeRow(
+                     t->type, t->data + r * row_bytes, row_bytes, dst, cols);
+                 if (!s.ok()) {
+                   return absl::InvalidArgumentError(
+                       absl::StrCat(file.path(), ": tensor '", name, "' row ",
+                                    r, ": ", s.message()));
+                 }
+                 return absl::OkStatus();
+               }));
 }
 
 absl::StatusOr<std::vector<float>> VectorFromGguf(const GgufFile& file,

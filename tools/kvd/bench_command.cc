@@ -6,6 +6,9 @@
 // tokens one step at a time after a short prompt, for B sequences decoded
 // together (batch B). Each figure is the median of
 // --repetitions runs.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/machine_ceilings.h"
@@ -56,15 +60,56 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The machine's ceilings, measured in a child process: the probe's large
+// buffers then never count in this process's RSS columns. Falls back to
+// measuring here if fork fails.
+kernels::cpu::MachineCeilings CeilingsInChild(int threads) {
+  int fds[2];
+  if (::pipe(fds) != 0) return kernels::cpu::MeasureMachineCeilings(threads);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return kernels::cpu::MeasureMachineCeilings(threads);
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    const kernels::cpu::MachineCeilings c =
+        kernels::cpu::MeasureMachineCeilings(threads);
+    const double v[2] = {c.fma_gflops, c.read_gb_per_s};
+    const ssize_t wrote = ::write(fds[1], v, sizeof(v));
+    ::_exit(wrote == sizeof(v) ? 0 : 1);
+  }
+  ::close(fds[1]);
+  double v[2] = {0, 0};
+  size_t got = 0;
+  while (got < sizeof(v)) {
+    const ssize_t n =
+        ::read(fds[0], reinterpret_cast<char*>(v) + got, sizeof(v) - got);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (got != sizeof(v)) return kernels::cpu::MeasureMachineCeilings(threads);
+  kernels::cpu::MachineCeilings c;
+  c.cpu = kernels::cpu::CpuDescription();
+  c.threads = threads;
+  c.fma_gflops = v[0];
+  c.read_gb_per_s = v[1];
+  return c;
+}
+
 absl::StatusOr<std::vector<int64_t>> IntList(const std::string& s,
                                              const std::string& flag,
-                                             int64_t max) {
+                                             int64_t max, int64_t min = 1) {
   std::vector<int64_t> out;
   for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
     int64_t v;
-    if (!absl::SimpleAtoi(part, &v) || v <= 0 || v > max) {
+    if (!absl::SimpleAtoi(part, &v) || v < min || v > max) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, " wants integers in 1..", max,
+          absl::StrCat("--", flag, " wants integers in ", min, "..", max,
                        " separated by commas, got '", s, "'"));
     }
     out.push_back(v);
@@ -94,9 +139,14 @@ absl::StatusOr<double> PrefillTokensPerSecond(const ops::Model& m, int64_t n,
   return Median(rates);
 }
 
+// Decode rate of `batch` sequences generating `n` tokens each after a context
+// of `depth` tokens (16 when depth is 0, so the first step has something to
+// attend to), prefilled in 512-token steps before the clock starts.
 absl::StatusOr<double> DecodeTokensPerSecond(const ops::Model& m, int64_t batch,
-                                             int64_t n, int reps) {
-  constexpr int64_t kPrompt = 16;
+                                             int64_t n, int64_t depth,
+                                             int reps) {
+  const int64_t kPrompt = depth > 0 ? depth : 16;
+  constexpr int64_t kPrefillStep = 512;
   std::vector<double> rates;
   for (int r = 0; r < reps; ++r) {
     std::vector<ops::KvCache> caches;
@@ -106,10 +156,17 @@ absl::StatusOr<double> DecodeTokensPerSecond(const ops::Model& m, int64_t batch,
     std::vector<std::vector<int32_t>> prompts;
     for (int64_t b = 0; b < batch; ++b)
       prompts.push_back(RandomTokens(kPrompt, m.config().vocab_size, 100 + b));
-    for (int64_t b = 0; b < batch; ++b)
-      steps.push_back({&caches[b], prompts[b], ops::LogitsMode::kLast, b});
     ops::ForwardOutput out;
-    KVD_RETURN_IF_ERROR(m.Forward(steps, &out));
+    for (int64_t at = 0; at < kPrompt; at += kPrefillStep) {
+      steps.clear();
+      for (int64_t b = 0; b < batch; ++b) {
+        const int64_t len = std::min(kPrefillStep, kPrompt - at);
+        steps.push_back({&caches[b],
+                         absl::MakeConstSpan(prompts[b]).subspan(at, len),
+                         ops::LogitsMode::kLast, b});
+      }
+      KVD_RETURN_IF_ERROR(m.Forward(steps, &out));
+    }
     const auto t0 = Clock::now();
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t b = 0; b < batch; ++b) {
@@ -147,6 +204,8 @@ absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(int64_t pp, args.GetIntIn("prompt-tokens", 1, 65536));
   KVD_ASSIGN_OR_RETURN(int64_t tg, args.GetIntIn("gen-tokens", 1, 65536));
   KVD_ASSIGN_OR_RETURN(int64_t reps, args.GetIntIn("repetitions", 1, 1000));
+  KVD_ASSIGN_OR_RETURN(std::vector<int64_t> depths,
+                       IntList(args.Get("depth"), "depth", 1 << 20, 0));
   // The modes measured: each precision, and in fp32 each weight storage.
   struct Mode {
     ops::Precision precision;
@@ -202,7 +261,7 @@ absl::Status Run(const Args& args) {
   // are not comparable without them).
   std::map<int64_t, kernels::cpu::MachineCeilings> ceilings;
   for (int64_t t : threads) {
-    ceilings[t] = kernels::cpu::MeasureMachineCeilings(static_cast<int>(t));
+    ceilings[t] = CeilingsInChild(static_cast<int>(t));
     std::printf(
         "machine: %s; %lld thread(s): fp32 FMA peak %.0f GFLOP/s, memory read "
         "%.1f GB/s\n",
@@ -226,6 +285,16 @@ absl::Status Run(const Args& args) {
         return absl::InvalidArgumentError(absl::StrCat(
             "--prompt-tokens (", pp, ") and --gen-tokens (", tg,
             ") must each fit the model's context of ", context, " tokens"));
+      }
+      for (int64_t depth : depths) {
+        if (depth + tg > context) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--depth ", depth, " plus --gen-tokens ", tg,
+                           " exceeds the model's context of ", context,
+                           " tokens; use at "
+                           "most --depth ",
+                           context - tg));
+        }
       }
       auto row = [&](const std::string& test, double rate,
                      const std::string& share) {
@@ -252,13 +321,18 @@ absl::Status Run(const Args& args) {
       const double weight_bytes = static_cast<double>(
           weights.size_bytes() -
           (weights.output.empty() ? 0 : weights.token_embedding.size_bytes()));
-      for (int64_t b : batches) {
-        KVD_ASSIGN_OR_RETURN(double tg_rate,
-                             DecodeTokensPerSecond(*model, b, tg, reps));
-        row(absl::StrFormat("tg%d batch %d", tg, b), tg_rate,
-            absl::StrFormat("%.0f%% of memory read",
-                            100 * tg_rate / b * weight_bytes /
-                                (ceiling.read_gb_per_s * 1e9)));
+      for (int64_t depth : depths) {
+        for (int64_t b : batches) {
+          KVD_ASSIGN_OR_RETURN(double tg_rate, DecodeTokensPerSecond(
+                                                   *model, b, tg, depth, reps));
+          row(absl::StrFormat("tg%d%s batch %d", tg,
+                              depth > 0 ? absl::StrFormat(" @ d%d", depth) : "",
+                              b),
+              tg_rate,
+              absl::StrFormat("%.0f%% of memory read",
+                              100 * tg_rate / b * weight_bytes /
+                                  (ceiling.read_gb_per_s * 1e9)));
+        }
       }
     }
   }
@@ -293,6 +367,9 @@ int BenchCommand(const std::vector<std::string>& argv) {
   args.Flag("batch", "1,8,32",
             "decode batch sizes (sequences decoded together)");
   args.Flag("prompt-tokens", "512", "tokens prefilled in one step");
+  args.Flag("depth", "0",
+            "context depths to decode at, comma-separated (llama-bench -d): "
+            "that many tokens are prefilled, untimed, before each decode run");
   args.Flag("gen-tokens", "128", "tokens decoded per sequence");
   args.Flag("repetitions", "3", "runs per figure; the median is reported");
   return args.Main(argv, Run);
