@@ -65,9 +65,17 @@ void GroupedGemm(const float* x, int64_t m, int64_t ldx, const WeightView& w,
   assert(!blocks ||
          (IsGemmBlockType(w.blocks) && w.cols % BlockSize(w.blocks) == 0 &&
           w.stride() % BlockSize(w.blocks) == 0));
-  const internal::GemmArgs args{
-      x,      m, ldx, w.data, blocks ? w.row_stride_bytes() : w.stride(),
-      w.cols, y, ldy, groups, w.blocks};
+  const internal::GemmArgs args{x,
+                                m,
+                                ldx,
+                                w.data,
+                                blocks ? w.row_stride_bytes() : w.stride(),
+                                w.cols,
+                                y,
+                                ldy,
+                                groups,
+                                w.blocks,
+                                w.round_to_bf16};
   const RangeFn fn = Pick(w.type, m);
   if (pool == nullptr || pool->num_threads() == 1 ||
       m * w.rows * w.cols < kMinParallelWork) {

@@ -37,6 +37,10 @@ struct WeightView {
   // kGgmlBlocks only: the block type (IsGemmBlockType); data holds rows
   // packed by PackRow, and cols is a whole number of packed blocks.
   GgmlType blocks = GgmlType::kF32;
+  // kGgmlBlocks only: the weights are the bf16 rounding (nearest-even) of
+  // the dequantized values, the bits of a bf16 view of rows rounded at load
+  // (the bf16 mode).
+  bool round_to_bf16 = false;
   int64_t stride() const { return ld == 0 ? cols : ld; }
   // Bytes taken by `elements` consecutive elements of a row (for blocks a
   // whole number of them).

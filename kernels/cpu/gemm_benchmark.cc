@@ -77,7 +77,8 @@ void BM_GemmBlocks(benchmark::State& state) {
   }
   std::vector<float> x(m * k, 0.5f), y(m * n);
   ThreadPool pool(threads);
-  const WeightView wv{WeightType::kGgmlBlocks, packed.data(), n, k, 0, type};
+  WeightView wv{WeightType::kGgmlBlocks, packed.data(), n, k, 0, type};
+  wv.round_to_bf16 = state.range(5) != 0;
   for (auto _ : state) {
     Gemm(x.data(), m, k, wv, y.data(), n, &pool);
     benchmark::DoNotOptimize(y.data());
@@ -90,17 +91,20 @@ void BM_GemmBlocks(benchmark::State& state) {
       benchmark::Counter::kIs1000);
 }
 // Args: m, n, k, threads, GGML type id (3 = Q4_1, 8 = Q8_0, 12 = Q4_K,
-// 14 = Q6_K). SmolLM2's MLP and output head at decode and prefill.
+// 14 = Q6_K), weights rounded to bf16 (the bf16 mode). SmolLM2's MLP and output
+// head at decode and prefill.
 BENCHMARK(BM_GemmBlocks)
-    ->ArgNames({"m", "n", "k", "threads", "type"})
-    ->Args({1, 1536, 576, 1, 3})
-    ->Args({1, 576, 1536, 1, 3})
-    ->Args({1, 49152, 576, 1, 8})
-    ->Args({1, 49152, 576, 1, 3})
-    ->Args({1, 1536, 1024, 1, 12})
-    ->Args({1, 1536, 1024, 1, 14})
-    ->Args({4, 1536, 576, 1, 3})
-    ->Args({512, 1536, 576, 1, 3})
+    ->ArgNames({"m", "n", "k", "threads", "type", "bf16"})
+    ->Args({1, 1536, 576, 1, 3, 0})
+    ->Args({1, 1536, 576, 1, 3, 1})
+    ->Args({1, 576, 1536, 1, 3, 0})
+    ->Args({1, 49152, 576, 1, 8, 0})
+    ->Args({1, 49152, 576, 1, 8, 1})
+    ->Args({1, 49152, 576, 1, 3, 0})
+    ->Args({1, 1536, 1024, 1, 12, 0})
+    ->Args({1, 1536, 1024, 1, 14, 0})
+    ->Args({4, 1536, 576, 1, 3, 0})
+    ->Args({512, 1536, 576, 1, 3, 0})
     ->UseRealTime();
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/packed_blocks.h"
 #include "kernels/cpu/testing/gemm_contract.h"
@@ -101,33 +102,40 @@ struct Case {
 
 class GemmBlocks : public ::testing::TestWithParam<Case> {};
 
+// In the bf16 mode (round_to_bf16) the weights are the dequantized values
+// rounded to bf16, as the loader's bf16 copies hold them.
 TEST_P(GemmBlocks, EqualsTheContractOverRowsDequantizedAtLoad) {
   const Case c = GetParam();
   ASSERT_TRUE(IsGemmBlockType(c.type));
   const std::vector<uint8_t> q = RandomBlocks(c.type, c.rows, c.cols, 7);
-  const std::vector<float> wf = Dequantized(c.type, q, c.rows, c.cols);
   const std::vector<uint8_t> packed = Packed(c.type, q, c.rows, c.cols);
-  const WeightView w{
-      WeightType::kGgmlBlocks, packed.data(), c.rows, c.cols, 0, c.type};
   const int64_t k = c.cols;
-  for (const int64_t m : {1, 2, 3, 4, 5, 37}) {
-    const std::vector<float> x = RandomVector(m * k, 11 + m);
-    std::vector<float> want(m * c.rows);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < c.rows; ++j)
-        want[i * c.rows + j] =
-            c.groups == 1 ? ContractDot(&x[i * k], &wf[j * k], k)
-                          : ContractGrouped(&x[i * k], &wf[j * k], k, c.groups);
-    for (Isa isa : SupportedIsas()) {
-      IsaGuard guard(isa);
-      for (int threads : {1, 2}) {
-        SCOPED_TRACE(std::string(GgmlTypeName(c.type)) + " " + IsaName(isa) +
-                     " m=" + std::to_string(m) +
-                     " threads=" + std::to_string(threads));
-        ThreadPool pool(threads);
-        std::vector<float> y(m * c.rows, std::nanf(""));
-        GroupedGemm(x.data(), m, k, w, c.groups, y.data(), c.rows, &pool);
-        EXPECT_TRUE(BitEqual(y, want));
+  for (const bool bf16 : {false, true}) {
+    std::vector<float> wf = Dequantized(c.type, q, c.rows, c.cols);
+    if (bf16) RoundToBf16(wf.data(), wf.size());
+    WeightView w{
+        WeightType::kGgmlBlocks, packed.data(), c.rows, c.cols, 0, c.type};
+    w.round_to_bf16 = bf16;
+    for (const int64_t m : {1, 2, 3, 4, 5, 37}) {
+      const std::vector<float> x = RandomVector(m * k, 11 + m);
+      std::vector<float> want(m * c.rows);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < c.rows; ++j)
+          want[i * c.rows + j] =
+              c.groups == 1
+                  ? ContractDot(&x[i * k], &wf[j * k], k)
+                  : ContractGrouped(&x[i * k], &wf[j * k], k, c.groups);
+      for (Isa isa : SupportedIsas()) {
+        IsaGuard guard(isa);
+        for (int threads : {1, 2}) {
+          SCOPED_TRACE(std::string(GgmlTypeName(c.type)) + " " + IsaName(isa) +
+                       (bf16 ? " bf16" : " fp32") + " m=" + std::to_string(m) +
+                       " threads=" + std::to_string(threads));
+          ThreadPool pool(threads);
+          std::vector<float> y(m * c.rows, std::nanf(""));
+          GroupedGemm(x.data(), m, k, w, c.groups, y.data(), c.rows, &pool);
+          EXPECT_TRUE(BitEqual(y, want));
+        }
       }
     }
   }
@@ -192,11 +200,17 @@ TEST(PackedBlocks, UnpackGivesTheDequantizersBits) {
     const std::vector<float> want = Dequantized(type, q, 3, k);
     const std::vector<uint8_t> packed = Packed(type, q, 3, k);
     ASSERT_EQ(packed.size(), static_cast<size_t>(3 * PackedRowBytes(type, k)));
-    std::vector<float> got(3 * k);
-    for (int64_t r = 0; r < 3; ++r)
+    std::vector<float> got(3 * k), rounded(3 * k);
+    for (int64_t r = 0; r < 3; ++r) {
       UnpackRow(type, packed.data() + r * PackedRowBytes(type, k), k,
                 got.data() + r * k);
+      UnpackRow(type, packed.data() + r * PackedRowBytes(type, k), k,
+                rounded.data() + r * k, /*round_to_bf16=*/true);
+    }
     EXPECT_TRUE(BitEqual(got, want)) << GgmlTypeName(type);
+    std::vector<float> want_rounded = want;
+    RoundToBf16(want_rounded.data(), want_rounded.size());
+    EXPECT_TRUE(BitEqual(rounded, want_rounded)) << GgmlTypeName(type);
   }
 }
 

@@ -241,10 +241,23 @@ absl::Status PackRow(GgmlType type, const void* src, size_t src_bytes,
   return absl::OkStatus();
 }
 
-void UnpackRow(GgmlType type, const uint8_t* packed, int64_t k, float* dst) {
+void UnpackRow(GgmlType type, const uint8_t* packed, int64_t k, float* dst,
+               bool round_to_bf16) {
   const int64_t per = PackedBlockSize(type);
   for (int64_t i = 0; i < k / per; ++i)
     UnpackBlock(type, packed + i * PackedBlockBytes(type), dst + i * per);
+  if (!round_to_bf16) return;
+  // kernels/cpu/elementwise.h's FloatToBf16, which this library sits below.
+  for (int64_t i = 0; i < k; ++i) {
+    uint32_t b;
+    std::memcpy(&b, &dst[i], sizeof(b));
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+      b = (b & 0xffff0000u) | 0x00400000u;
+    } else {
+      b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+    }
+    std::memcpy(&dst[i], &b, sizeof(b));
+  }
 }
 
 }  // namespace kvd::kernels::cpu

@@ -53,8 +53,11 @@ absl::Status PackRow(GgmlType type, const void* src, size_t src_bytes,
                      int64_t k, uint8_t* dst);
 
 // The fp32 values of a packed row: bit-identical to DequantizeRow of the
-// row it was packed from. Preconditions as PackRow's.
-void UnpackRow(GgmlType type, const uint8_t* packed, int64_t k, float* dst);
+// row it was packed from; with round_to_bf16, each then rounded to bf16
+// (nearest-even, NaN quieted: elementwise.h's FloatToBf16) and widened.
+// Preconditions as PackRow's.
+void UnpackRow(GgmlType type, const uint8_t* packed, int64_t k, float* dst,
+               bool round_to_bf16 = false);
 
 }  // namespace kvd::kernels::cpu
 

@@ -42,8 +42,8 @@ namespace kvd::ops {
 
 struct LoadOptions {
   Precision precision = Precision::kF32;
-  // fp32 mode only: keep the file's blocks (same bits, fewer bytes) or make
-  // fp32 copies at load (weights.h).
+  // Keep the file's blocks (same bits, fewer bytes) or make fp32 / bf16
+  // copies at load (weights.h).
   WeightStorage weights = WeightStorage::kAsStored;
   int num_threads = 0;  // 0: all hardware threads
   std::function<void(int done, int total)> progress;

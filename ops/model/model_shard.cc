@@ -1,6 +1,8 @@
 // Model::ShardOf: one tensor-parallel shard's slice of a loaded model.
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -11,12 +13,16 @@
 namespace kvd::ops {
 namespace {
 
-// Rows [r0, r1) and columns [c0, c1) of `m` as their own matrix: bf16 in the
-// bf16 mode (values go through fp32 and back unchanged), fp32 in the fp32
-// mode (a shard's slice of blocks is dequantized; same values).
+// Rows [r0, r1) and columns [c0, c1) of `m` as their own matrix: blocks stay
+// blocks where the columns fall on block boundaries; otherwise bf16 in the
+// bf16 mode (values go through fp32 and back unchanged) and fp32 in the fp32
+// mode (same values).
 absl::StatusOr<Matrix> Slice(const Matrix& m, int64_t r0, int64_t r1,
                              int64_t c0, int64_t c1, Precision stored,
                              kernels::cpu::ThreadPool* pool) {
+  if (std::optional<Matrix> blocks = m.SliceBlocks(r0, r1, c0, c1)) {
+    return std::move(*blocks);
+  }
   return Matrix::FromRows(
       r1 - r0, c1 - c0, stored, pool, [&](int64_t r, float* dst) {
         std::vector<float> row(m.cols());

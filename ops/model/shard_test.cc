@@ -140,10 +140,14 @@ TEST_P(TinyShardTest, EveryDegreeDividingTheGroupsGivesTheSameBits) {
 INSTANTIATE_TEST_SUITE_P(Precisions, TinyShardTest,
                          ::testing::Values(Precision::kF32, Precision::kBf16));
 
-TEST(SmolLm2ShardTest, ThreeShardsGiveTheSameBitsAsOneProcess) {
+class SmolLm2ShardTest : public ::testing::TestWithParam<Precision> {};
+
+// In fp32 the shards keep the file's quantized blocks (their slices fall on
+// block boundaries), in bf16 they hold bf16 slices.
+TEST_P(SmolLm2ShardTest, ThreeShardsGiveTheSameBitsAsOneProcess) {
   const std::string path = CachedModelPath("SmolLM2-135M-Instruct.Q4_1.gguf");
   LoadOptions o;
-  o.precision = Precision::kBf16;
+  o.precision = GetParam();
   o.num_threads = 2;
   absl::StatusOr<std::unique_ptr<Model>> full = Model::Load(path, o);
   ASSERT_TRUE(full.ok()) << full.status()
@@ -161,7 +165,16 @@ TEST(SmolLm2ShardTest, ThreeShardsGiveTheSameBitsAsOneProcess) {
     EXPECT_TRUE(SameBits(got[s], want)) << "shard " << s;
   }
   ExpectKvSlices(**full, shards);
+  if (GetParam() == Precision::kF32) {
+    EXPECT_EQ(shards[1]->weights().layers[0].wo.view().type,
+              kernels::cpu::WeightType::kGgmlBlocks);
+    EXPECT_EQ(shards[1]->weights().layers[0].w_down.view().type,
+              kernels::cpu::WeightType::kGgmlBlocks);
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Precisions, SmolLm2ShardTest,
+                         ::testing::Values(Precision::kF32, Precision::kBf16));
 
 }  // namespace
 }  // namespace kvd::ops

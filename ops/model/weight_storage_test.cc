@@ -1,11 +1,12 @@
-// The fp32 mode's two weight storages on the real models: blocks kept as the
-// file stores them (dequantized inside the GEMM) give every logit of
-// weights dequantized to fp32 at load, bit for bit, on every vector ISA, at
-// prefill, batched decode and single-sequence decode, while holding a fraction
-// of the bytes.
+// The two weight storages on the real models, in both precision modes: blocks
+// kept as the file stores them (dequantized, and in bf16 rounded, inside the
+// GEMM) give every logit of weights converted at load, bit for bit, on every
+// vector ISA, at prefill, batched decode and single-sequence decode, while
+// holding a fraction of the bytes.
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "base/model_dir.h"
@@ -19,10 +20,10 @@ namespace {
 
 namespace cpu = kernels::cpu;
 
-std::unique_ptr<Model> LoadWith(const std::string& file,
+std::unique_ptr<Model> LoadWith(const std::string& file, Precision precision,
                                 WeightStorage storage) {
   LoadOptions o;
-  o.precision = Precision::kF32;
+  o.precision = precision;
   o.weights = storage;
   o.num_threads = 2;
   absl::StatusOr<std::unique_ptr<Model>> m =
@@ -57,22 +58,26 @@ std::vector<float> AllLogits(const Model& m) {
   return all;
 }
 
-class WeightStorageTest : public ::testing::TestWithParam<std::string> {};
+class WeightStorageTest
+    : public ::testing::TestWithParam<std::tuple<std::string, Precision>> {};
 
 TEST_P(WeightStorageTest, BlocksAsStoredGiveTheBitsOfWeightsDequantizedAtLoad) {
-  const std::string file = GetParam();
+  const auto [file, precision] = GetParam();
   std::unique_ptr<Model> dequantized =
-      LoadWith(file, WeightStorage::kDequantized);
-  std::unique_ptr<Model> stored = LoadWith(file, WeightStorage::kAsStored);
+      LoadWith(file, precision, WeightStorage::kDequantized);
+  std::unique_ptr<Model> stored =
+      LoadWith(file, precision, WeightStorage::kAsStored);
   ASSERT_TRUE(dequantized && stored);
   const std::vector<float> want = AllLogits(*dequantized);
   ASSERT_FALSE(want.empty());
 
-  // The file's matrices stay blocks: far fewer bytes than fp32 copies.
+  // The file's matrices stay blocks: far fewer bytes than fp32 or bf16
+  // copies.
   EXPECT_EQ(stored->weights().layers[0].w_up.view().type,
             cpu::WeightType::kGgmlBlocks);
-  EXPECT_LT(stored->weights().size_bytes() * 4,
-            dequantized->weights().size_bytes());
+  EXPECT_LT(
+      stored->weights().size_bytes() * (precision == Precision::kF32 ? 4 : 2),
+      dequantized->weights().size_bytes());
 
   const cpu::Isa saved = cpu::ActiveIsa();
   for (cpu::Isa isa : {cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
@@ -81,18 +86,22 @@ TEST_P(WeightStorageTest, BlocksAsStoredGiveTheBitsOfWeightsDequantizedAtLoad) {
     const std::vector<float> got = AllLogits(*stored);
     ASSERT_EQ(got.size(), want.size());
     EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
-        << file << " on " << cpu::IsaName(isa);
+        << file << " " << PrecisionName(precision) << " on "
+        << cpu::IsaName(isa);
   }
   ASSERT_TRUE(cpu::SetIsa(saved).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(RealModels, WeightStorageTest,
-                         ::testing::Values("SmolLM2-135M-Instruct.Q4_1.gguf",
-                                           "gemma-3-270m-q4_k_m.gguf"),
-                         [](const ::testing::TestParamInfo<std::string>& i) {
-                           return i.param[0] == 'S' ? std::string("SmolLM2")
-                                                    : std::string("Gemma3");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    RealModels, WeightStorageTest,
+    ::testing::Combine(::testing::Values("SmolLM2-135M-Instruct.Q4_1.gguf",
+                                         "gemma-3-270m-q4_k_m.gguf"),
+                       ::testing::Values(Precision::kF32, Precision::kBf16)),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, Precision>>& i) {
+      return std::string(std::get<0>(i.param)[0] == 'S' ? "SmolLM2"
+                                                        : "Gemma3") +
+             "_" + PrecisionName(std::get<1>(i.param));
+    });
 
 }  // namespace
 }  // namespace kvd::ops

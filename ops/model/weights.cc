@@ -47,8 +47,8 @@ kernels::cpu::WeightView Matrix::view() const {
       type_ == WeightType::kF32    ? static_cast<const void*>(f32_.data())
       : type_ == WeightType::kBf16 ? static_cast<const void*>(bf16_.data())
                                    : blocks_.data();
-  return kernels::cpu::WeightView{type_, data,  rows_,
-                                  cols_, cols_, block_type_};
+  return kernels::cpu::WeightView{type_, data,        rows_,       cols_,
+                                  cols_, block_type_, bf16_blocks_};
 }
 
 void Matrix::RowToFloat(int64_t r, float* out) const {
@@ -62,8 +62,31 @@ void Matrix::RowToFloat(int64_t r, float* out) const {
     case WeightType::kGgmlBlocks:
       break;
   }
-  kernels::cpu::UnpackRow(
-      block_type_, blocks_.data() + r * view().row_stride_bytes(), cols_, out);
+  kernels::cpu::UnpackRow(block_type_,
+                          blocks_.data() + r * view().row_stride_bytes(), cols_,
+                          out, bf16_blocks_);
+}
+
+std::optional<Matrix> Matrix::SliceBlocks(int64_t r0, int64_t r1, int64_t c0,
+                                          int64_t c1) const {
+  if (type_ != WeightType::kGgmlBlocks) return std::nullopt;
+  const int64_t per = kernels::cpu::PackedBlockSize(block_type_);
+  if (c0 % per != 0 || c1 % per != 0) return std::nullopt;
+  const kernels::cpu::WeightView v = view();
+  const int64_t stride = v.row_stride_bytes();
+  const int64_t skip = v.bytes_for(c0), take = v.bytes_for(c1 - c0);
+  Matrix m;
+  m.type_ = WeightType::kGgmlBlocks;
+  m.block_type_ = block_type_;
+  m.bf16_blocks_ = bf16_blocks_;
+  m.rows_ = r1 - r0;
+  m.cols_ = c1 - c0;
+  m.blocks_.resize(m.rows_ * take);
+  for (int64_t r = 0; r < m.rows_; ++r) {
+    std::memcpy(m.blocks_.data() + r * take,
+                blocks_.data() + (r0 + r) * stride + skip, take);
+  }
+  return m;
 }
 
 absl::StatusOr<Matrix> Matrix::FromRows(
@@ -128,16 +151,18 @@ absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
   const uint64_t row_bytes = t->row_bytes();
   const bool blocks = kernels::cpu::IsGemmBlockType(t->type) &&
                       cols % kernels::cpu::PackedBlockSize(t->type) == 0;
-  if (precision == Precision::kF32 && storage == WeightStorage::kAsStored &&
+  if (storage == WeightStorage::kAsStored &&
       (blocks || t->type == kernels::GgmlType::kBF16)) {
-    // Kept as the file stores it; the GEMM's products are those of the fp32
-    // dequantization (bf16 widens exactly).
+    // Kept as the file stores it; the GEMM's weights are the fp32
+    // dequantization's values (bf16 widens exactly), rounded to bf16 in the
+    // bf16 mode.
     Matrix m;
     m.rows_ = rows;
     m.cols_ = cols;
     if (blocks) {
       m.type_ = WeightType::kGgmlBlocks;
       m.block_type_ = t->type;
+      m.bf16_blocks_ = precision == Precision::kBf16;
       const int64_t packed = kernels::cpu::PackedRowBytes(t->type, cols);
       m.blocks_.resize(rows * packed);
       std::vector<absl::Status> errors(rows);

@@ -1,18 +1,21 @@
 // Model weights held in memory.
 //
-// In the bf16 mode every matrix is bf16 (round-to-nearest-even from the exact
-// fp32 dequantization of the file's tensor). In the fp32 mode a matrix stays
-// as the file stores it (GGML blocks, bf16, fp16, fp32) when the GEMM can
-// take that type (kernels/cpu/gemm.h): the GEMM dequantizes it into registers
-// by the loader's own formulas, so the bits equal those of weights
-// dequantized to fp32 at load (WeightStorage::kDequantized, kept for
-// comparison), with 3.5-7x fewer bytes to hold and stream. Norm weights and
-// biases are always fp32. Thread-safety: immutable after loading.
+// A matrix's values are the exact fp32 dequantization of the file's tensor in
+// the fp32 mode, and its round-to-nearest-even bf16 in the bf16 mode. By
+// default (WeightStorage::kAsStored) a matrix stays as the file stores it
+// (GGML blocks repacked with fp32 scales, bf16, fp16) when the GEMM can take
+// that type (kernels/cpu/gemm.h): the GEMM dequantizes each weight into a
+// register by the loader's own formulas, and in the bf16 mode rounds it to
+// bf16 there, so the bits equal those of copies made at load
+// (WeightStorage::kDequantized, kept for comparison) with 3-7x fewer bytes to
+// hold and stream. Norm weights and biases are always fp32. Thread-safety:
+// immutable after loading.
 #ifndef KVD_OPS_MODEL_WEIGHTS_H_
 #define KVD_OPS_MODEL_WEIGHTS_H_
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,10 +27,10 @@
 
 namespace kvd::ops {
 
-// How the fp32 mode holds the file's matrices (the bf16 mode always converts).
+// How the file's matrices are held (same bits either way).
 enum class WeightStorage {
   kAsStored,     // the file's blocks, dequantized inside the GEMM
-  kDequantized,  // fp32 copies made at load
+  kDequantized,  // fp32 (fp32 mode) or bf16 (bf16 mode) copies made at load
 };
 
 // A rows x cols matrix (rows = output features) in fp32, bf16 or GGML blocks.
@@ -51,6 +54,12 @@ class Matrix {
       Precision precision, kernels::cpu::ThreadPool* pool,
       WeightStorage storage = WeightStorage::kDequantized);
 
+  // Rows [r0, r1) and columns [c0, c1) of a block matrix, still as packed
+  // blocks (a tensor-parallel shard's slice); nullopt unless this matrix holds
+  // blocks and c0, c1 fall on block boundaries.
+  std::optional<Matrix> SliceBlocks(int64_t r0, int64_t r1, int64_t c0,
+                                    int64_t c1) const;
+
   // Builds a rows x cols matrix from fp32 rows: `row(r, dst)` writes row r's
   // `cols` values to dst, which are then stored as FromGguf stores dequantized
   // rows (copied in fp32 mode, rounded to nearest-even bf16 in bf16 mode). Rows
@@ -68,6 +77,7 @@ class Matrix {
   std::vector<uint16_t> bf16_;
   std::vector<uint8_t> blocks_;  // kGgmlBlocks: rows packed by PackRow
   kernels::GgmlType block_type_ = kernels::GgmlType::kF32;
+  bool bf16_blocks_ = false;  // blocks whose weights round to bf16
 };
 
 // A 1-D fp32 tensor (norm weights, biases) of exactly `n` values.

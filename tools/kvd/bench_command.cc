@@ -217,33 +217,29 @@ absl::Status Run(const Args& args) {
        absl::StrSplit(args.Get("weights"), ',', absl::SkipEmpty())) {
     if (w == "as-stored") {
       storages.push_back(ops::WeightStorage::kAsStored);
-    } else if (w == "dequantized") {
+    } else if (w == "converted") {
       storages.push_back(ops::WeightStorage::kDequantized);
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("--weights: unknown storage '", w,
-                       "'; use as-stored, dequantized or both"));
+                       "'; use as-stored, converted or both"));
     }
   }
   if (storages.empty()) {
     return absl::InvalidArgumentError(
-        "--weights needs as-stored, dequantized or both");
+        "--weights needs as-stored, converted or both");
   }
   std::vector<Mode> modes;
   for (absl::string_view p :
        absl::StrSplit(args.Get("precision"), ',', absl::SkipEmpty())) {
     KVD_ASSIGN_OR_RETURN(const ops::Precision precision,
                          ops::ParsePrecision(p));
-    if (precision != ops::Precision::kF32) {
-      modes.push_back({precision, ops::WeightStorage::kDequantized,
-                       ops::PrecisionName(precision)});
-      continue;
-    }
     for (ops::WeightStorage storage : storages) {
       modes.push_back({precision, storage,
-                       storage == ops::WeightStorage::kAsStored
-                           ? "fp32 (as stored)"
-                           : "fp32 (dequantized)"});
+                       absl::StrCat(ops::PrecisionName(precision),
+                                    storage == ops::WeightStorage::kAsStored
+                                        ? " (as stored)"
+                                        : " (converted)")});
     }
   }
   // The one place a CPU-only run hears about CUDA (other commands stay
@@ -360,9 +356,9 @@ int BenchCommand(const std::vector<std::string>& argv) {
   args.Flag("precision", "fp32,bf16",
             "precision modes to measure, comma-separated");
   args.Flag("weights", "as-stored",
-            "how the fp32 mode holds quantized weights, comma-separated: "
-            "as-stored (the file's blocks, dequantized inside the GEMM) or "
-            "dequantized (fp32 copies made at load); both give the same bits");
+            "how quantized weights are held, comma-separated: as-stored (the "
+            "file's blocks, dequantized inside the GEMM) or converted (fp32 "
+            "or bf16 copies made at load); both give the same bits");
   args.Flag("threads", "1,2", "thread counts to measure, comma-separated");
   args.Flag("batch", "1,8,32",
             "decode batch sizes (sequences decoded together)");

@@ -97,6 +97,25 @@ struct Avx2Ops {
   static V Iota() { return Zero(); }
   static V IotaMinus8() { return Zero(); }
   static V Lut16(const V& table, const I&) { return table; }
+  // elementwise.h's FloatToBf16 (nearest-even; a NaN is quieted), widened.
+  static __m256 RoundBf16x8(__m256 v) {
+    const __m256i b = _mm256_castps_si256(v);
+    const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    const __m256i lsb =
+        _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_and_si256(
+        _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb),
+        hi);
+    const __m256i quiet =
+        _mm256_and_si256(_mm256_or_si256(b, _mm256_set1_epi32(0x00400000)), hi);
+    const __m256i nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)),
+                           _mm256_set1_epi32(0x7f800000));
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(r, quiet, nan));
+  }
+  static V RoundBf16(const V& v) {
+    return {RoundBf16x8(v.lo), RoundBf16x8(v.hi)};
+  }
   static V Half(const uint8_t* p) {
     return {
         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),

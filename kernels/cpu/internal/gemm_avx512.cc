@@ -66,6 +66,22 @@ struct Avx512Ops {
                           7);
   }
   static V Lut16(V table, I idx) { return _mm512_permutexvar_ps(idx, table); }
+  // elementwise.h's FloatToBf16 (nearest-even; a NaN is quieted), widened.
+  static V RoundBf16(V v) {
+    const __m512i b = _mm512_castps_si512(v);
+    const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+    const __m512i lsb =
+        _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_and_si512(
+        _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), lsb),
+        hi);
+    const __m512i quiet =
+        _mm512_and_si512(_mm512_or_si512(b, _mm512_set1_epi32(0x00400000)), hi);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(
+        _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)),
+        _mm512_set1_epi32(0x7f800000));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, r, quiet));
+  }
   static V Half(const uint8_t* p) {
     return _mm512_cvtph_ps(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));

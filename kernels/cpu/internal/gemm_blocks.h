@@ -51,6 +51,17 @@ inline typename Ops::V Lut4(float scale, float offset, bool subtract) {
   return subtract ? Ops::Sub(v, offset) : Ops::Add(v, offset);
 }
 
+// The bf16 mode's weights are the bf16 rounding of the dequantized values
+// (Ops::RoundBf16 is elementwise.h's FloatToBf16 rule, widened back).
+template <class Ops, bool kRound>
+inline typename Ops::V Round(const typename Ops::V& v) {
+  if constexpr (kRound) {
+    return Ops::RoundBf16(v);
+  } else {
+    return v;
+  }
+}
+
 // Each decoder reads one packed block (packed_blocks.h) and calls sink(v, g)
 // for its groups of 16 values in order (g = 0, 1, ...), v holding elements
 // [16 g, 16 g + 16) of the block as fp32. Ops supplies 16-lane int32 (I) and
@@ -59,36 +70,43 @@ inline typename Ops::V Lut4(float scale, float offset, bool subtract) {
 // Q4_0 {f32 d; u8 qs[16]}: (q - 8) * d.
 struct Q4_0 {
   static constexpr int kBlock = 32, kBytes = 20;
-  template <class Ops, class Sink>
+  template <class Ops, bool kRound, class Sink>
   static void Decode(const uint8_t* b, Sink&& sink) {
+    auto emit = [&](const typename Ops::V& v, int g) {
+      sink(Round<Ops, kRound>(v), g);
+    };
     const float d = Scale(b);
     const typename Ops::I q = Ops::U8(b + 4);
     if constexpr (Ops::kLut16) {
-      const typename Ops::V lut = Ops::Mul(Ops::IotaMinus8(), d);
+      const typename Ops::V lut =
+          Round<Ops, kRound>(Ops::Mul(Ops::IotaMinus8(), d));
       sink(Ops::Lut16(lut, q), 0);
       sink(Ops::Lut16(lut, Ops::Srl(q, 4)), 1);
       return;
     }
-    sink(Ops::Mul(Ops::ToFloat(Ops::SubC(Ops::AndC(q, 15), 8)), d), 0);
-    sink(Ops::Mul(Ops::ToFloat(Ops::SubC(Ops::Srl(q, 4), 8)), d), 1);
+    emit(Ops::Mul(Ops::ToFloat(Ops::SubC(Ops::AndC(q, 15), 8)), d), 0);
+    emit(Ops::Mul(Ops::ToFloat(Ops::SubC(Ops::Srl(q, 4), 8)), d), 1);
   }
 };
 
 // Q4_1 {f32 d, m; u8 qs[16]}: q * d + m.
 struct Q4_1 {
   static constexpr int kBlock = 32, kBytes = 24;
-  template <class Ops, class Sink>
+  template <class Ops, bool kRound, class Sink>
   static void Decode(const uint8_t* b, Sink&& sink) {
+    auto emit = [&](const typename Ops::V& v, int g) {
+      sink(Round<Ops, kRound>(v), g);
+    };
     const float d = Scale(b), m = Scale(b + 4);
     const typename Ops::I q = Ops::U8(b + 8);
     if constexpr (Ops::kLut16) {
-      const typename Ops::V lut = Lut4<Ops>(d, m, false);
+      const typename Ops::V lut = Round<Ops, kRound>(Lut4<Ops>(d, m, false));
       sink(Ops::Lut16(lut, q), 0);
       sink(Ops::Lut16(lut, Ops::Srl(q, 4)), 1);
       return;
     }
-    sink(Ops::Add(Ops::Mul(Ops::ToFloat(Ops::AndC(q, 15)), d), m), 0);
-    sink(Ops::Add(Ops::Mul(Ops::ToFloat(Ops::Srl(q, 4)), d), m), 1);
+    emit(Ops::Add(Ops::Mul(Ops::ToFloat(Ops::AndC(q, 15)), d), m), 0);
+    emit(Ops::Add(Ops::Mul(Ops::ToFloat(Ops::Srl(q, 4)), d), m), 1);
   }
 };
 
@@ -103,8 +121,11 @@ inline typename Ops::I FifthBits(uint32_t qh, int first) {
 template <bool kMin>
 struct Q5 {
   static constexpr int kBlock = 32, kBytes = kMin ? 28 : 24;
-  template <class Ops, class Sink>
+  template <class Ops, bool kRound, class Sink>
   static void Decode(const uint8_t* b, Sink&& sink) {
+    auto emit = [&](const typename Ops::V& v, int g) {
+      sink(Round<Ops, kRound>(v), g);
+    };
     const float d = Scale(b);
     const uint8_t* p = b + (kMin ? 8 : 4);
     uint32_t qh;
@@ -114,11 +135,11 @@ struct Q5 {
     const typename Ops::I hi = Ops::Or(Ops::Srl(q, 4), FifthBits<Ops>(qh, 16));
     if constexpr (kMin) {
       const float m = Scale(b + 4);
-      sink(Ops::Add(Ops::Mul(Ops::ToFloat(lo), d), m), 0);
-      sink(Ops::Add(Ops::Mul(Ops::ToFloat(hi), d), m), 1);
+      emit(Ops::Add(Ops::Mul(Ops::ToFloat(lo), d), m), 0);
+      emit(Ops::Add(Ops::Mul(Ops::ToFloat(hi), d), m), 1);
     } else {
-      sink(Ops::Mul(Ops::ToFloat(Ops::SubC(lo, 16)), d), 0);
-      sink(Ops::Mul(Ops::ToFloat(Ops::SubC(hi, 16)), d), 1);
+      emit(Ops::Mul(Ops::ToFloat(Ops::SubC(lo, 16)), d), 0);
+      emit(Ops::Mul(Ops::ToFloat(Ops::SubC(hi, 16)), d), 1);
     }
   }
 };
@@ -128,11 +149,14 @@ using Q5_1 = Q5<true>;
 // Q8_0 {f32 d; i8 qs[32]}: q * d.
 struct Q8_0 {
   static constexpr int kBlock = 32, kBytes = 36;
-  template <class Ops, class Sink>
+  template <class Ops, bool kRound, class Sink>
   static void Decode(const uint8_t* b, Sink&& sink) {
+    auto emit = [&](const typename Ops::V& v, int g) {
+      sink(Round<Ops, kRound>(v), g);
+    };
     const float d = Scale(b);
-    sink(Ops::Mul(Ops::ToFloat(Ops::S8(b + 4)), d), 0);
-    sink(Ops::Mul(Ops::ToFloat(Ops::S8(b + 20)), d), 1);
+    emit(Ops::Mul(Ops::ToFloat(Ops::S8(b + 4)), d), 0);
+    emit(Ops::Mul(Ops::ToFloat(Ops::S8(b + 20)), d), 1);
   }
 };
 
@@ -143,8 +167,11 @@ struct Q8_0 {
 template <bool kFive>
 struct QK {
   static constexpr int kBlock = 256, kBytes = kFive ? 224 : 192;
-  template <class Ops, class Sink>
+  template <class Ops, bool kRound, class Sink>
   static void Decode(const uint8_t* b, Sink&& sink) {
+    auto emit = [&](const typename Ops::V& v, int g) {
+      sink(Round<Ops, kRound>(v), g);
+    };
     typename Ops::I h0, h1;
     if constexpr (kFive) {
       h0 = Ops::U8(b + 64);
@@ -160,8 +187,10 @@ struct QK {
       const float m1 = Scale(b + 32 + 8 * c), m2 = Scale(b + 36 + 8 * c);
       const typename Ops::I q0 = Ops::U8(q), q1 = Ops::U8(q + 16);
       if constexpr (!kFive && Ops::kLut16) {
-        const typename Ops::V lut1 = Lut4<Ops>(d1, m1, true);
-        const typename Ops::V lut2 = Lut4<Ops>(d2, m2, true);
+        const typename Ops::V lut1 =
+            Round<Ops, kRound>(Lut4<Ops>(d1, m1, true));
+        const typename Ops::V lut2 =
+            Round<Ops, kRound>(Lut4<Ops>(d2, m2, true));
         sink(Ops::Lut16(lut1, q0), 4 * c);
         sink(Ops::Lut16(lut1, q1), 4 * c + 1);
         sink(Ops::Lut16(lut2, Ops::Srl(q0, 4)), 4 * c + 2);
@@ -176,10 +205,10 @@ struct QK {
         b0 = Ops::Or(b0, fifth(h0, 2 * c + 1));
         b1 = Ops::Or(b1, fifth(h1, 2 * c + 1));
       }
-      sink(Ops::Sub(Ops::Mul(Ops::ToFloat(a0), d1), m1), 4 * c);
-      sink(Ops::Sub(Ops::Mul(Ops::ToFloat(a1), d1), m1), 4 * c + 1);
-      sink(Ops::Sub(Ops::Mul(Ops::ToFloat(b0), d2), m2), 4 * c + 2);
-      sink(Ops::Sub(Ops::Mul(Ops::ToFloat(b1), d2), m2), 4 * c + 3);
+      emit(Ops::Sub(Ops::Mul(Ops::ToFloat(a0), d1), m1), 4 * c);
+      emit(Ops::Sub(Ops::Mul(Ops::ToFloat(a1), d1), m1), 4 * c + 1);
+      emit(Ops::Sub(Ops::Mul(Ops::ToFloat(b0), d2), m2), 4 * c + 2);
+      emit(Ops::Sub(Ops::Mul(Ops::ToFloat(b1), d2), m2), 4 * c + 3);
     }
   }
 };
@@ -190,8 +219,11 @@ using Q5_K = QK<true>;
 // s * (q - 32), one scale per 16 elements.
 struct Q6_K {
   static constexpr int kBlock = 256, kBytes = 256;
-  template <class Ops, class Sink>
+  template <class Ops, bool kRound, class Sink>
   static void Decode(const uint8_t* b, Sink&& sink) {
+    auto emit = [&](const typename Ops::V& v, int g) {
+      sink(Round<Ops, kRound>(v), g);
+    };
 #pragma GCC unroll 2
     for (int half = 0; half < 2; ++half) {
       const uint8_t* ql = b + 64 + 64 * half;
@@ -209,7 +241,7 @@ struct Q6_K {
           const typename Ops::I low = t < 2 ? Ops::AndC(l, 15) : Ops::Srl(l, 4);
           const typename Ops::I high =
               Ops::Shl(Ops::AndC(Ops::Srl(Ops::U8(qh + 16 * h), 2 * t), 3), 4);
-          sink(Ops::Mul(Ops::ToFloat(Ops::SubC(Ops::Or(low, high), 32)),
+          emit(Ops::Mul(Ops::ToFloat(Ops::SubC(Ops::Or(low, high), 32)),
                         Scale(s + 4 * (2 * t + h))),
                g0 + 2 * t + h);
         }
@@ -221,9 +253,12 @@ struct Q6_K {
 // fp16 as stored: 16 values per group, converted exactly.
 struct F16 {
   static constexpr int kBlock = 16, kBytes = 32;
-  template <class Ops, class Sink>
+  template <class Ops, bool kRound, class Sink>
   static void Decode(const uint8_t* b, Sink&& sink) {
-    sink(Ops::Half(b), 0);
+    auto emit = [&](const typename Ops::V& v, int g) {
+      sink(Round<Ops, kRound>(v), g);
+    };
+    emit(Ops::Half(b), 0);
   }
 };
 
@@ -232,7 +267,7 @@ struct F16 {
 constexpr int64_t kDirectMaxRows = 4;
 
 // acc[i][j] += x_i . W_j over blocks [0, nblocks) starting at x / w.
-template <class Ops, class T, int MR, int NR>
+template <class Ops, class T, bool kRound, int MR, int NR>
 inline void DirectAccumulate(const float* x, int64_t ldx, const uint8_t* w,
                              int64_t ldw_bytes, int64_t nblocks,
                              typename Ops::V (&acc)[MR][NR]) {
@@ -242,8 +277,9 @@ inline void DirectAccumulate(const float* x, int64_t ldx, const uint8_t* w,
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
       const uint8_t* wb = w + j * ldw_bytes + blk * T::kBytes;
+      // 1 KiB ahead in the row: decode streams weights from DRAM.
       __builtin_prefetch(wb + 1024, 0, 0);
-      T::template Decode<Ops>(wb, [&](const typename Ops::V& v, int g) {
+      T::template Decode<Ops, kRound>(wb, [&](const typename Ops::V& v, int g) {
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i)
           acc[i][j] = Ops::Fma(Ops::Load(xb + i * ldx + 16 * g), v, acc[i][j]);
@@ -254,7 +290,7 @@ inline void DirectAccumulate(const float* x, int64_t ldx, const uint8_t* w,
 
 // y[i][j] for MR activation rows and NR weight rows, k in `groups` slices
 // added in order (each slice a whole number of blocks).
-template <class Ops, class T, int MR, int NR>
+template <class Ops, class T, bool kRound, int MR, int NR>
 inline void DirectTile(const float* x, int64_t ldx, const uint8_t* w,
                        int64_t ldw_bytes, int64_t k, int64_t groups, float* y,
                        int64_t ldy) {
@@ -264,9 +300,9 @@ inline void DirectTile(const float* x, int64_t ldx, const uint8_t* w,
     typename Ops::V acc[MR][NR];
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) acc[i][j] = Ops::Zero();
-    DirectAccumulate<Ops, T, MR, NR>(x + g * slice_blocks * T::kBlock, ldx,
-                                     w + g * slice_blocks * T::kBytes,
-                                     ldw_bytes, slice_blocks, acc);
+    DirectAccumulate<Ops, T, kRound, MR, NR>(
+        x + g * slice_blocks * T::kBlock, ldx, w + g * slice_blocks * T::kBytes,
+        ldw_bytes, slice_blocks, acc);
     // The first slice is stored, not added to zero: -0 stays -0.
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) {
@@ -278,29 +314,32 @@ inline void DirectTile(const float* x, int64_t ldx, const uint8_t* w,
     for (int j = 0; j < NR; ++j) y[i * ldy + j] = sum[i][j];
 }
 
-template <class Ops, class T, int MR, int NR>
+template <class Ops, class T, bool kRound, int MR, int NR>
 inline void DirectRows(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   const auto* w = static_cast<const uint8_t*>(a.w);
   int64_t n = n_begin;
   for (; n + NR <= n_end; n += NR)
-    DirectTile<Ops, T, MR, NR>(a.x, a.ldx, w + n * a.ldw, a.ldw, a.k, a.groups,
-                               a.y + n, a.ldy);
+    DirectTile<Ops, T, kRound, MR, NR>(a.x, a.ldx, w + n * a.ldw, a.ldw, a.k,
+                                       a.groups, a.y + n, a.ldy);
   for (; n < n_end; ++n)
-    DirectTile<Ops, T, MR, 1>(a.x, a.ldx, w + n * a.ldw, a.ldw, a.k, a.groups,
-                              a.y + n, a.ldy);
+    DirectTile<Ops, T, kRound, MR, 1>(a.x, a.ldx, w + n * a.ldw, a.ldw, a.k,
+                                      a.groups, a.y + n, a.ldy);
 }
 
-template <class Ops, class T, int NR>
+template <class Ops, class T, bool kRound, int NR>
 inline void DirectRange(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   switch (a.m) {
     case 1:
-      return DirectRows<Ops, T, 1, NR>(a, n_begin, n_end);
+      return DirectRows<Ops, T, kRound, 1, NR>(a, n_begin, n_end);
     case 2:
-      return DirectRows < Ops, T, 2, NR / 2 ? NR / 2 : 1 > (a, n_begin, n_end);
+      return DirectRows<Ops, T, kRound, 2, (NR / 2 > 0 ? NR / 2 : 1)>(
+          a, n_begin, n_end);
     case 3:
-      return DirectRows < Ops, T, 3, NR / 4 ? NR / 4 : 1 > (a, n_begin, n_end);
+      return DirectRows<Ops, T, kRound, 3, (NR / 4 > 0 ? NR / 4 : 1)>(
+          a, n_begin, n_end);
     default:
-      return DirectRows < Ops, T, 4, NR / 4 ? NR / 4 : 1 > (a, n_begin, n_end);
+      return DirectRows<Ops, T, kRound, 4, (NR / 4 > 0 ? NR / 4 : 1)>(
+          a, n_begin, n_end);
   }
 }
 
@@ -308,16 +347,16 @@ inline void DirectRange(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
 // in L2 while every activation row passes over them.
 constexpr int64_t kPanelRows = 16;
 
-template <class Ops, class T>
+template <class Ops, class T, bool kRound>
 inline void DecodeRow(const uint8_t* w, int64_t k, float* out) {
   for (int64_t blk = 0; blk < k / T::kBlock; ++blk)
-    T::template Decode<Ops>(w + blk * T::kBytes,
-                            [&](const typename Ops::V& v, int g) {
-                              Ops::Store(out + blk * T::kBlock + 16 * g, v);
-                            });
+    T::template Decode<Ops, kRound>(
+        w + blk * T::kBytes, [&](const typename Ops::V& v, int g) {
+          Ops::Store(out + blk * T::kBlock + 16 * g, v);
+        });
 }
 
-template <class Ops, class T, int MR, int NR, int NR1>
+template <class Ops, class T, bool kRound, int MR, int NR, int NR1>
 inline void PanelRange(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   thread_local std::vector<float> panel;
   panel.resize(kPanelRows * a.k);
@@ -325,7 +364,8 @@ inline void PanelRange(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   for (int64_t n0 = n_begin; n0 < n_end; n0 += kPanelRows) {
     const int64_t rows = n_end - n0 < kPanelRows ? n_end - n0 : kPanelRows;
     for (int64_t r = 0; r < rows; ++r)
-      DecodeRow<Ops, T>(w + (n0 + r) * a.ldw, a.k, panel.data() + r * a.k);
+      DecodeRow<Ops, T, kRound>(w + (n0 + r) * a.ldw, a.k,
+                                panel.data() + r * a.k);
     GemmArgs f = a;
     f.w = panel.data();
     f.ldw = a.k;
@@ -348,12 +388,17 @@ template <class Ops, int MR, int NR, int NR1, int DNR>
 inline bool BlocksRange(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    if (a.m <= kDirectMaxRows && WholeBlocks<T>(a)) {
-      DirectRange<Ops, T, DNR>(a, n_begin, n_end);
-      return true;
-    }
     if (a.k % T::kBlock != 0) return false;
-    PanelRange<Ops, T, MR, NR, NR1>(a, n_begin, n_end);
+    const bool direct = a.m <= kDirectMaxRows && WholeBlocks<T>(a);
+    if (direct && a.round_bf16) {
+      DirectRange<Ops, T, true, DNR>(a, n_begin, n_end);
+    } else if (direct) {
+      DirectRange<Ops, T, false, DNR>(a, n_begin, n_end);
+    } else if (a.round_bf16) {
+      PanelRange<Ops, T, true, MR, NR, NR1>(a, n_begin, n_end);
+    } else {
+      PanelRange<Ops, T, false, MR, NR, NR1>(a, n_begin, n_end);
+    }
     return true;
   };
   switch (a.blocks) {

@@ -28,6 +28,9 @@ struct GemmArgs {
   int64_t groups = 1;
   // The block type of GGML-block weights (GemmBlocks*).
   GgmlType blocks = GgmlType::kF32;
+  // GGML blocks only: each weight is the bf16 rounding of its dequantized
+  // value (the bf16 mode).
+  bool round_bf16 = false;
 };
 
 void GemmF32Scalar(const GemmArgs& a, int64_t n_begin, int64_t n_end);

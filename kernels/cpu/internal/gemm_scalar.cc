@@ -67,7 +67,8 @@ void GemmBlocksScalar(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   for (int64_t n0 = n_begin; n0 < n_end; n0 += kRows) {
     const int64_t count = n_end - n0 < kRows ? n_end - n0 : kRows;
     for (int64_t r = 0; r < count; ++r)
-      UnpackRow(a.blocks, w + (n0 + r) * a.ldw, a.k, rows.data() + r * a.k);
+      UnpackRow(a.blocks, w + (n0 + r) * a.ldw, a.k, rows.data() + r * a.k,
+                a.round_bf16);
     GemmArgs f = a;
     f.w = rows.data();
     f.ldw = a.k;

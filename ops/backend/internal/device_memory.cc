@@ -2,8 +2,12 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cuda/internal/cuda_check.h"
 
 namespace kvd::ops::internal {
@@ -47,6 +51,23 @@ absl::StatusOr<DeviceMatrix> DeviceMemory::Matrix(const ops::Matrix& m,
                                                   IndexRange cols,
                                                   absl::string_view what) {
   const kernels::cpu::WeightView v = m.view();
+  if (v.type == kernels::cpu::WeightType::kGgmlBlocks && v.round_to_bf16) {
+    // The bf16 mode's weights kept as the file's blocks: the device gets the
+    // same bf16 values, rounded here row by row.
+    std::vector<uint16_t> host(rows.size() * cols.size());
+    std::vector<float> row(m.cols());
+    for (int64_t r = 0; r < rows.size(); ++r) {
+      m.RowToFloat(rows.begin + r, row.data());
+      kernels::cpu::FloatToBf16(row.data() + cols.begin,
+                                host.data() + r * cols.size(), cols.size());
+    }
+    KVD_ASSIGN_OR_RETURN(void* p, Alloc(host.size() * 2, what));
+    KVD_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpy(p, host.data(), host.size() * 2, cudaMemcpyDefault),
+        absl::StrCat("uploading ", what)));
+    return DeviceMatrix{static_cast<const uint16_t*>(p), rows.size(),
+                        cols.size()};
+  }
   if (v.type != kernels::cpu::WeightType::kBf16) {
     return absl::UnimplementedError(absl::StrCat(
         "CUDA model: weight ", what,
