@@ -64,21 +64,22 @@ echo "== llama-bench (tg128 at depth, Q4_1)"
 "$LLAMA_BENCH" -m "$Q41" -p 0 -n 128 -d "0,$DEPTHS" -t "$THREADS" -r "$REPS" -o md \
   | tee "$OUT/llama_depth.md"
 
-# Peak resident memory of one pp512 + tg128 run at 1 thread, each in its own process.
-peak() { /usr/bin/time -f "%M" "$@" 2>&1 >/dev/null | tail -1; }
+# Peak resident memory of one pp512 + tg128 run at 1 thread, each engine in its own process.
+# kvd's figure is its own high-water mark (the "peak RSS" column; /usr/bin/time would also count
+# the child process that measures the machine's ceilings), llama-bench's is /usr/bin/time's.
 echo "== peak RSS, MiB (one pp512 + tg128 run, 1 thread, own process)" | tee "$OUT/memory.md"
 echo "| engine | weights | peak RSS MiB |" | tee -a "$OUT/memory.md"
 echo "|---|---|---|" | tee -a "$OUT/memory.md"
 for p in fp32 bf16; do
   for w in as-stored converted; do
-    kb=$(peak "$KVD" bench --model smollm2 --precision "$p" --weights "$w" --threads 1 \
-      --batch 1 --prompt-tokens 512 --gen-tokens 128 --repetitions 1)
-    echo "| kvd $p | Q4_1 file, $w | $((kb / 1024)) |" | tee -a "$OUT/memory.md"
+    mib=$("$KVD" bench --model smollm2 --precision "$p" --weights "$w" --threads 1 --batch 1 \
+      --prompt-tokens 512 --gen-tokens 128 --repetitions 1 | awk -F'|' '/tg128/{print $8}' | xargs)
+    echo "| kvd $p | Q4_1 file, $w | $mib |" | tee -a "$OUT/memory.md"
   done
 done
 for f in "$Q41" "$REF/SmolLM2-135M-Instruct.Q4_1.f32.gguf" \
          "$REF/SmolLM2-135M-Instruct.Q4_1.bf16.gguf"; do
   [[ -f "$f" ]] || continue
-  kb=$(peak "$LLAMA_BENCH" -m "$f" -p 512 -n 128 -t 1 -r 1)
+  kb=$(/usr/bin/time -f "%M" "$LLAMA_BENCH" -m "$f" -p 512 -n 128 -t 1 -r 1 2>&1 >/dev/null | tail -1)
   echo "| llama.cpp | $(basename "$f") | $((kb / 1024)) |" | tee -a "$OUT/memory.md"
 done
