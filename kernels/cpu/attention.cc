@@ -186,6 +186,22 @@ void AttendCausalBlock(const float* q, int64_t q_stride, int64_t nq,
     int64_t i_end = nq;
     while (i_end > i_begin && first_of(i_end - 1) > c_end) --i_end;
     if (i_begin >= i_end) continue;
+    // The next chunk's rows come from DRAM at depth: ask for them now.
+    if (c + kAttentionChunk <= last_pos) {
+      const int64_t row_bytes = head_dim * (k.type == WeightType::kF32 ? 4 : 2);
+      const int64_t n_next = std::min<int64_t>(
+          kAttentionChunk, last_pos - c - kAttentionChunk + 1);
+      for (int64_t r = 0; r < n_next; ++r) {
+        const char* kr =
+            static_cast<const char*>(RowPtr(k, c + kAttentionChunk + r));
+        const char* vr =
+            static_cast<const char*>(RowPtr(v, c + kAttentionChunk + r));
+        for (int64_t b = 0; b < row_bytes; b += 64) {
+          __builtin_prefetch(kr + b, 0, 1);
+          __builtin_prefetch(vr + b, 0, 1);
+        }
+      }
+    }
     const WeightView kw{k.type, RowPtr(k, c), c_end - c + 1, head_dim,
                         k.stride};
     Gemm(qm.data() + i_begin * group * head_dim, (i_end - i_begin) * group,
