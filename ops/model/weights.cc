@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/packed_blocks.h"
 #include "kernels/quant/dequant.h"
@@ -65,6 +66,11 @@ void Matrix::RowToFloat(int64_t r, float* out) const {
   kernels::cpu::UnpackRow(block_type_,
                           blocks_.data() + r * view().row_stride_bytes(), cols_,
                           out, bf16_blocks_);
+}
+
+bool BlocksPayOff(Precision precision) {
+  return precision == Precision::kF32 ||
+         kernels::cpu::ActiveIsa() == kernels::cpu::Isa::kAvx512;
 }
 
 std::optional<Matrix> Matrix::SliceBlocks(int64_t r0, int64_t r1, int64_t c0,
@@ -150,7 +156,8 @@ absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
                        CheckedTensor(file, name, rows, cols));
   const uint64_t row_bytes = t->row_bytes();
   const bool blocks = kernels::cpu::IsGemmBlockType(t->type) &&
-                      cols % kernels::cpu::PackedBlockSize(t->type) == 0;
+                      cols % kernels::cpu::PackedBlockSize(t->type) == 0 &&
+                      BlocksPayOff(precision);
   if (storage == WeightStorage::kAsStored &&
       (blocks || t->type == kernels::GgmlType::kBF16)) {
     // Kept as the file stores it; the GEMM's weights are the fp32

@@ -8,8 +8,8 @@
 // register by the loader's own formulas, and in the bf16 mode rounds it to
 // bf16 there, so the bits equal those of copies made at load
 // (WeightStorage::kDequantized, kept for comparison) with 3-7x fewer bytes to
-// hold and stream. Norm weights and biases are always fp32. Thread-safety:
-// immutable after loading.
+// hold and stream (in the bf16 mode where BlocksPayOff says so). Norm weights
+// and biases are always fp32. Thread-safety: immutable after loading.
 #ifndef KVD_OPS_MODEL_WEIGHTS_H_
 #define KVD_OPS_MODEL_WEIGHTS_H_
 
@@ -32,6 +32,14 @@ enum class WeightStorage {
   kAsStored,     // the file's blocks, dequantized inside the GEMM
   kDequantized,  // fp32 (fp32 mode) or bf16 (bf16 mode) copies made at load
 };
+
+// Whether WeightStorage::kAsStored keeps a quantized file's blocks in
+// `precision` on this machine. Always in fp32. In bf16 only where AVX-512
+// runs the GEMM: the bf16 mode rounds every weight, which AVX-512 does once
+// per 4-bit table but AVX2 per 8 weights, where it halves the decode rate
+// (measured on Zen 4 forced to AVX2: 31 vs ~60 tok/s); there the bf16 copies
+// are made at load as before. Same bits either way.
+bool BlocksPayOff(Precision precision);
 
 // A rows x cols matrix (rows = output features) in fp32, bf16 or GGML blocks.
 class Matrix {
