@@ -17,6 +17,23 @@ namespace {
 // its canonical chunk, which share a block when the store is paged.
 const void* RowPtr(const KvRows& rows, int64_t r) { return rows.Row(r); }
 
+// Asks for the K and V rows of the chunk starting at `first` (up to `last`)
+// while the current one is worked on: at depth they come from DRAM, and the
+// loads, not the arithmetic, set the pace of decode.
+void PrefetchRows(const KvRows& k, const KvRows& v, int64_t head_dim,
+                  int64_t first, int64_t last) {
+  const int64_t row_bytes = head_dim * (k.type == WeightType::kF32 ? 4 : 2);
+  const int64_t end = std::min(first + kAttentionChunk - 1, last);
+  for (int64_t r = first; r <= end; ++r) {
+    const char* kr = static_cast<const char*>(RowPtr(k, r));
+    const char* vr = static_cast<const char*>(RowPtr(v, r));
+    for (int64_t b = 0; b < row_bytes; b += 64) {
+      __builtin_prefetch(kr + b, 0, 1);
+      __builtin_prefetch(vr + b, 0, 1);
+    }
+  }
+}
+
 // 8 values of a V row, widened exactly when bf16.
 inline __m256 LoadV(const void* row, WeightType type, int64_t d) {
   if (type == WeightType::kF32) {
@@ -146,6 +163,7 @@ void AttendRange(const float* q, int64_t group, int64_t head_dim, float scale,
        c += kAttentionChunk) {
     const int64_t b = std::max(c, first);
     const int64_t e = std::min(c + kAttentionChunk - 1, last);
+    PrefetchRows(k, v, head_dim, c + kAttentionChunk, last);
     KvRows kc{k.type, RowPtr(k, b), k.stride};
     KvRows vc{v.type, RowPtr(v, b), v.stride};
     state.AddChunk(q, kc, vc, e - b + 1);
@@ -186,22 +204,7 @@ void AttendCausalBlock(const float* q, int64_t q_stride, int64_t nq,
     int64_t i_end = nq;
     while (i_end > i_begin && first_of(i_end - 1) > c_end) --i_end;
     if (i_begin >= i_end) continue;
-    // The next chunk's rows come from DRAM at depth: ask for them now.
-    if (c + kAttentionChunk <= last_pos) {
-      const int64_t row_bytes = head_dim * (k.type == WeightType::kF32 ? 4 : 2);
-      const int64_t n_next = std::min<int64_t>(
-          kAttentionChunk, last_pos - c - kAttentionChunk + 1);
-      for (int64_t r = 0; r < n_next; ++r) {
-        const char* kr =
-            static_cast<const char*>(RowPtr(k, c + kAttentionChunk + r));
-        const char* vr =
-            static_cast<const char*>(RowPtr(v, c + kAttentionChunk + r));
-        for (int64_t b = 0; b < row_bytes; b += 64) {
-          __builtin_prefetch(kr + b, 0, 1);
-          __builtin_prefetch(vr + b, 0, 1);
-        }
-      }
-    }
+    PrefetchRows(k, v, head_dim, c + kAttentionChunk, last_pos);
     const WeightView kw{k.type, RowPtr(k, c), c_end - c + 1, head_dim,
                         k.stride};
     Gemm(qm.data() + i_begin * group * head_dim, (i_end - i_begin) * group,

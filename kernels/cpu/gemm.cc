@@ -62,9 +62,9 @@ void GroupedGemm(const float* x, int64_t m, int64_t ldx, const WeightView& w,
   assert(groups >= 1 && w.cols % groups == 0);
   if (m <= 0 || w.rows <= 0) return;
   const bool blocks = w.type == WeightType::kGgmlBlocks;
-  assert(!blocks ||
-         (IsGemmBlockType(w.blocks) && w.cols % BlockSize(w.blocks) == 0 &&
-          w.stride() % BlockSize(w.blocks) == 0));
+  assert(!blocks || (IsGemmBlockType(w.blocks) &&
+                     w.cols % PackedBlockSize(w.blocks) == 0 &&
+                     w.stride() % PackedBlockSize(w.blocks) == 0));
   const internal::GemmArgs args{x,
                                 m,
                                 ldx,

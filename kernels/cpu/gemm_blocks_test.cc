@@ -25,6 +25,7 @@ using testing::ContractDot;
 using testing::ContractGrouped;
 using testing::IsaGuard;
 using testing::RandomVector;
+using testing::SameBits;
 using testing::SupportedIsas;
 
 // Random bytes are valid blocks for every quant bit; only the fp16 scales
@@ -88,11 +89,6 @@ std::vector<uint8_t> Packed(GgmlType type, const std::vector<uint8_t>& q,
   return p;
 }
 
-bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 struct Case {
   GgmlType type;
   int64_t rows;
@@ -134,7 +130,7 @@ TEST_P(GemmBlocks, EqualsTheContractOverRowsDequantizedAtLoad) {
           ThreadPool pool(threads);
           std::vector<float> y(m * c.rows, std::nanf(""));
           GroupedGemm(x.data(), m, k, w, c.groups, y.data(), c.rows, &pool);
-          EXPECT_TRUE(BitEqual(y, want));
+          EXPECT_TRUE(SameBits(y, want));
         }
       }
     }
@@ -207,10 +203,10 @@ TEST(PackedBlocks, UnpackGivesTheDequantizersBits) {
       UnpackRow(type, packed.data() + r * PackedRowBytes(type, k), k,
                 rounded.data() + r * k, /*round_to_bf16=*/true);
     }
-    EXPECT_TRUE(BitEqual(got, want)) << GgmlTypeName(type);
+    EXPECT_TRUE(SameBits(got, want)) << GgmlTypeName(type);
     std::vector<float> want_rounded = want;
     RoundToBf16(want_rounded.data(), want_rounded.size());
-    EXPECT_TRUE(BitEqual(rounded, want_rounded)) << GgmlTypeName(type);
+    EXPECT_TRUE(SameBits(rounded, want_rounded)) << GgmlTypeName(type);
   }
 }
 

@@ -16,6 +16,7 @@ namespace {
 using testing::ContractDot;
 using testing::IsaGuard;
 using testing::RandomVector;
+using testing::SameBits;
 using testing::SupportedIsas;
 
 std::vector<float> RunGemm(const std::vector<float>& x, int64_t m, int64_t k,
@@ -23,11 +24,6 @@ std::vector<float> RunGemm(const std::vector<float>& x, int64_t m, int64_t k,
   std::vector<float> y(m * w.rows, std::nanf(""));
   Gemm(x.data(), m, k, w, y.data(), w.rows, pool);
   return y;
-}
-
-bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 class GemmShapes
@@ -57,7 +53,7 @@ TEST_P(GemmShapes, FollowsContractBitForBitOnEveryIsaBatchAndThreadCount) {
       SCOPED_TRACE(std::string(IsaName(isa)) + (bf16 ? " bf16" : " f32"));
       for (int threads : {1, 2, 3}) {
         ThreadPool pool(threads);
-        EXPECT_TRUE(BitEqual(RunGemm(x, m, k, w, &pool), expected))
+        EXPECT_TRUE(SameBits(RunGemm(x, m, k, w, &pool), expected))
             << threads << " threads";
       }
       // Batch invariance: each row alone equals the row inside the batch of m.
@@ -66,7 +62,7 @@ TEST_P(GemmShapes, FollowsContractBitForBitOnEveryIsaBatchAndThreadCount) {
         std::vector<float> got = RunGemm(row, 1, k, w, nullptr);
         std::vector<float> want(expected.begin() + i * n,
                                 expected.begin() + (i + 1) * n);
-        EXPECT_TRUE(BitEqual(got, want)) << "row " << i;
+        EXPECT_TRUE(SameBits(got, want)) << "row " << i;
       }
     }
   }

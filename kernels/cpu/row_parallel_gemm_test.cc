@@ -19,12 +19,8 @@ using testing::ContractDot;
 using testing::ContractGrouped;
 using testing::IsaGuard;
 using testing::RandomVector;
+using testing::SameBits;
 using testing::SupportedIsas;
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 // SmolLM2-135M's W_down: 576 outputs from 1536 inputs, 3 groups (its K/V
 // heads); m rows of a batch.

@@ -57,10 +57,11 @@ class Matrix {
 
   // GGUF tensor `name`, which must have `cols` values per row and `rows` rows,
   // held per `precision` and `storage` (see the file comment).
-  static absl::StatusOr<Matrix> FromGguf(
-      const GgufFile& file, const std::string& name, int64_t rows, int64_t cols,
-      Precision precision, kernels::cpu::ThreadPool* pool,
-      WeightStorage storage = WeightStorage::kDequantized);
+  static absl::StatusOr<Matrix> FromGguf(const GgufFile& file,
+                                         const std::string& name, int64_t rows,
+                                         int64_t cols, Precision precision,
+                                         kernels::cpu::ThreadPool* pool,
+                                         WeightStorage storage);
 
   // Rows [r0, r1) and columns [c0, c1) of a block matrix, still as packed
   // blocks (a tensor-parallel shard's slice); nullopt unless this matrix holds

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -71,6 +72,13 @@ inline float ContractGrouped(const float* a, const float* b, int64_t n,
   for (int64_t g = 1; g < groups; ++g)
     sum += ContractDot(a + g * slice, b + g * slice, slice);
   return sum;
+}
+
+// Whether two float vectors hold the same bits (NaNs and signed zeros
+// included).
+inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace kvd::kernels::cpu::testing
