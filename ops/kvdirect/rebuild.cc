@@ -124,14 +124,26 @@ absl::Status PrefillSegments(const ModelBackend& model, const RebuildSpec& spec,
       for (int64_t l = s; l < e; ++l)
         cold->DropBelow(spec.sequence_id, l, start);
     }
+    // The segment's last layer only needs its K/V: the next segment starts
+    // from its own checkpoint, and the final residual feeds only logits.
+    const int64_t tail = e - 1;
     for (int64_t p = start; p < length; p += spec.block) {
       units.Next();
       const int64_t n = std::min(spec.block, length - p);
       h.resize(n * c.d_model);
       KVD_RETURN_IF_ERROR(
           spec.checkpoint->ReadRows(spec.sequence_id, s, p, n, h.data()));
-      KVD_RETURN_IF_ERROR(model.ForwardLayers(cache, p, n, s, e, h.data(), cold,
-                                              spec.sequence_id));
+      KVD_RETURN_IF_ERROR(model.ForwardLayers(cache, p, n, s, tail, h.data(),
+                                              cold, spec.sequence_id));
+      if (cold != nullptr) {
+        for (int64_t i = 0; i < n; ++i) {
+          cold->OnResidual(spec.sequence_id, tail, p + i,
+                           h.data() + i * c.d_model);
+        }
+      }
+      KVD_RETURN_IF_ERROR(cache->ReserveLayer(tail, p + n));
+      KVD_RETURN_IF_ERROR(
+          model.RecomputeKvIntoCache(tail, h.data(), p, n, cache));
     }
     for (int64_t l = s; l < e; ++l)
       cache->DropBelow(l, KeepBegin(model, *cache, l, hot, length));

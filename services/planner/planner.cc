@@ -212,7 +212,9 @@ absl::StatusOr<PolicyEstimate> EstimateRebuild(const PlanRequest& r,
         if (policy.kind == Kind::kStride) {
           e.bytes_at_rest += rows * b.residual_row;
         }
-        AddSegment(c, s, end, t, rows, r.kv_only_segment_tails, &f);
+        // A stride segment's last layer needs only its K/V (the next segment
+        // starts from its own checkpoint); a re-prefill runs every layer.
+        AddSegment(c, s, end, t, rows, policy.kind == Kind::kStride, &f);
       }
       break;
     }

@@ -8,8 +8,9 @@
 //   bytes read     = bytes at rest (a rebuild of every layer reads the lot);
 //   FLOPs          counted from the config: kv reads and computes nothing,
 //                  kv-direct runs one K/V projection per layer, stride:k runs
-//                  each segment's layers in full from its checkpoint, tokens
-//                  runs every layer (a re-prefill);
+//                  each segment's layers in full from its checkpoint but the
+//                  last, whose K/V projection alone is needed (RebuildKv),
+//                  tokens runs every layer (a re-prefill);
 //   time           max(read, compute) when reading and computing are
 //                  pipelined (by layer or chunk), read + compute when not,
 //                  with read = bytes / tier bandwidth and compute from the
@@ -68,11 +69,6 @@ struct PlanRequest {
   // True: reading a layer's (or chunk's) checkpoint overlaps the compute of
   // the previous one. False: the whole checkpoint is read first.
   bool overlap_read_and_compute = true;
-  // False (what RebuildKv does today): a stride segment runs all its layers in
-  // full. True: its last layer only needs its K/V projection (the next
-  // segment starts from its own checkpoint), and so does a re-prefill's last
-  // layer.
-  bool kv_only_segment_tails = false;
   // Policies to consider; empty: DefaultCandidates(config.n_layers).
   std::vector<ops::CheckpointPolicy> candidates;
 };

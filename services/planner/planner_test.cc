@@ -91,10 +91,11 @@ TEST(Planner, GqaToyByHand) {
   EXPECT_NEAR(tok.compute_s, 1.5872e-3, 1e-15);
   EXPECT_NEAR(tok.estimate_s, 1.5872e-3, 1e-15);
   // stride:2 keeps layers 0 and 2: 40 + 2 x 10 x 256 = 5160 B; its segments
-  // run all four layers in full, the same FLOPs as tokens.
+  // run layers 0 and 2 in full and only the K/V of their tails, 1 and 3:
+  // 4 x 40960 + 2 x 655360 GEMM and 2 x 14080 attention FLOPs.
   PolicyEstimate s2 = Estimate(r, "stride:2");
   EXPECT_EQ(s2.bytes_at_rest, 5160);
-  EXPECT_DOUBLE_EQ(s2.flops(), tok.flops());
+  EXPECT_DOUBLE_EQ(s2.flops(), 4 * 40960 + 2 * 655360 + 2 * 14080);
   EXPECT_DOUBLE_EQ(s2.estimate_s, 5.16e-3);
 
   // No overlap: kv-direct pays 10.28e-3 + 1.6384e-4 s.
@@ -132,20 +133,18 @@ TEST(Planner, KvDirectWinsWhereReadAndComputeOverlap) {
   EXPECT_EQ(plan->estimates[plan->chosen].policy.Name(), "kv-direct");
   EXPECT_LT(plan->estimates[plan->chosen].estimate_s, 2.052e-3);
 
-  // With the segment tails trimmed, stride:2 runs layers 0 and 2 in full and
-  // only the K/V of layers 1 and 3: K/V 4 x 163840 = 655360 FLOPs (6.5536e-4
-  // s), Q/O/MLP 2 x 655360 (6.5536e-4 s), attention 2 x 14080 (5.632e-5 s)
-  // = 1.36704e-3 s.
-  PlanRequest trimmed = r;
-  trimmed.kv_only_segment_tails = true;
-  EXPECT_NEAR(Estimate(trimmed, "stride:2").compute_s, 1.36704e-3, 1e-15);
+  // stride:2 runs layers 0 and 2 in full and only the K/V of layers 1 and 3:
+  // K/V 4 x 163840 = 655360 FLOPs (6.5536e-4 s), Q/O/MLP 2 x 655360
+  // (6.5536e-4 s), attention 2 x 14080 (5.632e-5 s) = 1.36704e-3 s.
+  EXPECT_NEAR(Estimate(r, "stride:2").compute_s, 1.36704e-3, 1e-15);
 }
 
 TEST(Planner, BudgetExcludesPolicies) {
   PlanRequest r = Request(Toy(4), 1e7);
   // 600 B/token x 10 = 6000 B: kv (20520) and kv-direct (10280) are out;
-  // stride:2 and stride:3 (5160 B) and tokens (40 B) fit. stride:2 costs
-  // max(5.16e-4, 2.07872e-3) s, a tie with tokens, broken by bytes.
+  // stride:2 and stride:3 (5160 B) and tokens (40 B) fit. stride:2 and
+  // stride:3 both run two layers in full and two K/V-only (1.36704e-3 s,
+  // above), tokens all four (2.07872e-3 s): the first stride wins the tie.
   r.budget_bytes_per_token = 600;
   absl::StatusOr<RebuildPlan> plan = PlanRebuild(r);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -154,7 +153,7 @@ TEST(Planner, BudgetExcludesPolicies) {
   }
   EXPECT_FALSE(plan->estimates[0].fits_budget);  // kv
   EXPECT_FALSE(plan->estimates[1].fits_budget);  // kv-direct
-  EXPECT_EQ(plan->estimates[plan->chosen].policy.Name(), "tokens");
+  EXPECT_EQ(plan->estimates[plan->chosen].policy.Name(), "stride:2");
 
   // Below the 4 B/token of the token ids nothing fits.
   r.budget_bytes_per_token = 3;
@@ -175,16 +174,16 @@ TEST(Planner, SlidingWindowLayersCountOnlyTheirWindow) {
   EXPECT_DOUBLE_EQ(kvd.gemm_flops, 360448);
   // stride:2: segment [0,2) is all local and reaches 4 + 4 = 8 positions
   // back, segment [2,4) holds the global layer: (8 + 10) x 256 + 40 = 4648 B.
-  // Segment 0, two layers over rows p = 2..9 with window 4: pairs 3 + 7 x 4
-  // = 31; per layer K/V 8 x 16384 = 131072, Q/O/MLP 8 x 65536 = 524288,
-  // attention 256 x 31 = 7936. Segment 1: layer 2 local over 10 rows (pairs
-  // 1 + 2 + 3 + 7 x 4 = 34 -> 8704), layer 3 global (55 -> 14080); each K/V
-  // 163840, Q/O/MLP 655360.
+  // Segment 0 over rows p = 2..9 with window 4: layer 0 in full (K/V 8 x
+  // 16384 = 131072, Q/O/MLP 8 x 65536 = 524288, attention 256 x (3 + 7 x 4
+  // = 31 pairs) = 7936), layer 1's K/V only. Segment 1 over 10 rows: layer 2
+  // local in full (K/V 163840, Q/O/MLP 655360, pairs 1 + 2 + 3 + 7 x 4 = 34
+  // -> 8704), global layer 3's K/V only.
   PolicyEstimate s2 = Estimate(r, "stride:2");
   EXPECT_EQ(s2.bytes_at_rest, 4648);
   EXPECT_DOUBLE_EQ(s2.gemm_flops,
-                   2 * (131072 + 524288) + 2 * (163840 + 655360));
-  EXPECT_DOUBLE_EQ(s2.attention_flops, 2 * 7936 + 8704 + 14080);
+                   (131072 + 524288) + 131072 + (163840 + 655360) + 163840);
+  EXPECT_DOUBLE_EQ(s2.attention_flops, 7936 + 8704);
   // tokens: every layer over all 10 rows; attention 3 x 8704 + 14080.
   PolicyEstimate tok = Estimate(r, "tokens");
   EXPECT_DOUBLE_EQ(tok.gemm_flops, 4 * (163840 + 655360));
@@ -297,19 +296,15 @@ TEST(Planner, MeasuredPathCostsReplaceTheFlopCount) {
   EXPECT_DOUBLE_EQ(kvd.estimate_s, 0.04);
   EXPECT_DOUBLE_EQ(kvd.gemm_flops, 163840);  // FLOPs are still reported
   // tokens: 4 x (10 x 2e-3 + 55 x 1e-5) = 4 x 0.02055 = 0.0822 s; stride:2
-  // runs the same four layers.
+  // runs two of those layers in full and recomputes the K/V of the other
+  // two: 2 x 0.02055 + 2 x 10 x 1e-3 = 0.0611 s.
   PolicyEstimate tok = Estimate(r, "tokens");
   EXPECT_TRUE(tok.measured_compute);
   EXPECT_DOUBLE_EQ(tok.compute_s, 0.0822);
-  EXPECT_DOUBLE_EQ(Estimate(r, "stride:2").compute_s, 0.0822);
+  EXPECT_DOUBLE_EQ(Estimate(r, "stride:2").compute_s, 0.0611);
   // kv reads only.
   EXPECT_FALSE(Estimate(r, "kv").measured_compute);
   EXPECT_EQ(Estimate(r, "kv").compute_s, 0);
-  // Trimmed tails: 3 full layers + one K/V-only layer of 10 rows:
-  // 3 x 0.02055 + 10 x 1e-3 = 0.07165 s.
-  r.kv_only_segment_tails = true;
-  EXPECT_DOUBLE_EQ(Estimate(r, "tokens").compute_s, 0.07165);
-  r.kv_only_segment_tails = false;
 
   // The choice follows the measured costs: kv-direct at 0.04 s beats tokens
   // at 0.0822 s; a recompute of 1 s per row (40 s) hands it to tokens.
