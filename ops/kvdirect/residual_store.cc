@@ -89,6 +89,31 @@ void ResidualStore::OnResidual(int64_t sequence_id, int64_t layer,
   }
 }
 
+absl::Status ResidualStore::PutRowBytes(int64_t sequence_id, int64_t layer,
+                                        int64_t position, int64_t n,
+                                        const void* bytes) {
+  const int64_t li = LayerIndex(layer);
+  if (li < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("residual store: layer ", layer, " is not checkpointed"));
+  }
+  std::vector<Rows>& seq = rows_[sequence_id];
+  if (seq.empty()) seq.resize(layers_.size());
+  Rows& rows = seq[li];
+  const int64_t end = End(rows);
+  if (n < 0 || position < rows.first || position > end) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("residual store: sequence ", sequence_id, " layer ", layer,
+                     " got positions [", position, ", ", position + n,
+                     ") but holds [", rows.first, ", ", end, ")"));
+  }
+  const int64_t grown = std::max(end, position + n);
+  rows.bytes.resize((grown - rows.begin) * row_bytes_);
+  std::memcpy(rows.bytes.data() + (position - rows.begin) * row_bytes_, bytes,
+              n * row_bytes_);
+  return absl::OkStatus();
+}
+
 int64_t ResidualStore::length(int64_t sequence_id) const {
   auto it = rows_.find(sequence_id);
   if (it == rows_.end() || it->second.empty()) return 0;

@@ -49,6 +49,15 @@ class ResidualStore : public ResidualObserver {
   void OnResidual(int64_t sequence_id, int64_t layer, int64_t position,
                   const float* residual) override;
 
+  // Stores `n` rows for positions [position, position + n) of a
+  // checkpointed layer, given as bytes in the store's dtype (n x row_bytes,
+  // any alignment): a restore from a checkpoint that holds them so, with no
+  // widening to fp32 and back. Positions follow OnResidual's rules;
+  // FAILED_PRECONDITION (and nothing stored) otherwise, or NOT_FOUND for a
+  // layer the store does not checkpoint.
+  absl::Status PutRowBytes(int64_t sequence_id, int64_t layer, int64_t position,
+                           int64_t n, const void* bytes);
+
   // The first error OnResidual met (OK if none); sticky until Clear().
   absl::Status status() const { return status_; }
 

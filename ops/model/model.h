@@ -131,6 +131,13 @@ class Model final : public ModelBackend {
                                     int64_t position, int64_t n,
                                     KvCache* cache) const override;
 
+  // Plain K/V rows of host caches (model_backend.h); kv_rows.cc.
+  absl::Status KvRowAccess() const override { return absl::OkStatus(); }
+  absl::Status ReadKvRows(const KvCache& cache, int64_t layer, int64_t position,
+                          int64_t n, uint8_t* rows) const override;
+  absl::Status WriteKvRows(KvCache* cache, int64_t layer, int64_t position,
+                           int64_t n, const uint8_t* rows) const override;
+
  protected:
   absl::Status RunForward(absl::Span<const SequenceStep> batch,
                           ForwardOutput* out, ResidualObserver* observer,

@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "ops/model/kv_block_pool.h"
 #include "ops/model/kv_cache.h"
@@ -222,6 +223,36 @@ class ModelBackend {
                                             const float* residuals,
                                             int64_t position, int64_t n,
                                             KvCache* cache) const = 0;
+
+  // Plain K/V checkpoints (the engine's policy kv). OK if ReadKvRows and
+  // WriteKvRows serve this backend's caches; otherwise UNIMPLEMENTED saying
+  // why, and the engine refuses the policy for new sessions and re-prefills
+  // a stored kv session from its token ids.
+  virtual absl::Status KvRowAccess() const {
+    return absl::UnimplementedError(
+        absl::StrCat("the ", backend_name(),
+                     " backend cannot copy K/V rows out of its caches; use "
+                     "policy kv-direct"));
+  }
+  // Copies `layer`'s K and V rows of positions [position, position + n) out
+  // of `cache` into `rows`: row i at rows + i * 2 * row_bytes, its K row then
+  // its V row, exactly as the cache holds them (KvCache::row_bytes() each).
+  // INVALID_ARGUMENT unless the cache keeps those positions (first_kept to
+  // length); UNIMPLEMENTED as KvRowAccess says.
+  virtual absl::Status ReadKvRows(const KvCache& cache, int64_t layer,
+                                  int64_t position, int64_t n,
+                                  uint8_t* rows) const {
+    return KvRowAccess();
+  }
+  // The reverse: writes rows laid out as ReadKvRows gives them into `cache`,
+  // whose blocks for those positions must be there (KvCache::ReserveLayer).
+  // Rows written here are bit for bit the rows read, so attention over them
+  // gives the bits it gave before.
+  virtual absl::Status WriteKvRows(KvCache* cache, int64_t layer,
+                                   int64_t position, int64_t n,
+                                   const uint8_t* rows) const {
+    return KvRowAccess();
+  }
 
  protected:
   virtual absl::Status RunForward(absl::Span<const SequenceStep> batch,

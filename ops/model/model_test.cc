@@ -194,6 +194,60 @@ TEST(ModelWeights, ReleasedWeightsRefuseComputeAndKeepTheRest) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Policy kv's checkpoint: rows copied out of one cache and into another are
+// the same bytes, and the next step over the copy gives the same logits.
+TEST_P(ModelProperties, KvRowsCopyOutAndInBitForBit) {
+  auto model = Load();
+  const std::vector<int32_t> tokens =
+      testing::RandomTokens(40, 7, model->config().vocab_size);
+  KvCache cache = model->NewCache();
+  cache.KeepRowsPastWindows();
+  SequenceStep step{&cache, tokens, LogitsMode::kNone};
+  ForwardOutput out;
+  ASSERT_TRUE(model->Forward({&step, 1}, &out).ok());
+  ASSERT_TRUE(model->KvRowAccess().ok());
+
+  KvCache copy = model->NewCache();
+  copy.KeepRowsPastWindows();
+  ASSERT_TRUE(copy.Reserve(40).ok());
+  copy.SetLength(40);
+  const size_t rb = cache.row_bytes();
+  std::vector<uint8_t> rows(40 * 2 * rb);
+  for (int64_t l = 0; l < model->config().n_layers; ++l) {
+    // In two pieces, as chunks come.
+    ASSERT_TRUE(model->ReadKvRows(cache, l, 0, 40, rows.data()).ok());
+    ASSERT_TRUE(model->WriteKvRows(&copy, l, 0, 25, rows.data()).ok());
+    ASSERT_TRUE(
+        model->WriteKvRows(&copy, l, 25, 15, rows.data() + 25 * 2 * rb).ok());
+    for (int64_t p = 0; p < 40; ++p) {
+      ASSERT_EQ(std::memcmp(cache.KeyBytes(l, p), copy.KeyBytes(l, p), rb), 0);
+      ASSERT_EQ(std::memcmp(cache.ValueBytes(l, p), copy.ValueBytes(l, p), rb),
+                0);
+    }
+  }
+  const std::vector<int32_t> next = {5};
+  SequenceStep a{&cache, next, LogitsMode::kLast};
+  SequenceStep b{&copy, next, LogitsMode::kLast};
+  ForwardOutput out_a, out_b;
+  ASSERT_TRUE(model->Forward({&a, 1}, &out_a).ok());
+  ASSERT_TRUE(model->Forward({&b, 1}, &out_b).ok());
+  ASSERT_EQ(out_a.logits.size(), out_b.logits.size());
+  EXPECT_EQ(std::memcmp(out_a.logits.data(), out_b.logits.data(),
+                        out_a.logits.size() * sizeof(float)),
+            0);
+
+  // Positions the cache does not hold are refused, and nothing is written.
+  EXPECT_EQ(model->ReadKvRows(cache, 0, 35, 10, rows.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  KvCache empty = model->NewCache();
+  EXPECT_EQ(model->WriteKvRows(&empty, 0, 0, 1, rows.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      model->ReadKvRows(cache, model->config().n_layers, 0, 1, rows.data())
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST_P(ModelProperties, RejectsBadInputWithoutTouchingTheCache) {
   auto model = Load();
   KvCache cache = model->NewCache();

@@ -66,6 +66,7 @@ struct Variant {
 };
 
 const Variant kVariants[] = {
+    {"kv", ops::ResidualKvSource::kAll, StatePath::kDram},
     {"kv-direct", ops::ResidualKvSource::kAll, StatePath::kDram},
     {"kv-direct", 16, StatePath::kDram},
     {"stride:2", ops::ResidualKvSource::kAll, StatePath::kDram},
@@ -155,13 +156,26 @@ TEST_P(BackendInterfaceTest, RestoresThroughTheInterfaceAreBitIdentical) {
     EXPECT_GE(backend->calls(C::kForward), kTurns * 11) << calls;
     EXPECT_EQ(backend->foreign_caches(), 0) << calls;
     // Each restore rebuilds every layer once (a session is shorter than one
-    // rebuild block) or runs each stride segment once; tokens re-prefills.
+    // rebuild block), or runs each stride segment's first layer and
+    // recomputes its last one's K/V, or copies every layer's K/V rows back
+    // (kv: one write per stored chunk a layer's window reaches, so at least
+    // one per layer); tokens re-prefills. kv reads rows at every commit.
     const int64_t restores = kTurns - 1;
     int64_t recomputes = 0, partial_forwards = 0;
     if (v.policy == "kv-direct") recomputes = restores * kLayers;
-    if (v.policy == "stride:2") partial_forwards = restores * kLayers / 2;
+    if (v.policy == "stride:2") {
+      partial_forwards = restores * kLayers / 2;
+      recomputes = restores * kLayers / 2;
+    }
     EXPECT_EQ(backend->calls(C::kRecomputeKvIntoCache), recomputes) << calls;
     EXPECT_EQ(backend->calls(C::kForwardLayers), partial_forwards) << calls;
+    if (v.policy == "kv") {
+      EXPECT_GE(backend->calls(C::kWriteKvRows), restores * kLayers) << calls;
+      EXPECT_GE(backend->calls(C::kReadKvRows), kTurns * kLayers) << calls;
+    } else {
+      EXPECT_EQ(backend->calls(C::kWriteKvRows), 0) << calls;
+      EXPECT_EQ(backend->calls(C::kReadKvRows), 0) << calls;
+    }
   }
 }
 

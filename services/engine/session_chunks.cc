@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/elementwise.h"
+#include "base/status_macros.h"
 #include "storage/checkpoint/codec.h"
 
 namespace kvd::engine {
@@ -65,10 +65,60 @@ absl::StatusOr<storage::DecodedChunk> FindChunk(
 
 }  // namespace
 
+absl::Status ResidualRows::CopyRows(int64_t layer, int64_t first, int64_t n,
+                                    char* out) const {
+  const int64_t rb = store_.row_bytes();
+  for (int64_t r = 0; r < n; ++r) {
+    const uint8_t* row = store_.RowBytes(sequence_id_, layer, first + r);
+    if (row == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", layer, " has no residual row at position ",
+                       first + r, " to store"));
+    }
+    std::memcpy(out + r * rb, row, rb);
+  }
+  return absl::OkStatus();
+}
+
+CacheKvRows::CacheKvRows(const ops::ModelBackend& model,
+                         const ops::KvCache& cache, int64_t chunk_tokens)
+    : model_(model), cache_(cache), chunk_tokens_(chunk_tokens) {
+  for (int64_t l = 0; l < model.config().n_layers; ++l) layers_.push_back(l);
+}
+
+int64_t CacheKvRows::row_bytes() const { return 2 * cache_.row_bytes(); }
+
+int64_t CacheKvRows::first_kept(int64_t layer) const {
+  if (!cache_.trims_past_windows()) return 0;
+  const int64_t start = ops::WindowStart(
+      model_.config().layers[layer].sliding_window, cache_.length());
+  return start / chunk_tokens_ * chunk_tokens_;
+}
+
+absl::Status CacheKvRows::CopyRows(int64_t layer, int64_t first, int64_t n,
+                                   char* out) const {
+  // Rows below the cache's first kept one are below the window: stored as
+  // zeros, never restored (RestoreKv starts at the window).
+  const int64_t gone =
+      std::clamp<int64_t>(cache_.first_kept(layer) - first, 0, n);
+  std::memset(out, 0, gone * row_bytes());
+  if (gone == n) return absl::OkStatus();
+  return model_.ReadKvRows(
+      cache_, layer, first + gone, n - gone,
+      reinterpret_cast<uint8_t*>(out) + gone * row_bytes());
+}
+
 absl::StatusOr<storage::TurnUpdate> BuildTurnUpdate(
     const v1::SessionManifest& committed, v1::SessionManifest next,
     absl::Span<const int32_t> tokens, const ops::ResidualStore& store,
     int64_t sequence_id) {
+  return BuildTurnUpdate(committed, std::move(next), tokens,
+                         ResidualRows(store, sequence_id));
+}
+
+absl::StatusOr<storage::TurnUpdate> BuildTurnUpdate(
+    const v1::SessionManifest& committed, v1::SessionManifest next,
+    absl::Span<const int32_t> tokens, const CheckpointRows& source) {
   storage::TurnUpdate update;
   const int64_t c = next.chunk_tokens();
   // Token ids.
@@ -89,23 +139,23 @@ absl::StatusOr<storage::TurnUpdate> BuildTurnUpdate(
               payload));
     }
   }
-  // Residual rows, per checkpointed layer, from the first one it keeps (the
+  // The policy's rows, per stored layer, from the first one it keeps (the
   // engine trims sliding-window layers at chunk boundaries).
-  const int64_t rb = store.row_bytes();
+  const int64_t rb = source.row_bytes();
   const auto [first, end] = TouchedChunks(committed.length(), next.length(), c);
   next.clear_first_position();
-  int64_t residual_rows = 0;
-  for (size_t i = 0; i < store.layers().size(); ++i) {
-    const int64_t layer = store.layers()[i];
-    const int64_t kept = store.first_kept(sequence_id, layer);
+  int64_t stored_rows = 0;
+  for (size_t i = 0; i < source.layers().size(); ++i) {
+    const int64_t layer = source.layers()[i];
+    const int64_t kept = source.first_kept(layer);
     if (kept % c != 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat("layer ", layer, " keeps residuals from position ", kept,
+          absl::StrCat("layer ", layer, " keeps rows from position ", kept,
                        ", not a multiple of the chunk size ", c,
                        "; trim at chunk boundaries"));
     }
     next.add_first_position(kept);
-    residual_rows += next.length() - kept;
+    stored_rows += next.length() - kept;
     // Chunks that fell out of reach since the last commit.
     const int64_t was = static_cast<int>(i) < committed.first_position_size()
                             ? committed.first_position(i)
@@ -115,10 +165,7 @@ absl::StatusOr<storage::TurnUpdate> BuildTurnUpdate(
     for (int64_t j = std::max(first, kept / c); j < end; ++j) {
       const int64_t rows = std::min(c, next.length() - j * c);
       std::string payload(rows * rb, '\0');
-      for (int64_t r = 0; r < rows; ++r) {
-        std::memcpy(payload.data() + r * rb,
-                    store.RowBytes(sequence_id, layer, j * c + r), rb);
-      }
+      KVD_RETURN_IF_ERROR(source.CopyRows(layer, j * c, rows, payload.data()));
       update.put.emplace_back(
           ChunkId{layer, j},
           storage::EncodeChunk(Header(layer, j, c, rows, next.dtype(), rb),
@@ -126,7 +173,7 @@ absl::StatusOr<storage::TurnUpdate> BuildTurnUpdate(
     }
   }
   // Payload bytes of everything stored after this turn.
-  next.set_stored_bytes(next.token_count() * 4 + residual_rows * rb);
+  next.set_stored_bytes(next.token_count() * 4 + stored_rows * rb);
   update.manifest = std::move(next);
   return update;
 }
@@ -155,10 +202,6 @@ absl::Status RestoreResiduals(const storage::SessionCheckpoint& checkpoint,
                               ops::ResidualStore* store, int64_t sequence_id) {
   const v1::SessionManifest& m = checkpoint.manifest();
   const int64_t c = m.chunk_tokens(), rb = store->row_bytes();
-  const bool bf16 = m.dtype() == v1::DTYPE_BF16;
-  const int64_t d_model = rb / (bf16 ? 2 : 4);
-  std::vector<float> row(d_model);
-  std::vector<uint16_t> narrow(d_model);  // payloads need not be aligned
   for (size_t li = 0; li < store->layers().size(); ++li) {
     const int64_t layer = store->layers()[li];
     const int64_t kept = static_cast<int>(li) < m.first_position_size()
@@ -177,21 +220,61 @@ absl::Status RestoreResiduals(const storage::SessionCheckpoint& checkpoint,
       absl::StatusOr<storage::DecodedChunk> chunk =
           FindChunk(checkpoint, {layer, i}, rows, m.dtype(), rb);
       if (!chunk.ok()) return chunk.status();
-      const char* p = chunk->payload.data();
-      for (int64_t r = 0; r < rows; ++r) {
-        if (bf16) {
-          std::memcpy(narrow.data(), p + r * rb, rb);
-          kernels::cpu::Bf16ToFloat(narrow.data(), row.data(), d_model);
-        } else {
-          std::memcpy(row.data(), p + r * rb, rb);
-        }
-        store->OnResidual(sequence_id, layer, i * c + r, row.data());
-      }
-      if (!store->status().ok()) {
+      // The chunk's bytes are the store's own dtype: copied as they are
+      // (a bf16 row is bf16-representable by construction).
+      if (absl::Status put = store->PutRowBytes(sequence_id, layer, i * c, rows,
+                                                chunk->payload.data());
+          !put.ok()) {
         return absl::DataLossError(
             absl::StrCat("session ", m.tenant(), "/", m.session_id(), " layer ",
-                         layer, " chunk ", i, ": ", store->status().message()));
+                         layer, " chunk ", i, ": ", put.message()));
       }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RestoreKv(const storage::SessionCheckpoint& checkpoint,
+                       const ops::ModelBackend& model, ops::KvCache* cache) {
+  const v1::SessionManifest& m = checkpoint.manifest();
+  const ops::ModelConfig& config = model.config();
+  const int64_t c = m.chunk_tokens(), length = m.length();
+  const int64_t rb = 2 * cache->row_bytes();
+  const std::string name =
+      absl::StrCat("session ", m.tenant(), "/", m.session_id());
+  if (m.layers_size() != config.n_layers || m.row_bytes() != rb ||
+      m.first_position_size() != config.n_layers) {
+    return absl::DataLossError(absl::StrCat(
+        name, ": its kv checkpoint stores ", m.layers_size(), " layers of ",
+        m.row_bytes(), "-byte rows, but model ", config.name, " has ",
+        config.n_layers, " layers of ", rb, "-byte K/V row pairs"));
+  }
+  cache->Reset(0);
+  cache->SetLength(length);
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    const int64_t stored = m.first_position(l);
+    const int64_t keep =
+        cache->trims_past_windows()
+            ? ops::WindowStart(config.layers[l].sliding_window, length)
+            : 0;
+    if (m.layers(l) != l || stored % c != 0 || stored > keep) {
+      return absl::DataLossError(
+          absl::StrCat(name, " layer ", l, ": stored from position ", stored,
+                       ", which is not a chunk boundary at or below ", keep,
+                       ", the first position a later step reads"));
+    }
+    cache->DropBelow(l, keep);
+    KVD_RETURN_IF_ERROR(cache->ReserveLayer(l, length));
+    for (int64_t i = keep / c; i * c < length; ++i) {
+      const int64_t rows = std::min(c, length - i * c);
+      absl::StatusOr<storage::DecodedChunk> chunk =
+          FindChunk(checkpoint, {l, i}, rows, m.dtype(), rb);
+      if (!chunk.ok()) return chunk.status();
+      const int64_t from = std::max(keep, i * c);
+      KVD_RETURN_IF_ERROR(model.WriteKvRows(
+          cache, l, from, i * c + rows - from,
+          reinterpret_cast<const uint8_t*>(chunk->payload.data()) +
+              (from - i * c) * rb));
     }
   }
   return absl::OkStatus();

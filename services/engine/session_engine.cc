@@ -219,6 +219,12 @@ absl::Status SessionEngine::ValidateOptions(
                        ", but ", s.message(), "; use --hot-budget all here"));
     }
   }
+  if (options.policy.kind == ops::CheckpointPolicy::Kind::kKv) {
+    if (absl::Status s = model.KvRowAccess(); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "policy kv (--policy kv) stores K/V rows, but ", s.message()));
+    }
+  }
   if (options.chunk_tokens < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk_tokens is ", options.chunk_tokens,
@@ -236,11 +242,8 @@ absl::Status SessionEngine::ValidateOptions(
 absl::StatusOr<v1::SessionManifest> SessionEngine::NewManifest(
     const std::string& tenant, const std::string& session,
     const std::map<std::string, std::string>& labels) const {
-  if (options_.policy.kind == ops::CheckpointPolicy::Kind::kKv) {
-    return absl::InvalidArgumentError(
-        "policy 'kv' keeps no checkpoint a session could resume from; use "
-        "kv-direct, stride:k or tokens");
-  }
+  const bool kv = options_.policy.kind == ops::CheckpointPolicy::Kind::kKv;
+  if (kv) KVD_RETURN_IF_ERROR(model_.KvRowAccess());
   const ops::ModelConfig& c = model_.config();
   v1::SessionManifest m;
   m.set_format_version(storage::kCheckpointFormatVersion);
@@ -251,13 +254,21 @@ absl::StatusOr<v1::SessionManifest> SessionEngine::NewManifest(
   m.set_role(v1::SESSION_ROLE_PRIMARY);
   *m.mutable_model() = identity_;
   m.set_policy(options_.policy.Name());
-  for (int64_t l : ops::CheckpointLayers(options_.policy, c.n_layers))
-    m.add_layers(l);
+  // Policy kv stores every layer's K row and V row as one row per position
+  // (session_chunks.h CacheKvRows); the others the residuals of their layers.
+  if (kv) {
+    for (int64_t l = 0; l < c.n_layers; ++l) m.add_layers(l);
+  } else {
+    for (int64_t l : ops::CheckpointLayers(options_.policy, c.n_layers))
+      m.add_layers(l);
+  }
   for (int i = 0; i < m.layers_size(); ++i) m.add_first_position(0);
   m.set_chunk_tokens(options_.chunk_tokens);
   const bool bf16 = model_.precision() == ops::Precision::kBf16;
   m.set_dtype(bf16 ? v1::DTYPE_BF16 : v1::DTYPE_F32);
-  m.set_row_bytes(c.d_model * (bf16 ? 2 : 4));
+  m.set_row_bytes(kv ? 2 * static_cast<int64_t>(
+                               ops::KvCache::RowBytes(c, model_.precision()))
+                     : c.d_model * (bf16 ? 2 : 4));
   m.set_created_unix_ms(NowMs());
   m.set_updated_unix_ms(m.created_unix_ms());
   for (const auto& [k, v] : labels) (*m.mutable_labels())[k] = v;
@@ -671,7 +682,25 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
         "stored without its residual checkpoint (salvaged from a damaged "
         "database): its tokens run through the model again";
   }
-  if (fallback.empty() && policy.kind != ops::CheckpointPolicy::Kind::kTokens) {
+  if (fallback.empty() && policy.kind == ops::CheckpointPolicy::Kind::kKv) {
+    // The K/V themselves: copied into the cache, nothing to compute.
+    absl::Status restored = model_.KvRowAccess();
+    if (restored.ok()) {
+      do {  // a full pool: idle sessions make room first
+        restored = RestoreKv(*checkpoint, model_, &active->cache);
+      } while (restored.code() == absl::StatusCode::kResourceExhausted &&
+               DemoteOneIdle());
+      if (restored.ok()) return active;
+      if (restored.code() != absl::StatusCode::kDataLoss &&
+          restored.code() != absl::StatusCode::kUnimplemented) {
+        return restored;
+      }
+    }
+    active->cache.Reset(0);
+    fallback = std::string(restored.message());
+  } else if (fallback.empty() &&
+             policy.kind != ops::CheckpointPolicy::Kind::kTokens &&
+             policy.kind != ops::CheckpointPolicy::Kind::kKv) {
     const absl::Status restored =
         RestoreResiduals(*checkpoint, &active->store, 0);
     if (restored.ok()) {
@@ -702,7 +731,7 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
       fallback.empty()
           ? absl::StrCat("policy ", m.policy(), " stores token ids only")
           : absl::StrCat(other_numerics ? "checkpoint from other numerics: "
-                                        : "residual checkpoint rejected: ",
+                                        : "stored checkpoint rejected: ",
                          fallback);
   if (!fallback.empty()) {
     active->rewrite_all = true;
@@ -879,7 +908,11 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   const v1::SessionManifest from =
       a.rewrite_all ? v1::SessionManifest() : a.committed;
   absl::StatusOr<storage::TurnUpdate> built =
-      BuildTurnUpdate(from, std::move(next), tokens, a.store, 0);
+      a.policy.kind == ops::CheckpointPolicy::Kind::kKv
+          ? BuildTurnUpdate(from, std::move(next), tokens,
+                            CacheKvRows(model_, a.cache, c))
+          : BuildTurnUpdate(from, std::move(next), tokens,
+                            ResidualRows(a.store, 0));
   absl::Status committed = built.status();
   if (committed.ok() && options_.fence != nullptr) {
     // The last word before anything is written: a node whose lease lapsed

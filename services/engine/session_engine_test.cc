@@ -220,6 +220,7 @@ class SessionEngineTest : public testing::EngineTest {
 };
 
 const Variant kVariants[] = {
+    {"kv", ops::ResidualKvSource::kAll},
     {"kv-direct", ops::ResidualKvSource::kAll},
     {"kv-direct", 16},
     {"stride:2", ops::ResidualKvSource::kAll},

@@ -8,6 +8,7 @@
 #include "base/status_macros.h"
 #include "ops/model/fingerprint.h"
 #include "ops/tokenizer/gguf_tokenizer.h"
+#include "services/planner/auto_policy.h"
 
 namespace kvd::node {
 
@@ -109,6 +110,30 @@ absl::StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Open(
                          ops::OpenBackend(options.backend, *rt->model_,
                                           options.tensor_parallel));
   }
+  engine::SessionEngineOptions engine_options = options.engine;
+  // Measured on the host model, before another backend takes its weights.
+  if (options.auto_policy) {
+    planner::AutoPolicyOptions auto_options;
+    auto_options.calibration_path =
+        (std::filesystem::path(options.data_dir) / "calibration.json").string();
+    auto_options.storage_dir = options.data_dir;
+    auto_options.tokens = options.auto_policy_tokens;
+    auto_options.kv_candidate = rt->backend_.backend->KvRowAccess().ok();
+    absl::StatusOr<planner::AutoPolicy> chosen =
+        planner::ChooseCheckpointPolicy(*rt->model_, auto_options);
+    if (chosen.ok()) {
+      engine_options.policy = chosen->policy;
+      rt->policy_notice_ = "kvd: " + chosen->summary;
+      rt->policy_measured_now_ = chosen->measured_now;
+    } else {
+      engine_options.policy = ops::CheckpointPolicy{};  // kv-direct
+      rt->policy_notice_ = absl::StrCat(
+          "kvd: policy auto could not measure this machine (",
+          chosen.status().message(), "); new sessions use kv-direct");
+      rt->policy_measured_now_ = true;
+    }
+  }
+  rt->policy_ = engine_options.policy;
   // A GPU backend or a shard group holds its own copy of the weights.
   if (rt->backend_.kind == ops::Backend::kCuda || rt->shard_group_ != nullptr)
     rt->model_->ReleaseWeights();
@@ -116,7 +141,7 @@ absl::StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Open(
   KVD_ASSIGN_OR_RETURN(
       rt->engine_, engine::SessionEngine::Create(
                        backend, engine::ModelIdentityOf(backend, fingerprint),
-                       rt->store_.get(), options.engine));
+                       rt->store_.get(), engine_options));
   if (options.trim_free_memory) {
     rt->trimmer_ = std::make_unique<MemoryTrimmer>(MemoryTrimmerOptions{});
   }

@@ -46,6 +46,11 @@ struct NodeOptions {
   bool memory_commits = false;  // storage::CommitMode::kMemory
   int64_t dram_budget_bytes = int64_t{1} << 30;
   engine::SessionEngineOptions engine;
+  // `--policy auto`: engine.policy is chosen at start by the rebuild planner
+  // from this machine's measured rates (services/planner/auto_policy.h),
+  // cached in data_dir/calibration.json; policy_notice() says what it chose.
+  bool auto_policy = false;
+  int64_t auto_policy_tokens = 4096;  // session length planned for
   // Which backend runs the engine (ops/backend/open_backend.h); the notice
   // saying why the CPU, or which device, is backend_notice().
   ops::BackendRequest backend = ops::BackendRequest::kCpu;
@@ -85,6 +90,11 @@ class NodeRuntime {
   const ops::ModelBackend& backend() const { return *backend_.backend; }
   // One line for the user about the backend choice, or empty.
   const std::string& backend_notice() const { return backend_.notice; }
+  // With NodeOptions::auto_policy: the policy chosen and why; and whether it
+  // measured this machine now (first start) rather than reading the file.
+  const std::string& policy_notice() const { return policy_notice_; }
+  bool policy_measured_now() const { return policy_measured_now_; }
+  const ops::CheckpointPolicy& policy() const { return policy_; }
   const ops::Tokenizer& tokenizer() const { return *tokenizer_; }
   // None for models without a recognised chat template: raw prompts only.
   const std::optional<ops::ChatTemplate>& chat_template() const {
@@ -119,6 +129,9 @@ class NodeRuntime {
   std::unique_ptr<MemoryTrimmer> trimmer_;
   std::string model_id_, model_path_;
   double load_seconds_ = 0;
+  std::string policy_notice_;
+  bool policy_measured_now_ = false;
+  ops::CheckpointPolicy policy_;
   bool create_sessions_on_first_use_ = true;
 };
 

@@ -295,6 +295,8 @@ SCOPE = [
     "//services/node:openai_response",
     "//services/node:openai_response_test",
     "//services/node:runtime",
+    "//services/planner:auto_policy",
+    "//services/planner:auto_policy_test",
     "//services/planner:calibration",
     "//services/planner:calibration_test",
     "//services/planner:decode_benchmark",

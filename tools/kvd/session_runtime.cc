@@ -46,8 +46,11 @@ void DeclareStoreFlags(Args& a) {
 void DeclareSessionFlags(Args& a) {
   a.Flag("policy", "kv-direct",
          "what new sessions checkpoint: kv-direct (residual at every layer), "
-         "stride:K (every K-th layer), tokens (token ids only: resume "
-         "re-prefills)");
+         "stride:K (every K-th layer), kv (the K/V rows themselves: no "
+         "compute to resume, smaller than residuals on GQA models), tokens "
+         "(token ids only: resume re-prefills), or auto (the planner picks "
+         "the fastest to resume from this machine's measured rates, measured "
+         "once into DATA_DIR/calibration.json; docs/PLANNER.md)");
   a.Flag("hot-budget", "all",
          "K/V rows kept in memory per kv-direct session; older ones are "
          "recomputed from residuals. 'all' keeps every row");
@@ -94,8 +97,12 @@ absl::Status AddModelAndSessionFlags(const Args& args, node::NodeOptions& o) {
   if (threads < 0 || threads > 1024)
     return absl::InvalidArgumentError("--threads must be between 0 and 1024");
   o.num_threads = static_cast<int>(threads);
-  KVD_ASSIGN_OR_RETURN(o.engine.policy,
-                       ops::ParseCheckpointPolicy(args.Get("policy")));
+  if (args.Get("policy") == "auto") {
+    o.auto_policy = true;
+  } else {
+    KVD_ASSIGN_OR_RETURN(o.engine.policy,
+                         ops::ParseCheckpointPolicy(args.Get("policy")));
+  }
   if (args.Get("hot-budget") != "all") {
     KVD_ASSIGN_OR_RETURN(o.engine.hot_budget, args.GetInt("hot-budget"));
     if (o.engine.hot_budget < 0) {
@@ -155,6 +162,9 @@ absl::StatusOr<std::unique_ptr<node::NodeRuntime>> OpenSessionRuntime(
   bar.Finish();
   if (!rt->backend_notice().empty())
     std::fprintf(stderr, "%s\n", rt->backend_notice().c_str());
+  // Said once, when the machine was measured; later starts read the file.
+  if (rt->policy_measured_now())
+    std::fprintf(stderr, "%s\n", rt->policy_notice().c_str());
   return rt;
 }
 

@@ -22,6 +22,10 @@ const char* CountingBackendForTest::MethodName(Method m) {
       return "ForwardLayers";
     case kRecomputeKvIntoCache:
       return "RecomputeKvIntoCache";
+    case kReadKvRows:
+      return "ReadKvRows";
+    case kWriteKvRows:
+      return "WriteKvRows";
     case kNumMethods:
       break;
   }
@@ -86,6 +90,28 @@ absl::Status CountingBackendForTest::RecomputeKvIntoCache(
   Count(kRecomputeKvIntoCache);
   CheckOwnCache(cache);
   return model_.RecomputeKvIntoCache(layer, residuals, position, n, cache);
+}
+
+absl::Status CountingBackendForTest::KvRowAccess() const {
+  return model_.KvRowAccess();
+}
+
+absl::Status CountingBackendForTest::ReadKvRows(const ops::KvCache& cache,
+                                                int64_t layer, int64_t position,
+                                                int64_t n,
+                                                uint8_t* rows) const {
+  Count(kReadKvRows);
+  CheckOwnCache(&cache);
+  return model_.ReadKvRows(cache, layer, position, n, rows);
+}
+
+absl::Status CountingBackendForTest::WriteKvRows(ops::KvCache* cache,
+                                                 int64_t layer,
+                                                 int64_t position, int64_t n,
+                                                 const uint8_t* rows) const {
+  Count(kWriteKvRows);
+  CheckOwnCache(cache);
+  return model_.WriteKvRows(cache, layer, position, n, rows);
 }
 
 absl::Status CountingBackendForTest::RunForward(

@@ -48,6 +48,8 @@ class CountingBackendForTest final : public ops::ModelBackend {
     kForward,
     kForwardLayers,
     kRecomputeKvIntoCache,
+    kReadKvRows,
+    kWriteKvRows,
     kNumMethods,
   };
   static const char* MethodName(Method m);
@@ -74,6 +76,12 @@ class CountingBackendForTest final : public ops::ModelBackend {
   absl::Status RecomputeKvIntoCache(int64_t layer, const float* residuals,
                                     int64_t position, int64_t n,
                                     ops::KvCache* cache) const override;
+  absl::Status KvRowAccess() const override;  // not counted
+  absl::Status ReadKvRows(const ops::KvCache& cache, int64_t layer,
+                          int64_t position, int64_t n,
+                          uint8_t* rows) const override;
+  absl::Status WriteKvRows(ops::KvCache* cache, int64_t layer, int64_t position,
+                           int64_t n, const uint8_t* rows) const override;
 
  protected:
   absl::Status RunForward(absl::Span<const ops::SequenceStep> batch,
