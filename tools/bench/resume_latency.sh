@@ -1,43 +1,107 @@
 #!/usr/bin/env bash
-# Resume latency of durable sessions: time to the first new token of a turn in a freshly
-# started process, for sessions of several lengths, per checkpoint policy. The session is
-# created in one process (a long first message), and resumed in another: `kvd chat --jsonl`
-# reports `restore_seconds` (reading the checkpoint + rebuilding K/V, or re-prefilling for the
-# tokens policy) and the new turn's prefill; time to first token = restore + prefill of the
-# new message + one decode step.
+# Resume latency of durable sessions, per checkpoint policy, session length and storage tier,
+# and whether `--policy auto` (the planner's choice from this machine's measured rates) picked
+# the fastest: the bar of docs/PLANNER.md ("Resume: measured").
 #
-# usage: tools/bench/resume_latency.sh [KVD] [MODEL] [LENGTHS...]
-#   defaults: bazel-bin/tools/kvd/kvd smollm2 1024 4096
+# For each length N and policy, a session of about N tokens is created by one `kvd chat`
+# process (a long first message). Then it is resumed twice:
+#   disk  by a new process: the checkpoint comes from RocksDB. Before it, the database's files
+#         are dropped from the page cache (posix_fadvise DONTNEED, no privileges needed), so
+#         the read comes from the device.
+#   dram  by that process's next turn after `--suspend-between-turns` demoted the session: the
+#         checkpoint comes from the DRAM tier of the same process.
+# `kvd chat --jsonl` reports `restore_seconds`: reading the checkpoint and rebuilding the K/V
+# (copying it back for kv, recomputing it for kv-direct and stride:k, re-prefilling for tokens).
+#
+# usage: tools/bench/resume_latency.sh [OUT_DIR]
+#   KVD=bazel-bin/tools/kvd/kvd MODEL=smollm2 LENGTHS="1024 4096 8000" \
+#   POLICIES="kv kv-direct stride:4 tokens auto" tools/bench/resume_latency.sh /tmp/resume
+# Writes OUT_DIR/resume.tsv (one line per measurement) and prints the table and the summary.
 set -euo pipefail
-KVD="${1:-bazel-bin/tools/kvd/kvd}"
-MODEL="${2:-smollm2}"
-shift 2 2>/dev/null || true
-LENGTHS=("${@:-1024 4096}")
-[[ ${#LENGTHS[@]} -eq 1 ]] && read -r -a LENGTHS <<< "${LENGTHS[0]}"
-DIR="$(mktemp -d)"
-trap 'rm -rf "$DIR"' EXIT
-COMMON=(--model "$MODEL" --temperature 0 --max-tokens 1 --jsonl --raw)
+cd "$(dirname "$0")/../.."
+OUT="${1:-/tmp/kvd-resume-latency}"
+KVD="${KVD:-bazel-bin/tools/kvd/kvd}"
+MODEL="${MODEL:-smollm2}"
+read -r -a LENGTHS <<< "${LENGTHS:-1024 4096 8000}"
+read -r -a POLICIES <<< "${POLICIES:-kv kv-direct stride:4 tokens auto}"
+EXTRA=(${KVD_FLAGS:-})
+mkdir -p "$OUT"
+TSV="$OUT/resume.tsv"
+CAL="$OUT/calibration"  # one data dir whose calibration.json every auto run shares
+mkdir -p "$CAL"
+printf "length\ttier\tpolicy\tstored_policy\tsession_tokens\tstored_bytes\trestore_ms\tpath\n" > "$TSV"
+COMMON=(--model "$MODEL" --temperature 0 --max-tokens 1 --jsonl --raw "${EXTRA[@]}")
 
-# A first message of about N tokens (SmolLM2 / Gemma tokenizers: ~1 token per word here).
-message() { python3 -c "import sys; print(' '.join(['word%d' % (i % 97) for i in range(int(sys.argv[1]) // 2)]))" "$1"; }
+# A first message of about N tokens with either tokenizer (each "wordK" is ~2 tokens).
+message() {
+  python3 -c "import sys; print(' '.join(['word%d' % (i % 97) for i in range(int(sys.argv[1]) // 2)]))" "$1"
+}
+drop_page_cache() {
+  sync
+  python3 - "$1" <<'PY'
+import os, sys
+for root, _, files in os.walk(sys.argv[1]):
+    for f in files:
+        fd = os.open(os.path.join(root, f), os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+PY
+}
+field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
+record() {  # length tier policy data_dir jsonl_line
+  local stored tokens bytes
+  stored=$("$KVD" sessions show s --data-dir "$4" | python3 -c "import json,sys; m=json.load(sys.stdin); print(m['policy'], m.get('stored_bytes', 0))")
+  printf "%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%s\n" "$1" "$2" "$3" "${stored% *}" \
+    "$(field "$5" session_tokens)" "${stored#* }" \
+    "$(python3 -c "print(float('$(field "$5" restore_seconds)') * 1000)")" \
+    "$(field "$5" path)" >> "$TSV"
+  tail -1 "$TSV"
+}
 
-printf "%-8s %-10s %12s %14s %12s\n" tokens policy stored_MiB restore_ms path
+echo "kvd resume latency: $MODEL, lengths ${LENGTHS[*]}, policies ${POLICIES[*]} ($(date -u +%FT%TZ))"
 for n in "${LENGTHS[@]}"; do
   msg="$(message "$n")"
-  for policy in kv-direct stride:4 stride:10 tokens; do
-    d="$DIR/$n-${policy/:/}"
-    "$KVD" chat "${COMMON[@]}" --policy "$policy" --data-dir "$d" --session s "$msg" > "$d.create"
-    sync
-    # Drop the page cache if allowed, so the restore reads from disk.
-    echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
-    "$KVD" chat "${COMMON[@]}" --data-dir "$d" --session s "next" > "$d.resume"
-    tokens=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['session_tokens'])" "$d.create")
-    bytes=$("$KVD" sessions show s --data-dir "$d" | python3 -c "import json,sys; print(json.load(sys.stdin).get('stored_bytes', 0))")
-    python3 - "$d.resume" "$tokens" "$policy" "$bytes" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print("%-8s %-10s %12.1f %14.1f %12s" % (sys.argv[2], sys.argv[3], int(sys.argv[4]) / 2**20,
-                                         r["restore_seconds"] * 1000, r["path"]))
-PY
+  for policy in "${POLICIES[@]}"; do
+    d="$OUT/$n-${policy/:/}"
+    rm -rf "$d"
+    mkdir -p "$d"
+    [[ "$policy" == auto ]] && cp "$CAL/calibration.json" "$d/" 2>/dev/null || true
+    "$KVD" chat "${COMMON[@]}" --policy "$policy" --data-dir "$d" --session s "$msg" \
+      > "$d/create.jsonl"
+    [[ "$policy" == auto && ! -f "$CAL/calibration.json" ]] && cp "$d/calibration.json" "$CAL/"
+    drop_page_cache "$d/sessions"
+    # Turn 1 resumes from disk; the session is then demoted; turn 2 resumes from DRAM.
+    "$KVD" chat "${COMMON[@]}" --data-dir "$d" --session s --suspend-between-turns \
+      "next" "again" > "$d/resume.jsonl"
+    record "$n" disk "$policy" "$d" "$(sed -n 1p "$d/resume.jsonl")"
+    record "$n" dram "$policy" "$d" "$(sed -n 2p "$d/resume.jsonl")"
   done
 done
+
+python3 - "$TSV" <<'PY'
+import collections, csv, sys
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+print()
+print("| length | tier | " + " | ".join(r["policy"] for r in rows if r["length"] == rows[0]["length"] and r["tier"] == "disk") + " | auto chose | auto / best | auto / best of {kv, tokens} |")
+cells = collections.OrderedDict()
+for r in rows:
+    cells.setdefault((int(r["length"]), r["tier"]), {})[r["policy"]] = r
+fastest = within = n = 0
+for (length, tier), by in cells.items():
+    fixed = {p: float(r["restore_ms"]) for p, r in by.items() if p != "auto"}
+    line = "| %d | %s | " % (length, tier) + " | ".join("%.1f" % float(r["restore_ms"]) for r in by.values())
+    if "auto" in by and fixed:
+        auto = float(by["auto"]["restore_ms"])
+        best = min(fixed.values())
+        base = min(v for p, v in fixed.items() if p in ("kv", "tokens")) if any(p in fixed for p in ("kv", "tokens")) else best
+        n += 1
+        # Right when the policy auto chose is the one whose own session resumed fastest.
+        fastest += by["auto"]["stored_policy"] == min(fixed, key=fixed.get)
+        within += auto <= base * 1.10
+        line += " | %s | %.2f | %.2f |" % (by["auto"]["stored_policy"], auto / best, auto / base)
+    print(line)
+if n:
+    print("\nauto chose the measured fastest policy in %d of %d cells; its resume was within 10%% "
+          "of the best of {kv, tokens} in %d of %d" % (fastest, n, within, n))
+PY

@@ -77,6 +77,11 @@ void DeclareFlags(Args& a) {
   a.Flag("dump-logits", "",
          "append every step's logits (float32, vocab per step) to this file; "
          "for bit-identity checks");
+  a.Switch("suspend-between-turns",
+           "after each turn, drop the session's K/V from memory (its "
+           "checkpoint stays in the DRAM tier), so the next turn resumes it: "
+           "measures resume latency without a restart "
+           "(tools/bench/resume_latency.sh)");
   DeclareModelFlags(a);
   DeclareStoreFlags(a);
   DeclareSessionFlags(a);
@@ -119,6 +124,10 @@ absl::Status RunTurn(node::NodeRuntime& rt, const Args& args,
         if (!jsonl) std::cout << s << std::flush;
       }));
   if (logits != nullptr) logits->flush();
+  // Back to its checkpoint (kept in the DRAM tier), so the next turn
+  // measures a resume without a restart.
+  if (args.Has("suspend-between-turns"))
+    rt.engine().Suspend(turn.tenant, turn.session);
   const engine::GenerateResult& g = r.generation;
   if (jsonl) {
     nlohmann::json j;
