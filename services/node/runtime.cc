@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "ops/kvdirect/residual_kv_source.h"
 #include "ops/model/fingerprint.h"
 #include "ops/tokenizer/gguf_tokenizer.h"
 #include "services/planner/auto_policy.h"
@@ -112,7 +113,15 @@ absl::StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Open(
   }
   engine::SessionEngineOptions engine_options = options.engine;
   // Measured on the host model, before another backend takes its weights.
-  if (options.auto_policy) {
+  if (options.auto_policy &&
+      options.engine.hot_budget != ops::ResidualKvSource::kAll) {
+    // Only kv-direct sessions keep a bounded number of K/V rows in memory.
+    engine_options.policy = ops::CheckpointPolicy{};
+    rt->policy_notice_ =
+        "kvd: policy auto: kv-direct (the only policy a bounded --hot-budget "
+        "applies to)";
+    rt->policy_measured_now_ = true;
+  } else if (options.auto_policy) {
     planner::AutoPolicyOptions auto_options;
     auto_options.calibration_path =
         (std::filesystem::path(options.data_dir) / "calibration.json").string();

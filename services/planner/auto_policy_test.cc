@@ -3,7 +3,9 @@
 // a backend without K/V row access never gets kv.
 #include "services/planner/auto_policy.h"
 
+#include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -12,24 +14,32 @@
 namespace kvd::planner {
 namespace {
 
-std::string FreshDir(const std::string& name) {
-  const std::filesystem::path dir =
-      std::filesystem::path(::testing::TempDir()) / name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
+// A tiny model (2 K/V heads of 16: K/V rows smaller than a residual) and
+// options pointing at a fresh directory.
+class AutoPolicyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ops::testing::TinyModelSpec spec;
+    auto model = ops::testing::LoadTinyModel(spec, ops::Precision::kF32);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = *std::move(model);
+    const std::filesystem::path dir =
+        std::filesystem::path(::testing::TempDir()) /
+        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    options_.calibration_path = (dir / "calibration.json").string();
+    options_.storage_dir = dir.string();
+    options_.tokens = 512;
+  }
 
-TEST(AutoPolicy, ChoosesThePlansFastestAndMeasuresOnce) {
-  ops::testing::TinyModelSpec spec;  // 2 K/V heads of 16: K/V < residual
-  auto model = ops::testing::LoadTinyModel(spec, ops::Precision::kF32);
-  ASSERT_TRUE(model.ok()) << model.status();
-  const std::string dir = FreshDir("auto-policy");
-  AutoPolicyOptions o;
-  o.calibration_path = dir + "/calibration.json";
-  o.storage_dir = dir;
-  o.tokens = 512;
-  absl::StatusOr<AutoPolicy> first = ChooseCheckpointPolicy(**model, o);
+  std::unique_ptr<ops::Model> model_;
+  AutoPolicyOptions options_;
+};
+
+TEST_F(AutoPolicyTest, ChoosesThePlansFastestAndMeasuresOnce) {
+  AutoPolicyOptions& o = options_;
+  absl::StatusOr<AutoPolicy> first = ChooseCheckpointPolicy(*model_, o);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_TRUE(first->measured_now);
   EXPECT_TRUE(std::filesystem::exists(o.calibration_path));
@@ -46,7 +56,7 @@ TEST(AutoPolicy, ChoosesThePlansFastestAndMeasuresOnce) {
       << first->summary;
 
   // The second start reads every figure from the file.
-  absl::StatusOr<AutoPolicy> again = ChooseCheckpointPolicy(**model, o);
+  absl::StatusOr<AutoPolicy> again = ChooseCheckpointPolicy(*model_, o);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_FALSE(again->measured_now);
   EXPECT_EQ(again->policy.Name(), "kv");
@@ -54,7 +64,7 @@ TEST(AutoPolicy, ChoosesThePlansFastestAndMeasuresOnce) {
 
   // A backend that cannot copy K/V rows: kv is not a candidate.
   o.kv_candidate = false;
-  absl::StatusOr<AutoPolicy> no_kv = ChooseCheckpointPolicy(**model, o);
+  absl::StatusOr<AutoPolicy> no_kv = ChooseCheckpointPolicy(*model_, o);
   ASSERT_TRUE(no_kv.ok()) << no_kv.status();
   EXPECT_NE(no_kv->policy.Name(), "kv");
   for (const PolicyEstimate& e : no_kv->plan.estimates)
@@ -62,26 +72,20 @@ TEST(AutoPolicy, ChoosesThePlansFastestAndMeasuresOnce) {
 
   // A budget of token ids only leaves tokens.
   o.budget_bytes_per_token = 4;
-  absl::StatusOr<AutoPolicy> tight = ChooseCheckpointPolicy(**model, o);
+  absl::StatusOr<AutoPolicy> tight = ChooseCheckpointPolicy(*model_, o);
   ASSERT_TRUE(tight.ok()) << tight.status();
   EXPECT_EQ(tight->policy.Name(), "tokens");
 }
 
-TEST(AutoPolicy, AnUnreadableCalibrationFileIsAnError) {
-  ops::testing::TinyModelSpec spec;
-  auto model = ops::testing::LoadTinyModel(spec, ops::Precision::kF32);
-  ASSERT_TRUE(model.ok()) << model.status();
-  const std::string dir = FreshDir("auto-policy-bad");
-  AutoPolicyOptions o;
-  o.calibration_path = dir + "/calibration.json";
-  o.storage_dir = dir;
+TEST_F(AutoPolicyTest, AnUnreadableCalibrationFileIsAnError) {
+  AutoPolicyOptions& o = options_;
   {
     FILE* f = std::fopen(o.calibration_path.c_str(), "w");
     ASSERT_NE(f, nullptr);
     std::fputs("not json", f);
     std::fclose(f);
   }
-  EXPECT_EQ(ChooseCheckpointPolicy(**model, o).status().code(),
+  EXPECT_EQ(ChooseCheckpointPolicy(*model_, o).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
