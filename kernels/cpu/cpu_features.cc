@@ -42,6 +42,12 @@ bool IsaSupported(Isa isa) {
   return false;
 }
 
+bool HasAvx512Bf16() {
+  static const bool has =
+      IsaSupported(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+
 Isa BestIsa() {
   if (IsaSupported(Isa::kAvx512)) return Isa::kAvx512;
   if (IsaSupported(Isa::kAvx2)) return Isa::kAvx2;

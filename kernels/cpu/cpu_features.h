@@ -27,6 +27,10 @@ enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 // AVX-512 needs F, BW, VL and DQ).
 bool IsaSupported(Isa isa);
 
+// Whether the AVX-512 path may use AVX512-BF16 (vdpbf16ps) for the bf16 pair
+// contract (internal/gemm_pairs.h); the other paths emulate it.
+bool HasAvx512Bf16();
+
 // The best ISA this machine supports.
 Isa BestIsa();
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/internal/exp_avx2.h"
@@ -78,17 +79,36 @@ void Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
 
 void RopeAngles(int64_t position, float base, int64_t rot_dim, float* cos,
                 float* sin) {
+  // base^(-2i / rot_dim) depends on the model only, and a row's angles are
+  // computed for many positions in a row: keep the last model's frequencies
+  // (the same doubles, so the same bits).
+  thread_local float freq_base = 0.0f;
+  thread_local std::vector<double> inv_freq;
+  if (freq_base != base ||
+      static_cast<int64_t>(inv_freq.size()) != rot_dim / 2) {
+    inv_freq.resize(rot_dim / 2);
+    for (int64_t i = 0; i < rot_dim / 2; ++i)
+      inv_freq[i] = std::pow(static_cast<double>(base),
+                             -2.0 * static_cast<double>(i) / rot_dim);
+    freq_base = base;
+  }
   for (int64_t i = 0; i < rot_dim / 2; ++i) {
-    const double inv_freq = std::pow(static_cast<double>(base),
-                                     -2.0 * static_cast<double>(i) / rot_dim);
-    const double theta = static_cast<double>(position) * inv_freq;
+    const double theta = static_cast<double>(position) * inv_freq[i];
     cos[i] = static_cast<float>(std::cos(theta));
     sin[i] = static_cast<float>(std::sin(theta));
   }
 }
 
 void FloatToBf16(const float* x, uint16_t* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = FloatToBf16(x[i]);
+  // The scalar rule without its branch, so the loop vectorizes.
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, &x[i], sizeof(b));
+    const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+    const uint32_t quiet = (b >> 16) | 0x40u;
+    y[i] = static_cast<uint16_t>((b & 0x7fffffffu) > 0x7f800000u ? quiet
+                                                                 : rounded);
+  }
 }
 
 void Bf16ToFloat(const uint16_t* x, float* y, int64_t n) {

@@ -141,6 +141,49 @@ TEST(Rope, MatchesDoubleRotationBothStyles) {
   }
 }
 
+// The angles do not depend on which model's angles were computed before
+// (RopeAngles keeps the last base's frequencies).
+TEST(Rope, AnglesDoNotDependOnThePreviousCall) {
+  auto angles = [](int64_t pos, float base, int64_t rot) {
+    std::vector<float> cs(rot);
+    RopeAngles(pos, base, rot, cs.data(), cs.data() + rot / 2);
+    return cs;
+  };
+  const std::vector<float> a = angles(777, 10000.0f, 64);
+  const std::vector<float> b = angles(777, 1000000.0f, 64);
+  const std::vector<float> c = angles(777, 10000.0f, 128);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(angles(777, 10000.0f, 64), a);
+  EXPECT_EQ(angles(777, 1000000.0f, 64), b);
+  EXPECT_EQ(angles(777, 10000.0f, 128), c);
+  for (int i = 0; i < 32; ++i) {
+    const double theta = 777.0 * std::pow(10000.0, -2.0 * i / 64);
+    EXPECT_EQ(a[i], static_cast<float>(std::cos(theta)));
+    EXPECT_EQ(a[32 + i], static_cast<float>(std::sin(theta)));
+  }
+}
+
+// The array conversion is the scalar rule, over a sweep of bit patterns
+// (every sign, exponent, NaN and infinity; mantissas at a stride).
+TEST(Bf16, ArrayConversionIsTheScalarRule) {
+  std::vector<float> x;
+  for (uint64_t b = 0; b <= 0xffffffffu; b += 65521) {
+    float f;
+    const uint32_t bits = static_cast<uint32_t>(b);
+    std::memcpy(&f, &bits, sizeof(f));
+    x.push_back(f);
+  }
+  for (uint32_t bits : {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                        0x7f7fffffu, 0x00000001u, 0x3f808000u, 0x3f818000u}) {
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    x.push_back(f);
+  }
+  std::vector<uint16_t> y(x.size());
+  FloatToBf16(x.data(), y.data(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(y[i], FloatToBf16(x[i])) << i;
+}
+
 TEST(Bf16, RoundsToNearestEvenAndKeepsSpecials) {
   // 1 + 2^-8 is exactly halfway between bf16 1.0 and 1 + 2^-7: ties to even
   // (1.0).

@@ -1,9 +1,12 @@
 #include "kernels/cpu/gemm.h"
 
 #include <cassert>
+#include <vector>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/internal/gemm_isa.h"
+#include "kernels/cpu/internal/gemm_pairs.h"
 
 namespace kvd::kernels::cpu {
 namespace {
@@ -46,6 +49,120 @@ RangeFn Pick(WeightType type, int64_t m) {
   return bf16 ? internal::GemmBf16Scalar : internal::GemmF32Scalar;
 }
 
+// The bf16 pair contract's paths (internal/gemm_pairs.h): bf16 weight rows go
+// straight to a pair range; GGML blocks are decoded to bf16 panels first (or,
+// for few rows on AVX-512, in registers).
+using DecodeFn = bool (*)(const internal::GemmArgs&, int64_t, int64_t,
+                          uint16_t*);
+
+template <RangeFn kPairs, DecodeFn kDecode>
+void BlocksPanels(const internal::GemmArgs& a, int64_t begin, int64_t end) {
+  internal::BlocksAsPairs(
+      a, begin, end,
+      [](const internal::GemmArgs& b, int64_t n0, int64_t rows, uint16_t* out) {
+        if (kDecode == nullptr || !kDecode(b, n0, rows, out))
+          internal::DecodeBlocksBf16Scalar(b, n0, rows, out);
+      },
+      kPairs);
+}
+
+void BlocksDirectAvx512(const internal::GemmArgs& a, int64_t begin,
+                        int64_t end) {
+  if (!internal::GemmBlocksPairsAvx512(a, begin, end))
+    BlocksPanels<internal::GemmPairsAvx2, internal::DecodeBlocksBf16Avx512>(
+        a, begin, end);
+}
+
+struct PairPath {
+  RangeFn fn;
+  internal::PairLayout layout;
+};
+
+PairPath PickPairs(bool blocks, int64_t m) {
+  using internal::PairLayout;
+  switch (ActiveIsa()) {
+    case Isa::kAvx512:
+      if (blocks && m <= 4) return {BlocksDirectAvx512, PairLayout::kPairOrder};
+      if (HasAvx512Bf16()) {
+        if (blocks) {
+          return {BlocksPanels<internal::GemmPairsAvx512Bf16,
+                               internal::DecodeBlocksBf16Avx512>,
+                  PairLayout::kBf16};
+        }
+        // A single row streams its weights from DRAM: the AVX2 emulation's
+        // two 256-bit chains keep up with it at least as well as vdpbf16ps's
+        // one (measured on Zen 4, docs/BENCHMARKS.md).
+        if (m == 1) return {internal::GemmPairsAvx2, PairLayout::kPairOrder};
+        return {internal::GemmPairsAvx512Bf16, PairLayout::kBf16};
+      }
+      if (blocks) {
+        return {BlocksPanels<internal::GemmPairsAvx2,
+                             internal::DecodeBlocksBf16Avx512>,
+                PairLayout::kPairOrder};
+      }
+      return {internal::GemmPairsAvx2, PairLayout::kPairOrder};
+    case Isa::kAvx2:
+      if (blocks) {
+        return {BlocksPanels<internal::GemmPairsAvx2,
+                             internal::DecodeBlocksBf16Avx2>,
+                PairLayout::kPairOrder};
+      }
+      return {internal::GemmPairsAvx2, PairLayout::kPairOrder};
+    case Isa::kScalar:
+      break;
+  }
+  if (blocks) {
+    return {BlocksPanels<internal::GemmPairsScalar, nullptr>,
+            PairLayout::kPairOrder};
+  }
+  return {internal::GemmPairsScalar, PairLayout::kPairOrder};
+}
+
+// The pair paths' activations (GemmArgs::xp): each row's `groups` slices of
+// k rounded to bf16 and zero-padded to `slice_pad`, as bf16 in k order or as
+// fp32 in pair order.
+struct PairActivations {
+  std::vector<uint16_t> bf16;
+  std::vector<float> pair_order;
+};
+
+void PreparePairs(const float* x, int64_t m, int64_t ldx, int64_t k,
+                  int64_t groups, internal::PairLayout layout,
+                  PairActivations& out, internal::GemmArgs& args) {
+  const int64_t slice = k / groups;
+  const int64_t pad = (slice + internal::kPairRun - 1) / internal::kPairRun *
+                      internal::kPairRun;
+  const int64_t ldxp = groups * pad;
+  args.slice_pad = pad;
+  args.ldxp = ldxp;
+  if (layout == internal::PairLayout::kBf16) {
+    out.bf16.assign(m * ldxp, 0);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t g = 0; g < groups; ++g)
+        FloatToBf16(x + i * ldx + g * slice,
+                    out.bf16.data() + i * ldxp + g * pad, slice);
+    args.xp = out.bf16.data();
+    return;
+  }
+  out.pair_order.assign(m * ldxp, 0.0f);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* src = x + i * ldx + g * slice;
+      float* dst = out.pair_order.data() + i * ldxp + g * pad;
+      for (int64_t t = 0; t < slice; ++t) {
+        // Element 32j + 2r + 1 goes to 32j + r, element 32j + 2r to 32j + 16 +
+        // r.
+        const int64_t run = t / internal::kPairRun * internal::kPairRun;
+        const int64_t in_run = t - run;
+        const int64_t at =
+            run + (in_run % 2 == 1 ? in_run / 2 : 16 + in_run / 2);
+        dst[at] = Bf16ToFloat(FloatToBf16(src[t]));
+      }
+    }
+  }
+  args.xp = out.pair_order.data();
+}
+
 // Below this many multiply-adds a call runs on the calling thread: waking
 // workers costs more.
 constexpr int64_t kMinParallelWork = 1 << 15;
@@ -65,26 +182,32 @@ void GroupedGemm(const float* x, int64_t m, int64_t ldx, const WeightView& w,
   assert(!blocks || (IsGemmBlockType(w.blocks) &&
                      w.cols % PackedBlockSize(w.blocks) == 0 &&
                      w.stride() % PackedBlockSize(w.blocks) == 0));
-  const internal::GemmArgs args{x,
-                                m,
-                                ldx,
-                                w.data,
-                                blocks ? w.row_stride_bytes() : w.stride(),
-                                w.cols,
-                                y,
-                                ldy,
-                                groups,
-                                w.blocks,
-                                w.round_to_bf16};
-  const RangeFn fn = Pick(w.type, m);
+  internal::GemmArgs args{x,
+                          m,
+                          ldx,
+                          w.data,
+                          blocks ? w.row_stride_bytes() : w.stride(),
+                          w.cols,
+                          y,
+                          ldy,
+                          groups,
+                          w.blocks,
+                          w.round_to_bf16};
+  RangeFn fn = Pick(w.type, m);
+  if (w.bf16_pairs) {
+    assert(w.type == WeightType::kBf16 || (blocks && w.round_to_bf16));
+    const PairPath path = PickPairs(blocks, m);
+    thread_local PairActivations prepared;
+    PreparePairs(x, m, ldx, w.cols, groups, path.layout, prepared, args);
+    fn = path.fn;
+  }
+  auto run = [&](int64_t begin, int64_t end) { fn(args, begin, end); };
   if (pool == nullptr || pool->num_threads() == 1 ||
       m * w.rows * w.cols < kMinParallelWork) {
-    fn(args, 0, w.rows);
+    run(0, w.rows);
     return;
   }
-  pool->ParallelFor(
-      w.rows, [&](int64_t begin, int64_t end) { fn(args, begin, end); },
-      /*align=*/8);
+  pool->ParallelFor(w.rows, run, /*align=*/8);
 }
 
 int64_t WeightView::bytes_for(int64_t elements) const {

@@ -41,6 +41,11 @@ struct WeightView {
   // the dequantized values, the bits of a bf16 view of rows rounded at load
   // (the bf16 mode).
   bool round_to_bf16 = false;
+  // The bf16 mode's products (kBf16 or kGgmlBlocks with round_to_bf16): the
+  // activations are rounded to bf16 and the reduction follows the bf16 pair
+  // contract (internal/gemm_pairs.h; AVX512-BF16 vdpbf16ps's order, with
+  // denormals flushed) instead of the 16-lane fp32 one.
+  bool bf16_pairs = false;
   int64_t stride() const { return ld == 0 ? cols : ld; }
   // Bytes taken by `elements` consecutive elements of a row (for blocks a
   // whole number of them).
@@ -48,7 +53,8 @@ struct WeightView {
   int64_t row_stride_bytes() const { return bytes_for(stride()); }
 };
 
-// y[i * ldy + j] = sum_k x[i * ldx + k] * W[j][k], for i < m and j < w.rows.
+// y[i * ldy + j] = sum_k x[i * ldx + k] * W[j][k], for i < m and j < w.rows
+// (with x[i * ldx + k] rounded to bf16 first where w.bf16_pairs).
 // `pool` may be null (single-threaded).
 void Gemm(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
           int64_t ldy, ThreadPool* pool);

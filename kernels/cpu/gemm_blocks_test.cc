@@ -23,6 +23,7 @@ namespace {
 
 using testing::ContractDot;
 using testing::ContractGrouped;
+using testing::ContractPairGrouped;
 using testing::IsaGuard;
 using testing::RandomVector;
 using testing::SameBits;
@@ -98,34 +99,45 @@ struct Case {
 
 class GemmBlocks : public ::testing::TestWithParam<Case> {};
 
-// In the bf16 mode (round_to_bf16) the weights are the dequantized values
-// rounded to bf16, as the loader's bf16 copies hold them.
+// round_to_bf16: the weights are the dequantized values rounded to bf16, as
+// the loader's bf16 copies hold them; with bf16_pairs too (the bf16 mode),
+// the products follow the pair contract.
 TEST_P(GemmBlocks, EqualsTheContractOverRowsDequantizedAtLoad) {
   const Case c = GetParam();
   ASSERT_TRUE(IsGemmBlockType(c.type));
   const std::vector<uint8_t> q = RandomBlocks(c.type, c.rows, c.cols, 7);
   const std::vector<uint8_t> packed = Packed(c.type, q, c.rows, c.cols);
   const int64_t k = c.cols;
-  for (const bool bf16 : {false, true}) {
+  enum Mode { kFp32, kBf16Weights, kBf16Pairs };
+  for (const Mode mode : {kFp32, kBf16Weights, kBf16Pairs}) {
+    const bool bf16 = mode != kFp32;
     std::vector<float> wf = Dequantized(c.type, q, c.rows, c.cols);
     if (bf16) RoundToBf16(wf.data(), wf.size());
+    std::vector<uint16_t> wb(wf.size());
+    FloatToBf16(wf.data(), wb.data(), wf.size());
     WeightView w{
         WeightType::kGgmlBlocks, packed.data(), c.rows, c.cols, 0, c.type};
     w.round_to_bf16 = bf16;
+    w.bf16_pairs = mode == kBf16Pairs;
     for (const int64_t m : {1, 2, 3, 4, 5, 37}) {
       const std::vector<float> x = RandomVector(m * k, 11 + m);
       std::vector<float> want(m * c.rows);
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < c.rows; ++j)
           want[i * c.rows + j] =
-              c.groups == 1
+              mode == kBf16Pairs
+                  ? ContractPairGrouped(&x[i * k], &wb[j * k], k, c.groups)
+              : c.groups == 1
                   ? ContractDot(&x[i * k], &wf[j * k], k)
                   : ContractGrouped(&x[i * k], &wf[j * k], k, c.groups);
       for (Isa isa : SupportedIsas()) {
         IsaGuard guard(isa);
         for (int threads : {1, 2}) {
           SCOPED_TRACE(std::string(GgmlTypeName(c.type)) + " " + IsaName(isa) +
-                       (bf16 ? " bf16" : " fp32") + " m=" + std::to_string(m) +
+                       (mode == kFp32          ? " fp32"
+                        : mode == kBf16Weights ? " bf16 weights"
+                                               : " bf16 pairs") +
+                       " m=" + std::to_string(m) +
                        " threads=" + std::to_string(threads));
           ThreadPool pool(threads);
           std::vector<float> y(m * c.rows, std::nanf(""));

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -14,6 +15,8 @@ namespace kvd::kernels::cpu {
 namespace {
 
 using testing::ContractDot;
+using testing::ContractPairDot;
+using testing::ContractPairGrouped;
 using testing::IsaGuard;
 using testing::RandomVector;
 using testing::SameBits;
@@ -75,6 +78,103 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(int64_t{19}, int64_t{100}),
                       std::make_tuple(int64_t{5}, int64_t{7}),
                       std::make_tuple(int64_t{64}, int64_t{1536})));
+
+// The bf16 mode's pair contract (internal/gemm_pairs.h): every path (native
+// vdpbf16ps where the machine has it, the AVX2 and scalar emulations) gives
+// the contract's bits, whatever the batch, threads and row-parallel groups.
+class PairShapes
+    : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t>> {};
+
+TEST_P(PairShapes, FollowPairContractBitForBitOnEveryIsaBatchAndThreadCount) {
+  const auto [n, k, groups] = GetParam();
+  const int64_t m = 67;
+  const std::vector<float> x = RandomVector(m * k, 11);
+  const std::vector<float> wf = RandomVector(n * k, 12);
+  std::vector<uint16_t> wb(n * k);
+  FloatToBf16(wf.data(), wb.data(), n * k);
+  WeightView w{WeightType::kBf16, wb.data(), n, k};
+  w.bf16_pairs = true;
+  std::vector<float> expected(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      expected[i * n + j] =
+          ContractPairGrouped(&x[i * k], &wb[j * k], k, groups);
+  // Not the fp32 contract: the activations' rounding and the order show.
+  std::vector<float> wb_as_f32(n * k);
+  Bf16ToFloat(wb.data(), wb_as_f32.data(), n * k);
+  int differ = 0;
+  for (int64_t i = 0; i < m; ++i)
+    differ += expected[i * n] != ContractDot(&x[i * k], &wb_as_f32[0], k);
+  EXPECT_GT(differ, 0);
+
+  for (Isa isa : SupportedIsas()) {
+    IsaGuard guard(isa);
+    SCOPED_TRACE(std::string(IsaName(isa)) +
+                 (isa == Isa::kAvx512 && HasAvx512Bf16() ? " (vdpbf16ps)"
+                                                         : " (emulated)"));
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      std::vector<float> y(m * n, std::nanf(""));
+      GroupedGemm(x.data(), m, k, w, groups, y.data(), n, &pool);
+      EXPECT_TRUE(SameBits(y, expected)) << threads << " threads";
+    }
+    for (int64_t i = 0; i < m; i += 13) {
+      std::vector<float> y(n, std::nanf(""));
+      GroupedGemm(&x[i * k], 1, k, w, groups, y.data(), n, nullptr);
+      EXPECT_TRUE(
+          SameBits(y, std::vector<float>(expected.begin() + i * n,
+                                         expected.begin() + (i + 1) * n)))
+          << "row " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, PairShapes,
+    ::testing::Values(std::make_tuple(int64_t{37}, int64_t{576}, int64_t{1}),
+                      std::make_tuple(int64_t{37}, int64_t{576}, int64_t{3}),
+                      std::make_tuple(int64_t{19}, int64_t{100}, int64_t{1}),
+                      std::make_tuple(int64_t{5}, int64_t{7}, int64_t{1}),
+                      std::make_tuple(int64_t{8}, int64_t{48}, int64_t{2}),
+                      std::make_tuple(int64_t{64}, int64_t{1536}, int64_t{3})));
+
+// Products and sums in the subnormal range: every path flushes them as
+// vdpbf16ps does (bf16_pairs_hw_test checks the instruction itself).
+TEST(GemmPairs, FlushesSubnormalsOnEveryIsa) {
+  const int64_t m = 5, n = 7, k = 96;
+  std::mt19937 rng(5);
+  std::vector<float> x(m * k);
+  std::vector<uint16_t> wb(n * k);
+  for (float& v : x) {
+    // Around 2^-60 .. 2^-70, some exactly subnormal once rounded to bf16.
+    const int e = -(60 + static_cast<int>(rng() % 11));
+    v = std::ldexp(1.0f + (rng() % 128) / 128.0f, e) * (rng() % 2 ? 1 : -1);
+    if (rng() % 7 == 0) v = std::ldexp(1.0f, -130);
+  }
+  for (uint16_t& v : wb) {
+    const int e = -(56 + static_cast<int>(rng() % 11));
+    v = FloatToBf16(std::ldexp(1.0f + (rng() % 128) / 128.0f, e) *
+                    (rng() % 2 ? 1 : -1));
+    if (rng() % 9 == 0) v = static_cast<uint16_t>(rng() % 0x80);  // subnormal
+  }
+  WeightView w{WeightType::kBf16, wb.data(), n, k};
+  w.bf16_pairs = true;
+  std::vector<float> expected(m * n);
+  int zeros = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      expected[i * n + j] = ContractPairDot(&x[i * k], &wb[j * k], k);
+      zeros += expected[i * n + j] == 0.0f;
+    }
+  EXPECT_GT(zeros, 0) << "the data should reach the flushed range";
+  for (Isa isa : SupportedIsas()) {
+    IsaGuard guard(isa);
+    SCOPED_TRACE(IsaName(isa));
+    std::vector<float> y(m * n, std::nanf(""));
+    Gemm(x.data(), m, k, w, y.data(), n, nullptr);
+    EXPECT_TRUE(SameBits(y, expected));
+  }
+}
 
 TEST(Gemm, AgreesWithFloat64Reference) {
   const int64_t m = 9, n = 33, k = 1000;

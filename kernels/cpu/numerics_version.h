@@ -19,7 +19,10 @@ namespace kvd::kernels::cpu {
 
 // 2: the row-parallel projections (W_o, W_down) sum G ordered partials
 //    (row_parallel_gemm.h), so tensor-parallel degrees dividing G agree.
-inline constexpr uint32_t kNumericsVersion = 2;
+// 3: the bf16 mode's GEMMs round their activations to bf16 and follow the
+//    bf16 pair contract (internal/gemm_pairs.h: vdpbf16ps's order, denormals
+//    flushed); the fp32 mode is unchanged.
+inline constexpr uint32_t kNumericsVersion = 3;
 
 }  // namespace kvd::kernels::cpu
 

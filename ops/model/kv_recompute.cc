@@ -24,6 +24,24 @@ namespace kvd::ops {
 
 namespace cpu = kernels::cpu;
 
+namespace {
+
+// The recompute buffers are kept per thread between calls (ThreadScratch):
+// fresh ones cost a page fault per 4 KiB written, a sixth of a 4096-row
+// recompute's time (//services/planner:recompute_benchmark). Large calls (a
+// whole long session at once) do not pin theirs.
+template <class Scratch>
+void ReleaseIfLarge(Scratch& s) {
+  constexpr size_t kKeepBytes = size_t{32} << 20;
+  const size_t held = (s.h.capacity() + s.angles.capacity() + s.x.capacity() +
+                       s.k.capacity() + s.v.capacity()) *
+                          sizeof(float) +
+                      s.k_rows.capacity() + s.v_rows.capacity();
+  if (held > kKeepBytes) s = Scratch();
+}
+
+}  // namespace
+
 absl::Status Model::RecomputeKv(int64_t layer, const float* residuals,
                                 const int64_t* positions, int64_t n,
                                 uint8_t* k_out, uint8_t* v_out,
@@ -52,7 +70,7 @@ absl::Status Model::RecomputeKv(int64_t layer, const float* residuals,
     }
   }
 
-  Workspace::Recompute scratch;
+  thread_local Workspace::Recompute scratch;
   const uint8_t* k_rows;
   const uint8_t* v_rows;
   RecomputeRows(layer, residuals, positions, n, scratch, &k_rows, &v_rows,
@@ -60,6 +78,7 @@ absl::Status Model::RecomputeKv(int64_t layer, const float* residuals,
   const size_t bytes = n * c.kv_dim() * (precision_ == Precision::kF32 ? 4 : 2);
   std::memcpy(k_out, k_rows, bytes);
   std::memcpy(v_out, v_rows, bytes);
+  ReleaseIfLarge(scratch);
   return absl::OkStatus();
 }
 
@@ -485,12 +504,13 @@ absl::Status Model::RecomputeKvIntoCache(int64_t layer, const float* residuals,
   if (n == 0) return absl::OkStatus();
   std::vector<int64_t> positions(n);
   for (int64_t i = 0; i < n; ++i) positions[i] = position + i;
-  Workspace::Recompute scratch;
+  thread_local Workspace::Recompute scratch;
   const uint8_t* k_rows;
   const uint8_t* v_rows;
   RecomputeRows(layer, residuals, positions.data(), n, scratch, &k_rows,
                 &v_rows, pool_.get());
   cache->WriteRows(layer, position, n, k_rows, v_rows);
+  ReleaseIfLarge(scratch);
   return absl::OkStatus();
 }
 

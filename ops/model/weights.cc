@@ -48,8 +48,8 @@ kernels::cpu::WeightView Matrix::view() const {
       type_ == WeightType::kF32    ? static_cast<const void*>(f32_.data())
       : type_ == WeightType::kBf16 ? static_cast<const void*>(bf16_.data())
                                    : blocks_.data();
-  return kernels::cpu::WeightView{type_, data,        rows_,       cols_,
-                                  cols_, block_type_, bf16_blocks_};
+  return kernels::cpu::WeightView{
+      type_, data, rows_, cols_, cols_, block_type_, bf16_blocks_, bf16_pairs_};
 }
 
 void Matrix::RowToFloat(int64_t r, float* out) const {
@@ -85,6 +85,7 @@ std::optional<Matrix> Matrix::SliceBlocks(int64_t r0, int64_t r1, int64_t c0,
   m.type_ = WeightType::kGgmlBlocks;
   m.block_type_ = block_type_;
   m.bf16_blocks_ = bf16_blocks_;
+  m.bf16_pairs_ = bf16_pairs_;
   m.rows_ = r1 - r0;
   m.cols_ = c1 - c0;
   m.blocks_.resize(m.rows_ * take);
@@ -103,6 +104,7 @@ absl::StatusOr<Matrix> Matrix::FromRows(
   m.rows_ = rows;
   m.cols_ = cols;
   m.type_ = precision == Precision::kF32 ? WeightType::kF32 : WeightType::kBf16;
+  m.bf16_pairs_ = precision == Precision::kBf16;
   if (m.type_ == WeightType::kF32) {
     m.f32_.resize(rows * cols);
   } else {
@@ -166,6 +168,7 @@ absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
     Matrix m;
     m.rows_ = rows;
     m.cols_ = cols;
+    m.bf16_pairs_ = precision == Precision::kBf16;
     if (blocks) {
       m.type_ = WeightType::kGgmlBlocks;
       m.block_type_ = t->type;

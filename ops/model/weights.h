@@ -87,6 +87,7 @@ class Matrix {
   std::vector<uint8_t> blocks_;  // kGgmlBlocks: rows packed by PackRow
   kernels::GgmlType block_type_ = kernels::GgmlType::kF32;
   bool bf16_blocks_ = false;  // blocks whose weights round to bf16
+  bool bf16_pairs_ = false;   // the bf16 mode's products (gemm.h)
 };
 
 // A 1-D fp32 tensor (norm weights, biases) of exactly `n` values.

@@ -54,6 +54,7 @@ SCOPE = [
     "//base:status_macros_test",
     "//kernels/cpu:attention_benchmark",
     "//kernels/cpu:attention_test",
+    "//kernels/cpu:bf16_pairs_hw_test",
     "//kernels/cpu:cpu",
     "//kernels/cpu:cpu_features",
     "//kernels/cpu:elementwise_test",

@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/internal/gemm_blocks.h"
 #include "kernels/cpu/internal/gemm_isa.h"
+#include "kernels/cpu/internal/gemm_pairs.h"
 #include "kernels/cpu/internal/gemm_tile.h"
 
 namespace kvd::kernels::cpu::internal {
@@ -28,6 +29,19 @@ struct Avx2Ops {
   static V Fma(const V& a, const V& b, const V& c) {
     return {_mm256_fmadd_ps(a.lo, b.lo, c.lo),
             _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+  }
+  // 32 bf16 in k order: a 32-bit lane holds elements 2r (low half) and
+  // 2r + 1 (high half), so the odd element is the lane with its low half
+  // cleared and the even one the lane shifted up.
+  static void SplitPairs(const uint16_t* p, V* odd, V* even) {
+    const __m256i mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i hi =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+    *odd = {_mm256_castsi256_ps(_mm256_and_si256(lo, mask)),
+            _mm256_castsi256_ps(_mm256_and_si256(hi, mask))};
+    *even = {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)),
+             _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
   }
   static void Store(float* p, const V& v) {
     _mm256_storeu_ps(p, v.lo);
@@ -146,6 +160,16 @@ void GemmBf16Avx2(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
 
 bool GemmBlocksAvx2(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   return BlocksRange<Avx2Ops, 2, 3, 1, 4>(a, n_begin, n_end);
+}
+
+void GemmPairsAvx2(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
+  FlushDenormals flush;
+  PairRange<EmulatedPairs<Avx2Ops>, 2, 2, 1>(a, n_begin, n_end);
+}
+
+bool DecodeBlocksBf16Avx2(const GemmArgs& a, int64_t n0, int64_t rows,
+                          uint16_t* out) {
+  return DecodeBlocksBf16<Avx2Ops>(a, n0, rows, out);
 }
 
 }  // namespace kvd::kernels::cpu::internal

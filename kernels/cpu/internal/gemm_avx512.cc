@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/internal/gemm_blocks.h"
 #include "kernels/cpu/internal/gemm_isa.h"
+#include "kernels/cpu/internal/gemm_pairs.h"
 #include "kernels/cpu/internal/gemm_tile.h"
 
 namespace kvd::kernels::cpu::internal {
@@ -82,6 +83,16 @@ struct Avx512Ops {
         _mm512_set1_epi32(0x7f800000));
     return _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, r, quiet));
   }
+  // The bf16 pair contract's lanes from two groups of 16 weights in k order:
+  // lane r takes element 2r + 1 (odd) and 2r (even) of the 32.
+  static void SplitPairs(V lo, V hi, V* odd, V* even) {
+    const __m512i odd_idx = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19,
+                                              21, 23, 25, 27, 29, 31);
+    const __m512i even_idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16,
+                                               18, 20, 22, 24, 26, 28, 30);
+    *odd = _mm512_permutex2var_ps(lo, odd_idx, hi);
+    *even = _mm512_permutex2var_ps(lo, even_idx, hi);
+  }
   static V Half(const uint8_t* p) {
     return _mm512_cvtph_ps(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -109,6 +120,16 @@ void GemmBf16Avx512(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
 
 bool GemmBlocksAvx512(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   return BlocksRange<Avx512Ops, 4, 4, 1, 2>(a, n_begin, n_end);
+}
+
+bool GemmBlocksPairsAvx512(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
+  FlushDenormals flush;
+  return DirectPairsRange<Avx512Ops, 2>(a, n_begin, n_end);
+}
+
+bool DecodeBlocksBf16Avx512(const GemmArgs& a, int64_t n0, int64_t rows,
+                            uint16_t* out) {
+  return DecodeBlocksBf16<Avx512Ops>(a, n0, rows, out);
 }
 
 }  // namespace kvd::kernels::cpu::internal

@@ -343,6 +343,112 @@ inline void DirectRange(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   }
 }
 
+// The bf16 pair contract (gemm_pairs.h) straight from blocks, for ISAs with a
+// two-register permute (Ops::kPairSplit): consecutive groups of 16 decoded
+// weights (rounded to bf16) are split into the odd and the even elements of
+// their 32 and meet the activations in pair order (PairLayout::kPairOrder)
+// with the emulation's two FMAs. Runs under FlushDenormals: the decoders'
+// values are zero or at least 2^-24 in magnitude (fp16 scales times small
+// integers), so DAZ and FTZ cannot change them.
+template <class Ops, class T, int MR, int NR>
+inline void DirectPairsAccumulate(const float* xp, int64_t ldxp,
+                                  const uint8_t* w, int64_t ldw_bytes,
+                                  int64_t nblocks,
+                                  typename Ops::V (&acc)[MR][NR]) {
+  constexpr int kGroups = T::kBlock / 16;
+  typename Ops::V first[NR];
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      const uint8_t* wb = w + j * ldw_bytes + blk * T::kBytes;
+      __builtin_prefetch(wb + 1024, 0, 0);
+      T::template Decode<Ops, true>(wb, [&](const typename Ops::V& v, int g) {
+        const int64_t c = blk * kGroups + g;  // group of 16 in the slice
+        if (c % 2 == 0) {
+          first[j] = v;
+          return;
+        }
+        typename Ops::V odd, even;
+        Ops::SplitPairs(first[j], v, &odd, &even);
+        const float* xr = xp + (c - 1) * 16;
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+          acc[i][j] = Ops::Fma(Ops::Load(xr + i * ldxp), odd, acc[i][j]);
+          acc[i][j] = Ops::Fma(Ops::Load(xr + i * ldxp + 16), even, acc[i][j]);
+        }
+      });
+    }
+  }
+}
+
+template <class Ops, class T, int MR, int NR>
+inline void DirectPairsTile(const GemmArgs& a, int64_t n0) {
+  const auto* w = static_cast<const uint8_t*>(a.w) + n0 * a.ldw;
+  const float* xp = static_cast<const float*>(a.xp);
+  const int64_t slice = a.k / a.groups, slice_blocks = slice / T::kBlock;
+  float sum[MR][NR] = {};
+  for (int64_t g = 0; g < a.groups; ++g) {
+    typename Ops::V acc[MR][NR];
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) acc[i][j] = Ops::Zero();
+    DirectPairsAccumulate<Ops, T, MR, NR>(xp + g * a.slice_pad, a.ldxp,
+                                          w + g * slice_blocks * T::kBytes,
+                                          a.ldw, slice_blocks, acc);
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) {
+        const float p = Ops::Reduce(acc[i][j]);
+        sum[i][j] = g == 0 ? p : sum[i][j] + p;
+      }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) a.y[i * a.ldy + n0 + j] = sum[i][j];
+}
+
+template <class Ops, class T, int MR, int NR>
+inline void DirectPairsRows(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
+  int64_t n = n_begin;
+  for (; n + NR <= n_end; n += NR) DirectPairsTile<Ops, T, MR, NR>(a, n);
+  for (; n < n_end; ++n) DirectPairsTile<Ops, T, MR, 1>(a, n);
+}
+
+// The pair contract over blocks for up to kDirectMaxRows activation rows in
+// pair order; false (nothing computed) for a type or shape it does not take.
+template <class Ops, int NR>
+inline bool DirectPairsRange(const GemmArgs& a, int64_t n_begin,
+                             int64_t n_end) {
+  if (a.m > kDirectMaxRows) return false;
+  return VisitBlockType(a.blocks, [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t slice = a.k / a.groups;
+    if (slice % T::kBlock != 0 || slice % 32 != 0) return false;
+    switch (a.m) {
+      case 1:
+        DirectPairsRows<Ops, T, 1, NR>(a, n_begin, n_end);
+        break;
+      case 2:
+        DirectPairsRows<Ops, T, 2, (NR / 2 > 0 ? NR / 2 : 1)>(a, n_begin,
+                                                              n_end);
+        break;
+      default:
+        // 3 or 4 rows: the tile of 4, one row at a time for 3.
+        if (a.m == 4) {
+          DirectPairsRows<Ops, T, 4, (NR / 4 > 0 ? NR / 4 : 1)>(a, n_begin,
+                                                                n_end);
+        } else {
+          for (int64_t i = 0; i < a.m; ++i) {
+            GemmArgs row = a;
+            row.m = 1;
+            row.xp = static_cast<const float*>(a.xp) + i * a.ldxp;
+            row.y = a.y + i * a.ldy;
+            DirectPairsRows<Ops, T, 1, NR>(row, n_begin, n_end);
+          }
+        }
+        break;
+    }
+    return true;
+  });
+}
+
 // Weight rows decoded per panel: 16 rows of up to a few thousand values stay
 // in L2 while every activation row passes over them.
 constexpr int64_t kPanelRows = 16;
@@ -382,11 +488,38 @@ inline bool WholeBlocks(const GemmArgs& a) {
   return (a.k / a.groups) % T::kBlock == 0;  // groups divides k (gemm.cc)
 }
 
+// Calls f(T{}) with the decoder of `type`; false if there is none.
+template <class F>
+inline bool VisitBlockType(GgmlType type, F&& f) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+      return f(Q4_0{});
+    case GgmlType::kQ4_1:
+      return f(Q4_1{});
+    case GgmlType::kQ5_0:
+      return f(Q5_0{});
+    case GgmlType::kQ5_1:
+      return f(Q5_1{});
+    case GgmlType::kQ8_0:
+      return f(Q8_0{});
+    case GgmlType::kQ4_K:
+      return f(Q4_K{});
+    case GgmlType::kQ5_K:
+      return f(Q5_K{});
+    case GgmlType::kQ6_K:
+      return f(Q6_K{});
+    case GgmlType::kF16:
+      return f(F16{});
+    default:
+      return false;
+  }
+}
+
 // Dispatches on the block type; returns false if it is not one of the types
 // above or k is not a whole number of its blocks.
 template <class Ops, int MR, int NR, int NR1, int DNR>
 inline bool BlocksRange(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
-  auto run = [&](auto tag) {
+  return VisitBlockType(a.blocks, [&](auto tag) {
     using T = decltype(tag);
     if (a.k % T::kBlock != 0) return false;
     const bool direct = a.m <= kDirectMaxRows && WholeBlocks<T>(a);
@@ -400,29 +533,33 @@ inline bool BlocksRange(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
       PanelRange<Ops, T, false, MR, NR, NR1>(a, n_begin, n_end);
     }
     return true;
-  };
-  switch (a.blocks) {
-    case GgmlType::kQ4_0:
-      return run(Q4_0{});
-    case GgmlType::kQ4_1:
-      return run(Q4_1{});
-    case GgmlType::kQ5_0:
-      return run(Q5_0{});
-    case GgmlType::kQ5_1:
-      return run(Q5_1{});
-    case GgmlType::kQ8_0:
-      return run(Q8_0{});
-    case GgmlType::kQ4_K:
-      return run(Q4_K{});
-    case GgmlType::kQ5_K:
-      return run(Q5_K{});
-    case GgmlType::kQ6_K:
-      return run(Q6_K{});
-    case GgmlType::kF16:
-      return run(F16{});
-    default:
-      return false;
-  }
+  });
+}
+
+// Rows [n0, n0 + rows) as the bf16 mode's weights (each value rounded to
+// bf16) in bf16, `a.k` per row, for the pair contract (gemm_pairs.h); false
+// where BlocksRange would be.
+template <class Ops>
+inline bool DecodeBlocksBf16(const GemmArgs& a, int64_t n0, int64_t rows,
+                             uint16_t* out) {
+  return VisitBlockType(a.blocks, [&](auto tag) {
+    using T = decltype(tag);
+    if (a.k % T::kBlock != 0) return false;
+    thread_local std::vector<float> row;
+    row.resize(a.k);
+    const auto* w = static_cast<const uint8_t*>(a.w);
+    for (int64_t r = 0; r < rows; ++r) {
+      DecodeRow<Ops, T, true>(w + (n0 + r) * a.ldw, a.k, row.data());
+      // Already bf16 values: the high halves are exact.
+      uint16_t* o = out + r * a.k;
+      for (int64_t t = 0; t < a.k; ++t) {
+        uint32_t bits;
+        std::memcpy(&bits, &row[t], sizeof(bits));
+        o[t] = static_cast<uint16_t>(bits >> 16);
+      }
+    }
+    return true;
+  });
 }
 
 }  // namespace

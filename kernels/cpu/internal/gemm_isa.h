@@ -31,6 +31,21 @@ struct GemmArgs {
   // GGML blocks only: each weight is the bf16 rounding of its dequantized
   // value (the bf16 mode).
   bool round_bf16 = false;
+  // The bf16 mode's pair products (gemm_pairs.h): the activations prepared
+  // once per call by PreparePairActivations, m rows of ldxp elements (bf16
+  // for the native path, fp32 in pair order for the emulations), each of the
+  // `groups` slices of k zero-padded to slice_pad (a multiple of 32). The
+  // weights are bf16 rows (GGML blocks are decoded to bf16 panels first).
+  const void* xp = nullptr;
+  int64_t ldxp = 0;
+  int64_t slice_pad = 0;
+};
+
+// How the pair paths want their activations laid out.
+enum class PairLayout {
+  kBf16,       // bf16 in k order (vdpbf16ps reads pairs of neighbours)
+  kPairOrder,  // fp32 in pair order: per 32 values, the 16 odd ones, then
+               // the 16 even ones (the emulations' lanes load them directly)
 };
 
 void GemmF32Scalar(const GemmArgs& a, int64_t n_begin, int64_t n_end);
@@ -44,6 +59,24 @@ void GemmBf16Avx512(const GemmArgs& a, int64_t n_begin, int64_t n_end);
 void GemmBlocksScalar(const GemmArgs& a, int64_t n_begin, int64_t n_end);
 bool GemmBlocksAvx2(const GemmArgs& a, int64_t n_begin, int64_t n_end);
 bool GemmBlocksAvx512(const GemmArgs& a, int64_t n_begin, int64_t n_end);
+// The bf16 pair contract (gemm_pairs.h) over bf16 weight rows: emulated with
+// two FMAs per pair under DAZ/FTZ (scalar, AVX2), and natively with
+// AVX512-BF16 vdpbf16ps (only where the machine has it).
+void GemmPairsScalar(const GemmArgs& a, int64_t n_begin, int64_t n_end);
+void GemmPairsAvx2(const GemmArgs& a, int64_t n_begin, int64_t n_end);
+void GemmPairsAvx512Bf16(const GemmArgs& a, int64_t n_begin, int64_t n_end);
+// The pair contract straight from GGML blocks for few activation rows in pair
+// order (gemm_blocks.h); false, computing nothing, for a shape it does not
+// take.
+bool GemmBlocksPairsAvx512(const GemmArgs& a, int64_t n_begin, int64_t n_end);
+// Rows [n0, n0 + rows) of GGML-block weights as bf16 (the bf16 mode's
+// weights: the dequantized value rounded to nearest-even), `a.k` per row.
+void DecodeBlocksBf16Scalar(const GemmArgs& a, int64_t n0, int64_t rows,
+                            uint16_t* out);
+bool DecodeBlocksBf16Avx2(const GemmArgs& a, int64_t n0, int64_t rows,
+                          uint16_t* out);
+bool DecodeBlocksBf16Avx512(const GemmArgs& a, int64_t n0, int64_t rows,
+                            uint16_t* out);
 
 }  // namespace kvd::kernels::cpu::internal
 

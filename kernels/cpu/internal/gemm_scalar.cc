@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/internal/gemm_isa.h"
+#include "kernels/cpu/internal/gemm_pairs.h"
 #include "kernels/cpu/internal/gemm_tile.h"
 #include "kernels/cpu/packed_blocks.h"
 
@@ -38,6 +39,14 @@ struct ScalarOps {
     V v;
     for (int r = 0; r < kLanes; ++r) v.l[r] = std::fma(a.l[r], b.l[r], c.l[r]);
     return v;
+  }
+  static void SplitPairs(const uint16_t* p, V* odd, V* even) {
+    for (int r = 0; r < kLanes; ++r) {
+      const uint32_t o = static_cast<uint32_t>(p[2 * r + 1]) << 16;
+      const uint32_t e = static_cast<uint32_t>(p[2 * r]) << 16;
+      std::memcpy(&odd->l[r], &o, sizeof(float));
+      std::memcpy(&even->l[r], &e, sizeof(float));
+    }
   }
   static float Reduce(const V& v) {
     float s[8], t[4], u[2];
@@ -74,6 +83,27 @@ void GemmBlocksScalar(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
     f.ldw = a.k;
     f.y = a.y + n0;
     GemmRange<ScalarOps, float, 2, 2, 4>(f, 0, count);
+  }
+}
+
+void GemmPairsScalar(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
+  FlushDenormals flush;
+  PairRange<EmulatedPairs<ScalarOps>, 2, 2, 4>(a, n_begin, n_end);
+}
+
+void DecodeBlocksBf16Scalar(const GemmArgs& a, int64_t n0, int64_t rows,
+                            uint16_t* out) {
+  std::vector<float> row(a.k);
+  const auto* w = static_cast<const uint8_t*>(a.w);
+  for (int64_t r = 0; r < rows; ++r) {
+    UnpackRow(a.blocks, w + (n0 + r) * a.ldw, a.k, row.data(),
+              /*round_to_bf16=*/true);
+    // Already bf16 values: the high halves are exact.
+    for (int64_t t = 0; t < a.k; ++t) {
+      uint32_t bits;
+      std::memcpy(&bits, &row[t], sizeof(bits));
+      out[r * a.k + t] = static_cast<uint16_t>(bits >> 16);
+    }
   }
 }
 

@@ -1,10 +1,13 @@
 // The numerics contract's dot product restated independently of the
 // kernels, for their tests (test-only): 16 lanes, lane r takes k = r (mod 16)
 // in increasing k with FMA, zero padding, then the fixed pairwise tree; the
-// row-parallel grouped sum built from it; and running a test on every ISA
-// the machine has.
+// row-parallel grouped sum built from it; the bf16 mode's pair contract; and
+// running a test on every ISA the machine has. Include it from code compiled
+// with -mfma, so std::fma is the FMA instruction and obeys MXCSR.
 #ifndef KVD_KERNELS_CPU_TESTING_GEMM_CONTRACT_H_
 #define KVD_KERNELS_CPU_TESTING_GEMM_CONTRACT_H_
+
+#include <xmmintrin.h>
 
 #include <cmath>
 #include <cstdint>
@@ -71,6 +74,70 @@ inline float ContractGrouped(const float* a, const float* b, int64_t n,
   float sum = ContractDot(a, b, slice);
   for (int64_t g = 1; g < groups; ++g)
     sum += ContractDot(a + g * slice, b + g * slice, slice);
+  return sum;
+}
+
+// Round to nearest-even bf16, as a float (a NaN is quieted).
+inline float RoundToBf16Value(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  if ((b & 0x7fffffffu) > 0x7f800000u) {
+    b |= 0x00400000u;
+  } else {
+    b += 0x7fffu + ((b >> 16) & 1u);
+  }
+  b &= 0xffff0000u;
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+
+inline float Bf16Value(uint16_t h) {
+  const uint32_t b = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+
+// The bf16 pair contract (kernels/cpu/internal/gemm_pairs.h), written
+// plainly: x rounded to bf16, n zero-padded to a multiple of 32, lane r adds
+// the products of elements 32j + 2r + 1 and then 32j + 2r by FMA, the same
+// tree, everything with denormals flushed (MXCSR DAZ and FTZ).
+inline float ContractPairDot(const float* x, const uint16_t* w, int64_t n) {
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);
+  float lane[16] = {};
+  for (int64_t run = 0; run < n; run += 32) {
+    for (int r = 0; r < 16; ++r) {
+      for (const int64_t k : {run + 2 * r + 1, run + 2 * r}) {
+        const float a = k < n ? RoundToBf16Value(x[k]) : 0.0f;
+        const float b = k < n ? Bf16Value(w[k]) : 0.0f;
+        lane[r] = std::fma(a, b, lane[r]);
+      }
+    }
+  }
+  float s[8], t[4], u[2];
+  for (int i = 0; i < 8; ++i) s[i] = lane[i] + lane[i + 8];
+  for (int i = 0; i < 4; ++i) t[i] = s[i] + s[i + 4];
+  for (int i = 0; i < 2; ++i) u[i] = t[i] + t[i + 2];
+  const float result = u[0] + u[1];
+  _mm_setcsr(saved);
+  return result;
+}
+
+// `groups` slices of n, one ContractPairDot each (each padded on its own),
+// added in slice order with denormals flushed.
+inline float ContractPairGrouped(const float* x, const uint16_t* w, int64_t n,
+                                 int64_t groups) {
+  const int64_t slice = n / groups;
+  float sum = ContractPairDot(x, w, slice);
+  const unsigned saved = _mm_getcsr();
+  for (int64_t g = 1; g < groups; ++g) {
+    const float part = ContractPairDot(x + g * slice, w + g * slice, slice);
+    _mm_setcsr(saved | 0x8040u);
+    sum += part;
+    _mm_setcsr(saved);
+  }
   return sum;
 }
 
