@@ -1,5 +1,6 @@
 #include "kernels/cpu/gemm.h"
 
+#include <algorithm>
 #include <cassert>
 #include <vector>
 
@@ -66,11 +67,11 @@ void BlocksPanels(const internal::GemmArgs& a, int64_t begin, int64_t end) {
       kPairs);
 }
 
-void BlocksDirectAvx512(const internal::GemmArgs& a, int64_t begin,
-                        int64_t end) {
-  if (!internal::GemmBlocksPairsAvx512(a, begin, end))
-    BlocksPanels<internal::GemmPairsAvx2, internal::DecodeBlocksBf16Avx512>(
-        a, begin, end);
+void BlocksDirectAvx512Bf16(const internal::GemmArgs& a, int64_t begin,
+                            int64_t end) {
+  if (!internal::GemmBlocksPairsAvx512Bf16(a, begin, end))
+    BlocksPanels<internal::GemmPairsAvx512Bf16,
+                 internal::DecodeBlocksBf16Avx512>(a, begin, end);
 }
 
 struct PairPath {
@@ -82,8 +83,9 @@ PairPath PickPairs(bool blocks, int64_t m) {
   using internal::PairLayout;
   switch (ActiveIsa()) {
     case Isa::kAvx512:
-      if (blocks && m <= 4) return {BlocksDirectAvx512, PairLayout::kPairOrder};
       if (HasAvx512Bf16()) {
+        if (blocks && m <= 4)
+          return {BlocksDirectAvx512Bf16, PairLayout::kBf16};
         if (blocks) {
           return {BlocksPanels<internal::GemmPairsAvx512Bf16,
                                internal::DecodeBlocksBf16Avx512>,
@@ -127,40 +129,50 @@ struct PairActivations {
 };
 
 void PreparePairs(const float* x, int64_t m, int64_t ldx, int64_t k,
-                  int64_t groups, internal::PairLayout layout,
+                  int64_t groups, internal::PairLayout layout, ThreadPool* pool,
                   PairActivations& out, internal::GemmArgs& args) {
+  constexpr int64_t kRun = internal::kPairRun;
   const int64_t slice = k / groups;
-  const int64_t pad = (slice + internal::kPairRun - 1) / internal::kPairRun *
-                      internal::kPairRun;
+  const int64_t pad = (slice + kRun - 1) / kRun * kRun;
   const int64_t ldxp = groups * pad;
   args.slice_pad = pad;
   args.ldxp = ldxp;
-  if (layout == internal::PairLayout::kBf16) {
-    out.bf16.assign(m * ldxp, 0);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t g = 0; g < groups; ++g)
-        FloatToBf16(x + i * ldx + g * slice,
-                    out.bf16.data() + i * ldxp + g * pad, slice);
+  const bool bf16 = layout == internal::PairLayout::kBf16;
+  // Every element is written, the padding included (no separate fill).
+  if (bf16) {
+    out.bf16.resize(m * ldxp);
     args.xp = out.bf16.data();
-    return;
+  } else {
+    out.pair_order.resize(m * ldxp);
+    args.xp = out.pair_order.data();
   }
-  out.pair_order.assign(m * ldxp, 0.0f);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* src = x + i * ldx + g * slice;
-      float* dst = out.pair_order.data() + i * ldxp + g * pad;
-      for (int64_t t = 0; t < slice; ++t) {
-        // Element 32j + 2r + 1 goes to 32j + r, element 32j + 2r to 32j + 16 +
-        // r.
-        const int64_t run = t / internal::kPairRun * internal::kPairRun;
-        const int64_t in_run = t - run;
-        const int64_t at =
-            run + (in_run % 2 == 1 ? in_run / 2 : 16 + in_run / 2);
-        dst[at] = Bf16ToFloat(FloatToBf16(src[t]));
+  auto rows = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* src = x + i * ldx + g * slice;
+        if (bf16) {
+          uint16_t* dst = out.bf16.data() + i * ldxp + g * pad;
+          FloatToBf16(src, dst, slice);
+          std::fill(dst + slice, dst + pad, uint16_t{0});
+          continue;
+        }
+        float* dst = out.pair_order.data() + i * ldxp + g * pad;
+        for (int64_t t = 0; t < pad; ++t) {
+          // Element 32j + 2r + 1 goes to 32j + r, element 32j + 2r to
+          // 32j + 16 + r.
+          const int64_t run = t / kRun * kRun, in_run = t - run;
+          const int64_t at =
+              run + (in_run % 2 == 1 ? in_run / 2 : 16 + in_run / 2);
+          dst[at] = t < slice ? Bf16ToFloat(FloatToBf16(src[t])) : 0.0f;
+        }
       }
     }
+  };
+  if (pool == nullptr || pool->num_threads() == 1 || m * k < (1 << 15)) {
+    rows(0, m);
+  } else {
+    pool->ParallelFor(m, rows);
   }
-  args.xp = out.pair_order.data();
 }
 
 // Below this many multiply-adds a call runs on the calling thread: waking
@@ -198,7 +210,7 @@ void GroupedGemm(const float* x, int64_t m, int64_t ldx, const WeightView& w,
     assert(w.type == WeightType::kBf16 || (blocks && w.round_to_bf16));
     const PairPath path = PickPairs(blocks, m);
     thread_local PairActivations prepared;
-    PreparePairs(x, m, ldx, w.cols, groups, path.layout, prepared, args);
+    PreparePairs(x, m, ldx, w.cols, groups, path.layout, pool, prepared, args);
     fn = path.fn;
   }
   auto run = [&](int64_t begin, int64_t end) { fn(args, begin, end); };

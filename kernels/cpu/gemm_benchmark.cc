@@ -16,12 +16,15 @@ namespace {
 void BM_Gemm(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const int threads = static_cast<int>(state.range(3));
+  // 0: fp32 weights; 1: bf16 weights, fp32 products; 2: the bf16 mode's pair
+  // products (vdpbf16ps where the machine has it).
   const bool bf16 = state.range(4) != 0;
   std::vector<float> x(m * k, 0.5f), w(bf16 ? 0 : n * k, 0.25f), y(m * n);
   std::vector<uint16_t> wb(bf16 ? n * k : 0, 0x3e80);
   ThreadPool pool(threads);
-  const WeightView wv = bf16 ? WeightView{WeightType::kBf16, wb.data(), n, k}
-                             : WeightView{WeightType::kF32, w.data(), n, k};
+  WeightView wv = bf16 ? WeightView{WeightType::kBf16, wb.data(), n, k}
+                       : WeightView{WeightType::kF32, w.data(), n, k};
+  wv.bf16_pairs = state.range(4) == 2;
   for (auto _ : state) {
     Gemm(x.data(), m, k, wv, y.data(), n, &pool);
     benchmark::DoNotOptimize(y.data());
@@ -33,11 +36,11 @@ void BM_Gemm(benchmark::State& state) {
       2.0 * m * n * k * state.iterations(), benchmark::Counter::kIsRate,
       benchmark::Counter::kIs1000);
 }
-// Args: m, n, k, threads, bf16 weights. The 49152 x 576 shapes are SmolLM2's
-// output head (113 MB fp32): they stream from DRAM, like every weight matrix
-// does at decode time.
+// Args: m, n, k, threads, weights (0 fp32, 1 bf16, 2 bf16 pairs). The 49152 x
+// 576 shapes are SmolLM2's output head (113 MB fp32): they stream from DRAM,
+// like every weight matrix does at decode time.
 BENCHMARK(BM_Gemm)
-    ->ArgNames({"m", "n", "k", "threads", "bf16"})
+    ->ArgNames({"m", "n", "k", "threads", "weights"})
     ->Args({1, 1536, 576, 1, 0})
     ->Args({1, 49152, 576, 1, 0})
     ->Args({1, 49152, 576, 2, 0})
@@ -47,6 +50,10 @@ BENCHMARK(BM_Gemm)
     ->Args({512, 1536, 576, 2, 0})
     ->Args({512, 1536, 576, 1, 1})
     ->Args({512, 576, 1536, 2, 0})
+    ->Args({1, 49152, 576, 1, 2})
+    ->Args({512, 1536, 576, 1, 2})
+    ->Args({512, 576, 1536, 1, 2})
+    ->Args({512, 1536, 576, 2, 2})
     ->UseRealTime();
 
 // Weights kept as GGML blocks (the fp32 mode's default for quantized files):

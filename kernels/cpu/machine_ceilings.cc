@@ -35,6 +35,22 @@ __attribute__((target("avx512f"))) double FmaAvx512(int64_t iters,
   return static_cast<double>(iters) * 12 * 16 * 2;
 }
 
+// The same chains with vdpbf16ps: 32 products per instruction.
+__attribute__((target("avx512f,avx512bf16"))) double DpBf16Avx512(int64_t iters,
+                                                                  float* sink) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
+  const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3f80));
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3380));
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  *sink = _mm512_reduce_add_ps(s);
+  return static_cast<double>(iters) * 12 * 32 * 2;
+}
+
 double FmaAvx2(int64_t iters, float* sink) {
   __m256 acc[12];
   for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
@@ -55,6 +71,31 @@ double FmaAvx2(int64_t iters, float* sink) {
 double Fma(int64_t iters, float* sink) {
   return ActiveIsa() == Isa::kAvx512 ? FmaAvx512(iters, sink)
                                      : FmaAvx2(iters, sink);
+}
+
+// The best rate of `probe` over `threads` threads: calibrated to ~0.15 s per
+// thread, best of three runs.
+template <typename Probe>
+double PeakFlops(int threads, std::vector<float>& sinks, Probe probe) {
+  int64_t iters = 1 << 20;
+  while (true) {
+    const double s = RunTogether(1, [&](int) { probe(iters, &sinks[0]); });
+    if (s > 0.02) {
+      iters = static_cast<int64_t>(iters * 0.15 / s) + 1;
+      break;
+    }
+    iters *= 4;
+  }
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<double> done(threads);
+    const double s = RunTogether(
+        threads, [&](int t) { done[t] = probe(iters, &sinks[t * 16]); });
+    double flops = 0;
+    for (double d : done) flops += d;
+    best = std::max(best, flops / s);
+  }
+  return best;
 }
 
 // Sums `n` floats (a multiple of streams x 8) as `streams` sequential
@@ -122,33 +163,17 @@ MachineCeilings MeasureMachineCeilings(int threads) {
   c.cpu = CpuDescription();
   c.threads = threads = threads < 1 ? 1 : threads;
   std::vector<float> sinks(threads * 16);
-  // FMA: calibrate the chain to ~0.15 s per thread, best of three runs.
-  int64_t iters = 1 << 20;
-  while (true) {
-    const double s = RunTogether(1, [&](int) { Fma(iters, &sinks[0]); });
-    if (s > 0.02) {
-      iters = static_cast<int64_t>(iters * 0.15 / s) + 1;
-      break;
-    }
-    iters *= 4;
-  }
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    std::vector<double> done(threads);
-    const double s = RunTogether(
-        threads, [&](int t) { done[t] = Fma(iters, &sinks[t * 16]); });
-    double flops = 0;
-    for (double d : done) flops += d;
-    best = std::max(best, flops / s);
-  }
-  c.fma_gflops = best / 1e9;
+  c.fma_gflops = PeakFlops(threads, sinks, Fma) / 1e9;
+  c.pair_gflops = HasAvx512Bf16() && ActiveIsa() == Isa::kAvx512
+                      ? PeakFlops(threads, sinks, DpBf16Avx512) / 1e9
+                      : c.fma_gflops;
 
   // Memory: 512 MiB, far past any last-level cache here; each thread sums
   // its own slice; best of six passes (three with each stream count).
   const int64_t n = (int64_t{512} << 20) / sizeof(float);
   std::vector<float> buf(n, 1.0f);
   const int64_t slice = n / threads / 32 * 32;
-  best = 0;
+  double best = 0;
   for (int rep = 0; rep < 6; ++rep) {
     std::vector<double> sums(threads);
     const double s = RunTogether(threads, [&](int t) {

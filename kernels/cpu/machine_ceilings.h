@@ -25,6 +25,11 @@ struct MachineCeilings {
   // fp32 FMA peak over `threads` threads with the active ISA (2 FLOPs per
   // lane per FMA).
   double fma_gflops = 0;
+  // The bf16 mode's pair products (kernels/cpu/internal/gemm_pairs.h): the
+  // vdpbf16ps peak where the machine has AVX512-BF16 (2 FLOPs per product,
+  // twice the products of an FMA), else the FMA peak (the emulation's two
+  // FMAs per pair).
+  double pair_gflops = 0;
   // Bytes read per second from memory over `threads` threads, in GB (1e9).
   double read_gb_per_s = 0;
 };

@@ -13,6 +13,8 @@ TEST(MachineCeilings, MeasuresBothCeilingsAndNamesTheCpu) {
   EXPECT_GT(c.fma_gflops, 0);
   EXPECT_GT(c.read_gb_per_s, 0);
   EXPECT_LT(c.fma_gflops, 1e6);  // not a division by a zero duration
+  EXPECT_GT(c.pair_gflops, 0);
+  EXPECT_LT(c.pair_gflops, 1e6);
   EXPECT_LT(c.read_gb_per_s, 1e6);
   EXPECT_NE(c.cpu.find("CPU family"), std::string::npos) << c.cpu;
 }

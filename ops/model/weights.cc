@@ -70,7 +70,8 @@ void Matrix::RowToFloat(int64_t r, float* out) const {
 
 bool BlocksPayOff(Precision precision) {
   return precision == Precision::kF32 ||
-         kernels::cpu::ActiveIsa() == kernels::cpu::Isa::kAvx512;
+         (kernels::cpu::ActiveIsa() == kernels::cpu::Isa::kAvx512 &&
+          kernels::cpu::HasAvx512Bf16());
 }
 
 std::optional<Matrix> Matrix::SliceBlocks(int64_t r0, int64_t r1, int64_t c0,

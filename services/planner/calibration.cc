@@ -379,6 +379,8 @@ absl::StatusOr<double> MeasureGemmFlops(absl::string_view weights, int64_t n,
   std::vector<float> x(m * k, 0.5f), y(m * n), w32;
   std::vector<uint16_t> w16;
   kernels::cpu::WeightView w{*type, nullptr, n, k};
+  // "bf16" is the bf16 mode's GEMM: bf16 weights and pair products.
+  w.bf16_pairs = *type == WeightType::kBf16;
   if (*type == WeightType::kF32) {
     w32.assign(n * k, 0.25f);
     w.data = w32.data();

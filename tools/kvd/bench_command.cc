@@ -76,12 +76,12 @@ kernels::cpu::MachineCeilings CeilingsInChild(int threads) {
     ::close(fds[0]);
     const kernels::cpu::MachineCeilings c =
         kernels::cpu::MeasureMachineCeilings(threads);
-    const double v[2] = {c.fma_gflops, c.read_gb_per_s};
+    const double v[3] = {c.fma_gflops, c.read_gb_per_s, c.pair_gflops};
     const ssize_t wrote = ::write(fds[1], v, sizeof(v));
     ::_exit(wrote == sizeof(v) ? 0 : 1);
   }
   ::close(fds[1]);
-  double v[2] = {0, 0};
+  double v[3] = {0, 0, 0};
   size_t got = 0;
   while (got < sizeof(v)) {
     const ssize_t n =
@@ -98,6 +98,7 @@ kernels::cpu::MachineCeilings CeilingsInChild(int threads) {
   c.threads = threads;
   c.fma_gflops = v[0];
   c.read_gb_per_s = v[1];
+  c.pair_gflops = v[2];
   return c;
 }
 
@@ -259,10 +260,11 @@ absl::Status Run(const Args& args) {
   for (int64_t t : threads) {
     ceilings[t] = CeilingsInChild(static_cast<int>(t));
     std::printf(
-        "machine: %s; %lld thread(s): fp32 FMA peak %.0f GFLOP/s, memory read "
-        "%.1f GB/s\n",
+        "machine: %s; %lld thread(s): fp32 FMA peak %.0f GFLOP/s, bf16 pair "
+        "peak %.0f GFLOP/s, memory read %.1f GB/s\n",
         ceilings[t].cpu.c_str(), static_cast<long long>(t),
-        ceilings[t].fma_gflops, ceilings[t].read_gb_per_s);
+        ceilings[t].fma_gflops, ceilings[t].pair_gflops,
+        ceilings[t].read_gb_per_s);
   }
   std::printf(
       "\n| precision | threads | test | tok/s | of the ceiling | RSS MiB | "
@@ -301,16 +303,19 @@ absl::Status Run(const Args& args) {
         std::fflush(stdout);
       };
       const kernels::cpu::MachineCeilings& ceiling = ceilings[t];
-      // Prefill against the FMA peak (the projections' 2 FLOPs per
-      // parameter; attention not counted); decode against reading every
-      // weight once per step.
+      // Prefill against the peak of the mode's products (fp32 FMA, or bf16
+      // pairs; the projections' 2 FLOPs per parameter, attention not
+      // counted); decode against reading every weight once per step.
       KVD_ASSIGN_OR_RETURN(double pp_rate,
                            PrefillTokensPerSecond(*model, pp, reps));
       const double pp_flops = 2 * MatmulParams(model->config(), false);
+      const bool pairs = mode.precision == ops::Precision::kBf16;
       row(absl::StrFormat("pp%d", pp), pp_rate,
           absl::StrFormat(
-              "%.0f%% of FMA peak",
-              100 * pp_rate * pp_flops / (ceiling.fma_gflops * 1e9)));
+              "%.0f%% of %s peak",
+              100 * pp_rate * pp_flops /
+                  ((pairs ? ceiling.pair_gflops : ceiling.fma_gflops) * 1e9),
+              pairs ? "bf16 pair" : "FMA"));
       // The bytes the projections actually stream (blocks as stored, or
       // their fp32/bf16 copies); a tied output matrix is the embedding.
       const ops::ModelWeights& weights = model->weights();
@@ -335,7 +340,9 @@ absl::Status Run(const Args& args) {
   std::printf(
       "\npeak RSS is the process high-water mark so far (models are loaded in "
       "turn). Of the ceiling: prefill's projection FLOPs (2 per weight per "
-      "token, attention not counted) against the measured FMA peak; decode's "
+      "token, attention not counted) against the measured peak of the mode's "
+      "products (fp32 FMA; bf16 pairs, vdpbf16ps where the CPU has it); "
+      "decode's "
       "weight bytes read per step against the measured memory read "
       "bandwidth.\n");
   return absl::OkStatus();

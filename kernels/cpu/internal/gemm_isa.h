@@ -65,10 +65,11 @@ bool GemmBlocksAvx512(const GemmArgs& a, int64_t n_begin, int64_t n_end);
 void GemmPairsScalar(const GemmArgs& a, int64_t n_begin, int64_t n_end);
 void GemmPairsAvx2(const GemmArgs& a, int64_t n_begin, int64_t n_end);
 void GemmPairsAvx512Bf16(const GemmArgs& a, int64_t n_begin, int64_t n_end);
-// The pair contract straight from GGML blocks for few activation rows in pair
-// order (gemm_blocks.h); false, computing nothing, for a shape it does not
-// take.
-bool GemmBlocksPairsAvx512(const GemmArgs& a, int64_t n_begin, int64_t n_end);
+// The pair contract straight from GGML blocks for up to 4 activation rows
+// (bf16 in k order), decoded in registers; false, computing nothing, for a
+// type or shape it does not take.
+bool GemmBlocksPairsAvx512Bf16(const GemmArgs& a, int64_t n_begin,
+                               int64_t n_end);
 // Rows [n0, n0 + rows) of GGML-block weights as bf16 (the bf16 mode's
 // weights: the dequantized value rounded to nearest-even), `a.k` per row.
 void DecodeBlocksBf16Scalar(const GemmArgs& a, int64_t n0, int64_t rows,
