@@ -34,11 +34,12 @@ enum class WeightStorage {
 };
 
 // Whether WeightStorage::kAsStored keeps a quantized file's blocks in
-// `precision` on this machine. Always in fp32. In bf16 only where AVX-512
-// runs the GEMM: the bf16 mode rounds every weight, which AVX-512 does once
-// per 4-bit table but AVX2 per 8 weights, where it halves the decode rate
-// (measured on Zen 4 forced to AVX2: 31 vs ~60 tok/s); there the bf16 copies
-// are made at load as before. Same bits either way.
+// `precision` on this machine. Always in fp32. In bf16 only where AVX-512 with
+// AVX512-BF16 runs the GEMM, which decodes blocks straight into vdpbf16ps's
+// registers: elsewhere the bf16 mode's rounding and pair order cost too much
+// per weight (AVX2 rounds per 8 weights, 31 vs ~60 tok/s measured on Zen 4
+// forced to AVX2, and the pair emulation needs a permute per group), so the
+// bf16 copies are made at load. Same bits either way.
 bool BlocksPayOff(Precision precision);
 
 // A rows x cols matrix (rows = output features) in fp32, bf16 or GGML blocks.
