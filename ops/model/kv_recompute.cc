@@ -26,7 +26,8 @@ namespace cpu = kernels::cpu;
 
 namespace {
 
-// The recompute buffers are kept per thread between calls (ThreadScratch):
+// The recompute buffers are kept per thread between calls (thread_local in
+// RecomputeKv and RecomputeKvIntoCache):
 // fresh ones cost a page fault per 4 KiB written, a sixth of a 4096-row
 // recompute's time (//services/planner:recompute_benchmark). Large calls (a
 // whole long session at once) do not pin theirs.
