@@ -4,12 +4,14 @@
 // bit-identically to one that never moved, however often it moves, and a
 // move that fails (every injected fault, a wrong cluster token) leaves the
 // session whole and serving on its source.
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -329,6 +331,58 @@ std::vector<ops::testing::FamilyCase> Cases() {
     }
   }
   return out;
+}
+
+// A drain and an operator's move can ask this node to move the same session
+// at once. The second is refused while the first runs (both staging copies
+// on one target, the loser's abort there would drop the winner's committed
+// copy), and the first one's move stands.
+TEST_P(MigrationTest, ASecondMoveOfTheSameSessionIsRefusedWhileOneRuns) {
+  nodes_.clear();
+  auto plane = std::make_unique<transport::LoopbackTransport>();
+  std::unique_ptr<Node> a = StartNode("ca", plane.get());
+  std::unique_ptr<Node> b = StartNode("cb", plane.get());
+  ASSERT_TRUE(
+      etcd_client_->Delete(cluster::SessionDirectory::Key("acme", "chat-1"))
+          .ok());
+  ASSERT_TRUE(directory_->Create("acme", "chat-1", a->id).ok());
+  Transcript got;
+  ASSERT_TRUE(Turn(a.get(), 0, &got).ok());
+
+  // The first move waits inside its peer lookup until released.
+  absl::Notification entered, release;
+  std::atomic<int> lookups{0};
+  PeerResolver resolve =
+      [&](const std::string& id) -> absl::StatusOr<PeerNode> {
+    if (lookups.fetch_add(1) == 0) {
+      entered.Notify();
+      release.WaitForNotification();
+    }
+    return PeerNode{nodes_.at(id)->address, identity_.fingerprint()};
+  };
+  Migrator m(a->engine.get(), directory_.get(), plane.get(), resolve,
+             MigratorOptions{.node_id = a->id,
+                             .cluster_token = kToken,
+                             .piece_bytes = 4096,
+                             .rpc_timeout = absl::Seconds(30)});
+  absl::StatusOr<MigrationReport> first;
+  std::thread mover([&] { first = m.Migrate("acme", "chat-1", b->id); });
+  entered.WaitForNotification();
+  absl::StatusOr<MigrationReport> second = m.Migrate("acme", "chat-1", b->id);
+  release.Notify();
+  mover.join();
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAborted)
+      << second.status();
+  EXPECT_NE(second.status().message().find("being moved"), std::string::npos)
+      << second.status();
+  ASSERT_TRUE(first.ok()) << first.status();
+  // The move stands: b serves the next turn from the copy it received.
+  ASSERT_TRUE(Turn(b.get(), 1, &got).ok());
+  // After it, a no longer owns the session: a new move is refused by the
+  // directory, not by the guard.
+  absl::StatusOr<MigrationReport> late = m.Migrate("acme", "chat-1", b->id);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition)
+      << late.status();
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MigrationTest, ::testing::ValuesIn(Cases()),

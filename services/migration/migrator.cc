@@ -82,6 +82,30 @@ absl::StatusOr<MigrationReport> Migrator::Migrate(const std::string& tenant,
     return absl::InvalidArgumentError(
         absl::StrCat(name, " is on node '", target, "' already"));
   }
+  // One move of a session at a time from this node. Two at once (a drain and
+  // an operator's move) could both stage a copy on the same target, and the
+  // loser's abort there would drop the copy the winner had just committed,
+  // leaving the directory's new owner without the session (seen in
+  // tests/cluster:migration_test as a 409 "has no copy of it"). A call after
+  // the winner finds the directory moved.
+  const std::pair<std::string, std::string> key(tenant, session);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!moving_.insert(key).second) {
+      return absl::AbortedError(absl::StrCat(
+          name,
+          " is being moved by another request already; it stays where "
+          "that move leaves it (retry to move it again)"));
+    }
+  }
+  struct Done {
+    Migrator* m;
+    const std::pair<std::string, std::string>& key;
+    ~Done() {
+      absl::MutexLock lock(&m->mu_);
+      m->moving_.erase(key);
+    }
+  } done{this, key};
   KVD_ASSIGN_OR_RETURN(PeerNode peer, resolve_(target));
   if (peer.draining) {
     return absl::FailedPreconditionError(

@@ -30,7 +30,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -108,8 +110,9 @@ class Migrator {
   // this node does not hold; FAILED_PRECONDITION if the directory does not
   // give it to this node, or the target serves another model or is
   // draining; ABORTED if the
-  // directory changed meanwhile; the target's or the transport's error
-  // otherwise. On every error the session stays here, serving.
+  // directory changed meanwhile or the session is being moved by another call
+  // already; the target's or the transport's error otherwise. On every error
+  // the session stays here, serving.
   absl::StatusOr<MigrationReport> Migrate(const std::string& tenant,
                                           const std::string& session,
                                           const std::string& target);
@@ -125,6 +128,8 @@ class Migrator {
   const MigratorOptions options_;
   mutable absl::Mutex mu_;
   MigratorStats stats_ ABSL_GUARDED_BY(mu_);
+  // Sessions a Migrate call is moving now (tenant, session).
+  std::set<std::pair<std::string, std::string>> moving_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvd::migration
