@@ -13,16 +13,6 @@
 namespace kvd::kernels::cpu::internal {
 namespace {
 
-// The lanes' tree of gemm_tile.h: l[i] + l[i+8], + [i+4], + [i+2], + [i+1].
-float Reduce(__m512 v) {
-  const __m256 s =
-      _mm256_add_ps(_mm512_extractf32x8_ps(v, 0), _mm512_extractf32x8_ps(v, 1));
-  const __m128 t =
-      _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
-  return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
-}
-
 struct NativePairs {
   using X = uint16_t;
   template <int MR, int NR>
@@ -61,7 +51,7 @@ struct NativePairs {
       }
     }
     for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) out[i][j] = Reduce(acc[i][j]);
+      for (int j = 0; j < NR; ++j) out[i][j] = Avx512Ops::Reduce(acc[i][j]);
   }
 };
 
@@ -115,7 +105,7 @@ void DirectTile(const GemmArgs& a, const uint16_t* x, float* y, int64_t n0) {
                                 slice_blocks, acc);
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) {
-        const float p = Reduce(acc[i][j]);
+        const float p = Avx512Ops::Reduce(acc[i][j]);
         sum[i][j] = g == 0 ? p : sum[i][j] + p;
       }
   }
