@@ -86,6 +86,7 @@ void BM_GemmBlocks(benchmark::State& state) {
   ThreadPool pool(threads);
   WeightView wv{WeightType::kGgmlBlocks, packed.data(), n, k, 0, type};
   wv.round_to_bf16 = state.range(5) != 0;
+  wv.bf16_pairs = state.range(5) == 2;
   for (auto _ : state) {
     Gemm(x.data(), m, k, wv, y.data(), n, &pool);
     benchmark::DoNotOptimize(y.data());
@@ -98,8 +99,9 @@ void BM_GemmBlocks(benchmark::State& state) {
       benchmark::Counter::kIs1000);
 }
 // Args: m, n, k, threads, GGML type id (3 = Q4_1, 8 = Q8_0, 12 = Q4_K,
-// 14 = Q6_K), weights rounded to bf16 (the bf16 mode). SmolLM2's MLP and output
-// head at decode and prefill.
+// 14 = Q6_K), bf16 (0: fp32 mode; 1: weights rounded to bf16, fp32 products;
+// 2: the bf16 mode, pair products). SmolLM2's MLP and output head at decode
+// and prefill.
 BENCHMARK(BM_GemmBlocks)
     ->ArgNames({"m", "n", "k", "threads", "type", "bf16"})
     ->Args({1, 1536, 576, 1, 3, 0})
@@ -112,6 +114,11 @@ BENCHMARK(BM_GemmBlocks)
     ->Args({1, 1536, 1024, 1, 14, 0})
     ->Args({4, 1536, 576, 1, 3, 0})
     ->Args({512, 1536, 576, 1, 3, 0})
+    ->Args({1, 1536, 576, 1, 3, 2})
+    ->Args({512, 1536, 576, 1, 3, 2})
+    ->Args({512, 576, 1536, 1, 3, 2})
+    ->Args({512, 1536, 576, 2, 3, 2})
+    ->Args({512, 576, 1536, 2, 3, 2})
     ->UseRealTime();
 
 }  // namespace
