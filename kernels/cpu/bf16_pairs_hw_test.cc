@@ -8,26 +8,19 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 
+#include "absl/base/casts.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/testing/gemm_contract.h"
 
 namespace kvd::kernels::cpu {
 namespace {
 
-float FromBits(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof(f));
-  return f;
-}
-uint32_t Bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof(b));
-  return b;
-}
-float Widen(uint16_t h) { return FromBits(static_cast<uint32_t>(h) << 16); }
+using testing::Bf16Value;
+float FromBits(uint32_t b) { return absl::bit_cast<float>(b); }
+uint32_t Bits(float f) { return absl::bit_cast<uint32_t>(f); }
 
 // Values that reach every corner: any bits, zeros and subnormals, infinities
 // and NaNs, and normal numbers whose products land near the subnormal range.
@@ -98,8 +91,8 @@ TEST(Bf16PairsOnThisMachine, VdpBf16PsIsTwoFmasOddFirstWithDenormalsFlushed) {
     _mm_setcsr(saved | 0x8040u);  // DAZ and FTZ
     for (int r = 0; r < 16; ++r) {
       const float t =
-          std::fma(Widen(a[2 * r + 1]), Widen(b[2 * r + 1]), acc[r]);
-      emu[r] = std::fma(Widen(a[2 * r]), Widen(b[2 * r]), t);
+          std::fma(Bf16Value(a[2 * r + 1]), Bf16Value(b[2 * r + 1]), acc[r]);
+      emu[r] = std::fma(Bf16Value(a[2 * r]), Bf16Value(b[2 * r]), t);
     }
     _mm_setcsr(saved);
     for (int r = 0; r < 16; ++r) {
@@ -110,9 +103,9 @@ TEST(Bf16PairsOnThisMachine, VdpBf16PsIsTwoFmasOddFirstWithDenormalsFlushed) {
       ++compared;
       flushed += hw[r] == 0.0f && acc[r] != 0.0f;
       ASSERT_EQ(Bits(hw[r]), Bits(emu[r]))
-          << "acc " << acc[r] << " odd " << Widen(a[2 * r + 1]) << " * "
-          << Widen(b[2 * r + 1]) << " even " << Widen(a[2 * r]) << " * "
-          << Widen(b[2 * r]) << ": vdpbf16ps " << hw[r] << ", two FMAs "
+          << "acc " << acc[r] << " odd " << Bf16Value(a[2 * r + 1]) << " * "
+          << Bf16Value(b[2 * r + 1]) << " even " << Bf16Value(a[2 * r]) << " * "
+          << Bf16Value(b[2 * r]) << ": vdpbf16ps " << hw[r] << ", two FMAs "
           << emu[r];
     }
   }

@@ -48,8 +48,8 @@ kernels::cpu::WeightView Matrix::view() const {
       type_ == WeightType::kF32    ? static_cast<const void*>(f32_.data())
       : type_ == WeightType::kBf16 ? static_cast<const void*>(bf16_.data())
                                    : blocks_.data();
-  return kernels::cpu::WeightView{
-      type_, data, rows_, cols_, cols_, block_type_, bf16_blocks_, bf16_pairs_};
+  return kernels::cpu::WeightView{type_, data,        rows_,      cols_,
+                                  cols_, block_type_, bf16_mode_, bf16_mode_};
 }
 
 void Matrix::RowToFloat(int64_t r, float* out) const {
@@ -65,7 +65,7 @@ void Matrix::RowToFloat(int64_t r, float* out) const {
   }
   kernels::cpu::UnpackRow(block_type_,
                           blocks_.data() + r * view().row_stride_bytes(), cols_,
-                          out, bf16_blocks_);
+                          out, bf16_mode_);
 }
 
 bool BlocksPayOff(Precision precision) {
@@ -85,8 +85,7 @@ std::optional<Matrix> Matrix::SliceBlocks(int64_t r0, int64_t r1, int64_t c0,
   Matrix m;
   m.type_ = WeightType::kGgmlBlocks;
   m.block_type_ = block_type_;
-  m.bf16_blocks_ = bf16_blocks_;
-  m.bf16_pairs_ = bf16_pairs_;
+  m.bf16_mode_ = bf16_mode_;
   m.rows_ = r1 - r0;
   m.cols_ = c1 - c0;
   m.blocks_.resize(m.rows_ * take);
@@ -105,7 +104,7 @@ absl::StatusOr<Matrix> Matrix::FromRows(
   m.rows_ = rows;
   m.cols_ = cols;
   m.type_ = precision == Precision::kF32 ? WeightType::kF32 : WeightType::kBf16;
-  m.bf16_pairs_ = precision == Precision::kBf16;
+  m.bf16_mode_ = precision == Precision::kBf16;
   if (m.type_ == WeightType::kF32) {
     m.f32_.resize(rows * cols);
   } else {
@@ -169,11 +168,10 @@ absl::StatusOr<Matrix> Matrix::FromGguf(const GgufFile& file,
     Matrix m;
     m.rows_ = rows;
     m.cols_ = cols;
-    m.bf16_pairs_ = precision == Precision::kBf16;
+    m.bf16_mode_ = precision == Precision::kBf16;
     if (blocks) {
       m.type_ = WeightType::kGgmlBlocks;
       m.block_type_ = t->type;
-      m.bf16_blocks_ = precision == Precision::kBf16;
       const int64_t packed = kernels::cpu::PackedRowBytes(t->type, cols);
       m.blocks_.resize(rows * packed);
       std::vector<absl::Status> errors(rows);

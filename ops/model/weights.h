@@ -87,8 +87,9 @@ class Matrix {
   std::vector<uint16_t> bf16_;
   std::vector<uint8_t> blocks_;  // kGgmlBlocks: rows packed by PackRow
   kernels::GgmlType block_type_ = kernels::GgmlType::kF32;
-  bool bf16_blocks_ = false;  // blocks whose weights round to bf16
-  bool bf16_pairs_ = false;   // the bf16 mode's products (gemm.h)
+  // Held for the bf16 mode: blocks' weights round to bf16, and the products
+  // are bf16 pairs (gemm.h).
+  bool bf16_mode_ = false;
 };
 
 // A 1-D fp32 tensor (norm weights, biases) of exactly `n` values.

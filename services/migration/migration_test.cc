@@ -338,13 +338,9 @@ std::vector<ops::testing::FamilyCase> Cases() {
 // on one target, the loser's abort there would drop the winner's committed
 // copy), and the first one's move stands.
 TEST_P(MigrationTest, ASecondMoveOfTheSameSessionIsRefusedWhileOneRuns) {
-  nodes_.clear();
-  auto plane = std::make_unique<transport::LoopbackTransport>();
-  std::unique_ptr<Node> a = StartNode("ca", plane.get());
-  std::unique_ptr<Node> b = StartNode("cb", plane.get());
-  ASSERT_TRUE(
-      etcd_client_->Delete(cluster::SessionDirectory::Key("acme", "chat-1"))
-          .ok());
+  transport::LoopbackTransport plane;
+  std::unique_ptr<Node> a = StartNode("ca", &plane);
+  std::unique_ptr<Node> b = StartNode("cb", &plane);
   ASSERT_TRUE(directory_->Create("acme", "chat-1", a->id).ok());
   Transcript got;
   ASSERT_TRUE(Turn(a.get(), 0, &got).ok());
@@ -360,7 +356,7 @@ TEST_P(MigrationTest, ASecondMoveOfTheSameSessionIsRefusedWhileOneRuns) {
     }
     return PeerNode{nodes_.at(id)->address, identity_.fingerprint()};
   };
-  Migrator m(a->engine.get(), directory_.get(), plane.get(), resolve,
+  Migrator m(a->engine.get(), directory_.get(), &plane, resolve,
              MigratorOptions{.node_id = a->id,
                              .cluster_token = kToken,
                              .piece_bytes = 4096,

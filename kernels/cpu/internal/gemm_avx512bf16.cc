@@ -155,8 +155,9 @@ bool GemmBlocksPairsAvx512Bf16(const GemmArgs& a, int64_t n_begin,
 void GemmPairsAvx512Bf16(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   // vdpbf16ps flushes by itself; the tree and the slices' sum must too.
   FlushDenormals flush;
-  // One weight row at a time for a single activation row: measured on Zen 4,
-  // interleaving two or four rows' streams halved the decode rate.
+  // A single activation row goes to the AVX2 emulation (gemm.cc); should one
+  // come here, it takes one weight row at a time, as interleaving two or four
+  // rows' streams halved the decode rate on Zen 4.
   PairRange<NativePairs, 4, 4, 1>(a, n_begin, n_end);
 }
 

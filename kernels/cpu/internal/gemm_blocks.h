@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kernels/cpu/internal/gemm_isa.h"
+#include "kernels/cpu/internal/gemm_pairs.h"
 #include "kernels/cpu/internal/gemm_tile.h"
 #include "kernels/quant/ggml_type.h"
 
@@ -444,13 +445,7 @@ inline bool DecodeBlocksBf16(const GemmArgs& a, int64_t n0, int64_t rows,
     const auto* w = static_cast<const uint8_t*>(a.w);
     for (int64_t r = 0; r < rows; ++r) {
       DecodeRow<Ops, T, true>(w + (n0 + r) * a.ldw, a.k, row.data());
-      // Already bf16 values: the high halves are exact.
-      uint16_t* o = out + r * a.k;
-      for (int64_t t = 0; t < a.k; ++t) {
-        uint32_t bits;
-        std::memcpy(&bits, &row[t], sizeof(bits));
-        o[t] = static_cast<uint16_t>(bits >> 16);
-      }
+      ExactBf16(row.data(), out + r * a.k, a.k);
     }
     return true;
   });

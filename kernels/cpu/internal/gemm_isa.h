@@ -32,7 +32,7 @@ struct GemmArgs {
   // value (the bf16 mode).
   bool round_bf16 = false;
   // The bf16 mode's pair products (gemm_pairs.h): the activations prepared
-  // once per call by PreparePairActivations, m rows of ldxp elements (bf16
+  // once per call (PreparePairs in gemm.cc), m rows of ldxp elements (bf16
   // for the native path, fp32 in pair order for the emulations), each of the
   // `groups` slices of k zero-padded to slice_pad (a multiple of 32). The
   // weights are bf16 rows (GGML blocks are decoded to bf16 panels first).

@@ -43,6 +43,16 @@ namespace {
 
 constexpr int64_t kPairRun = 32;
 
+// Floats that are bf16 values already (the bf16 mode's decoded weights) as
+// bf16: their high halves, exactly.
+inline void ExactBf16(const float* in, uint16_t* out, int64_t n) {
+  for (int64_t t = 0; t < n; ++t) {
+    uint32_t bits;
+    std::memcpy(&bits, &in[t], sizeof(bits));
+    out[t] = static_cast<uint16_t>(bits >> 16);
+  }
+}
+
 // MXCSR with DAZ (bit 6) and FTZ (bit 15) set while in scope.
 class FlushDenormals {
  public:

@@ -98,12 +98,7 @@ void DecodeBlocksBf16Scalar(const GemmArgs& a, int64_t n0, int64_t rows,
   for (int64_t r = 0; r < rows; ++r) {
     UnpackRow(a.blocks, w + (n0 + r) * a.ldw, a.k, row.data(),
               /*round_to_bf16=*/true);
-    // Already bf16 values: the high halves are exact.
-    for (int64_t t = 0; t < a.k; ++t) {
-      uint32_t bits;
-      std::memcpy(&bits, &row[t], sizeof(bits));
-      out[r * a.k + t] = static_cast<uint16_t>(bits >> 16);
-    }
+    ExactBf16(row.data(), out + r * a.k, a.k);
   }
 }
 
