@@ -17,21 +17,28 @@ namespace {
 // its canonical chunk, which share a block when the store is paged.
 const void* RowPtr(const KvRows& rows, int64_t r) { return rows.Row(r); }
 
-// Asks for the K and V rows of the chunk starting at `first` (up to `last`)
-// while the current one is worked on: at depth they come from DRAM, and the
-// loads, not the arithmetic, set the pace of decode.
-void PrefetchRows(const KvRows& k, const KvRows& v, int64_t head_dim,
-                  int64_t first, int64_t last) {
-  const int64_t row_bytes = head_dim * (k.type == WeightType::kF32 ? 4 : 2);
+// Asks for `bytes` of each of rows [first, min(first + kAttentionChunk - 1,
+// last)], starting `offset` bytes into the row, while the current chunk is
+// worked on: at depth the rows come from DRAM, and the loads, not the
+// arithmetic, set the pace of decode.
+void PrefetchChunk(const KvRows& rows, int64_t offset, int64_t bytes,
+                   int64_t first, int64_t last) {
   const int64_t end = std::min(first + kAttentionChunk - 1, last);
   for (int64_t r = first; r <= end; ++r) {
-    const char* kr = static_cast<const char*>(RowPtr(k, r));
-    const char* vr = static_cast<const char*>(RowPtr(v, r));
-    for (int64_t b = 0; b < row_bytes; b += 64) {
-      __builtin_prefetch(kr + b, 0, 1);
-      __builtin_prefetch(vr + b, 0, 1);
-    }
+    const char* row = static_cast<const char*>(RowPtr(rows, r)) + offset;
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 1);
   }
+}
+
+int64_t ElementBytes(const KvRows& rows) {
+  return rows.type == WeightType::kF32 ? 4 : 2;
+}
+
+// The next chunk's K and V rows.
+void PrefetchRows(const KvRows& k, const KvRows& v, int64_t head_dim,
+                  int64_t first, int64_t last) {
+  PrefetchChunk(k, 0, head_dim * ElementBytes(k), first, last);
+  PrefetchChunk(v, 0, head_dim * ElementBytes(v), first, last);
 }
 
 // 8 values of a V row, widened exactly when bf16.
@@ -61,20 +68,27 @@ void AccumulateRows(const float* p, const KvRows& v, int64_t n, int64_t d0,
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc + d0 + 8 * r, a[r]);
 }
 
-void AccumulatePV(const float* p, const KvRows& v, int64_t n, int64_t head_dim,
-                  float* acc) {
-  int64_t d0 = 0;
-  for (; d0 + 64 <= head_dim; d0 += 64) AccumulateRows<8>(p, v, n, d0, acc);
-  for (; d0 + 8 <= head_dim; d0 += 8) AccumulateRows<1>(p, v, n, d0, acc);
-  for (; d0 < head_dim; ++d0) {  // a head_dim that is not a multiple of 8
+// AccumulateRows over the elements [d0, d1) of the rows.
+void AccumulateSlice(const float* p, const KvRows& v, int64_t n, int64_t d0,
+                     int64_t d1, float* acc) {
+  int64_t d = d0;
+  for (; d + 64 <= d1; d += 64) AccumulateRows<8>(p, v, n, d, acc);
+  for (; d + 32 <= d1; d += 32) AccumulateRows<4>(p, v, n, d, acc);
+  for (; d + 8 <= d1; d += 8) AccumulateRows<1>(p, v, n, d, acc);
+  for (; d < d1; ++d) {  // a slice that is not a multiple of 8
     for (int64_t j = 0; j < n; ++j) {
       const void* row = RowPtr(v, j);
       const float vd = v.type == WeightType::kF32
-                           ? static_cast<const float*>(row)[d0]
-                           : Bf16ToFloat(static_cast<const uint16_t*>(row)[d0]);
-      acc[d0] = std::fma(p[j], vd, acc[d0]);
+                           ? static_cast<const float*>(row)[d]
+                           : Bf16ToFloat(static_cast<const uint16_t*>(row)[d]);
+      acc[d] = std::fma(p[j], vd, acc[d]);
     }
   }
+}
+
+void AccumulatePV(const float* p, const KvRows& v, int64_t n, int64_t head_dim,
+                  float* acc) {
+  AccumulateSlice(p, v, n, 0, head_dim, acc);
 }
 
 // x[j] = Exp(x[j] - shift), 8 lanes at a time (bit-identical to the scalar).
@@ -86,6 +100,38 @@ void ExpShifted(float* x, int64_t n, float shift) {
                      internal::Exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), s)));
   }
   for (; j < n; ++j) x[j] = Exp(x[j] - shift);
+}
+
+// What one chunk did to a query head's running max: where it rose, the
+// accumulator must be multiplied by alpha before the chunk's values are added.
+struct SoftmaxStep {
+  bool rescale = false;
+  float alpha = 1.0f;
+};
+
+// One chunk of the online softmax for one query head: scales the n raw scores
+// s in place, raises *max to cover them (scaling *sum by alpha if it rose),
+// turns s into the weights Exp(s - max) and adds them to *sum, in that order.
+SoftmaxStep SoftmaxChunk(float* s, int64_t n, float scale, float* max,
+                         float* sum) {
+  float chunk_max = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] *= scale;
+    chunk_max = std::max(chunk_max, s[j]);
+  }
+  const float new_max = std::max(*max, chunk_max);
+  SoftmaxStep step;
+  if (*max != new_max) {
+    step.rescale = true;
+    step.alpha = *max == -std::numeric_limits<float>::infinity()
+                     ? 0.0f
+                     : Exp(*max - new_max);
+    *sum *= step.alpha;
+    *max = new_max;
+  }
+  ExpShifted(s, n, new_max);
+  for (int64_t j = 0; j < n; ++j) *sum += s[j];
+  return step;
 }
 
 }  // namespace
@@ -122,23 +168,11 @@ void OnlineSoftmax::AddScores(const float* scores, int64_t stride,
 void OnlineSoftmax::Fold(const KvRows& v, int64_t n) {
   for (int64_t i = 0; i < group_; ++i) {
     float* s = scores_.data() + i * kAttentionChunk;
-    float chunk_max = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] *= scale_;
-      chunk_max = std::max(chunk_max, s[j]);
-    }
-    const float new_max = std::max(max_[i], chunk_max);
     float* acc = acc_.data() + i * head_dim_;
-    if (max_[i] != new_max) {
-      const float alpha = max_[i] == -std::numeric_limits<float>::infinity()
-                              ? 0.0f
-                              : Exp(max_[i] - new_max);
-      sum_[i] *= alpha;
-      for (int64_t d = 0; d < head_dim_; ++d) acc[d] *= alpha;
-      max_[i] = new_max;
+    const SoftmaxStep step = SoftmaxChunk(s, n, scale_, &max_[i], &sum_[i]);
+    if (step.rescale) {
+      for (int64_t d = 0; d < head_dim_; ++d) acc[d] *= step.alpha;
     }
-    ExpShifted(s, n, new_max);
-    for (int64_t j = 0; j < n; ++j) sum_[i] += s[j];
     AccumulatePV(s, v, n, head_dim_, acc);
   }
 }
@@ -220,6 +254,144 @@ void AttendCausalBlock(const float* q, int64_t q_stride, int64_t nq,
     }
   }
   for (int64_t i = 0; i < nq; ++i) states[i].Finish(out + i * out_stride);
+}
+
+namespace {
+
+// Scratch of AttendRangeAcrossThreads, kept by the calling thread so that a
+// decode step does not fault in fresh pages for every layer.
+struct SpreadScratch {
+  std::vector<float> weights;    // heads x keys: raw scores, then Exp(s - max)
+  std::vector<float> alpha;      // heads x chunks
+  std::vector<uint8_t> rescale;  // heads x chunks
+  std::vector<float> sum;        // heads
+};
+
+// Chunks of keys per score task: enough work to pay for a task, few enough
+// that two or more threads share a head's keys evenly.
+constexpr int64_t kSpanChunks = 8;
+
+}  // namespace
+
+void AttendRangeAcrossThreads(const float* q, int64_t n_kv_heads, int64_t group,
+                              int64_t head_dim, float scale, const KvRows& k,
+                              const KvRows& v, int64_t first, int64_t last,
+                              float* out, ThreadPool* pool) {
+  const int64_t heads = n_kv_heads * group;
+  const int64_t c0 = first / kAttentionChunk * kAttentionChunk;
+  const int64_t n_chunks = (last - c0) / kAttentionChunk + 1;
+  const int64_t n_keys = last - first + 1;
+  // Chunk ci covers keys [chunk_begin(ci), chunk_end(ci)], as in AttendRange.
+  auto chunk_begin = [&](int64_t ci) {
+    return std::max(c0 + ci * kAttentionChunk, first);
+  };
+  auto chunk_end = [&](int64_t ci) {
+    return std::min(c0 + ci * kAttentionChunk + kAttentionChunk - 1, last);
+  };
+  if (pool == nullptr || last < first) {
+    for (int64_t g = 0; g < n_kv_heads; ++g) {
+      AttendRange(q + g * group * head_dim, group, head_dim, scale,
+                  k.Shifted(g * head_dim), v.Shifted(g * head_dim), first, last,
+                  out + g * group * head_dim);
+    }
+    return;
+  }
+  // Workers must see the caller's scratch, so it is reached through pointers
+  // (naming the thread_local inside a task would give the worker's own).
+  thread_local SpreadScratch scratch;
+  scratch.weights.resize(heads * n_keys);
+  scratch.alpha.resize(heads * n_chunks);
+  scratch.rescale.resize(heads * n_chunks);
+  scratch.sum.resize(heads);
+  float* const weights = scratch.weights.data();
+  float* const alphas = scratch.alpha.data();
+  uint8_t* const rescales = scratch.rescale.data();
+  float* const sums = scratch.sum.data();
+
+  // 1. Raw scores, by spans of chunks of one K/V head: each is the canonical
+  // dot whatever the span, so the split cannot change a bit.
+  const int64_t spans = (n_chunks + kSpanChunks - 1) / kSpanChunks;
+  const int64_t k_row_bytes = head_dim * ElementBytes(k);
+  pool->ParallelFor(n_kv_heads * spans, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t g = t / spans;
+      const KvRows kg = k.Shifted(g * head_dim);
+      const int64_t ci_end = std::min(n_chunks, (t % spans + 1) * kSpanChunks);
+      for (int64_t ci = t % spans * kSpanChunks; ci < ci_end; ++ci) {
+        const int64_t b = chunk_begin(ci), e = chunk_end(ci);
+        if (ci + 1 < n_chunks) {
+          PrefetchChunk(kg, 0, k_row_bytes, chunk_begin(ci + 1), last);
+        }
+        const WeightView kw{k.type, RowPtr(kg, b), e - b + 1, head_dim,
+                            k.stride};
+        Gemm(q + g * group * head_dim, group, head_dim, kw,
+             weights + g * group * n_keys + (b - first), n_keys, nullptr);
+      }
+    }
+  });
+
+  // 2. Per query head, the online softmax's max, sum and weights chunk by
+  // chunk, as OnlineSoftmax::Fold computes them.
+  pool->ParallelFor(heads, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float max = -std::numeric_limits<float>::infinity(), sum = 0.0f;
+      for (int64_t ci = 0; ci < n_chunks; ++ci) {
+        const int64_t b = chunk_begin(ci), e = chunk_end(ci);
+        const SoftmaxStep step = SoftmaxChunk(
+            weights + i * n_keys + (b - first), e - b + 1, scale, &max, &sum);
+        rescales[i * n_chunks + ci] = step.rescale;
+        alphas[i * n_chunks + ci] = step.alpha;
+      }
+      sums[i] = sum;
+    }
+  });
+
+  // 3. The weighted values by slices of head_dim: each output element gets
+  // the same rescales and FMAs in the same order as in Fold, and each thread
+  // reads only its slice of every V row.
+  const int64_t slices = std::max<int64_t>(
+      1, std::min<int64_t>(pool->num_threads(), head_dim / 16));
+  const int64_t width = (head_dim + slices - 1) / slices;
+  const int64_t v_elem = ElementBytes(v);
+  for (int64_t i = 0; i < heads; ++i) {
+    std::fill(out + i * head_dim, out + (i + 1) * head_dim, 0.0f);
+  }
+  pool->ParallelFor(n_kv_heads * slices, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t g = t / slices;
+      const int64_t d0 = t % slices * width;
+      const int64_t d1 = std::min(head_dim, d0 + width);
+      if (d0 >= d1) continue;
+      const KvRows vg = v.Shifted(g * head_dim);
+      for (int64_t ci = 0; ci < n_chunks; ++ci) {
+        const int64_t b = chunk_begin(ci), e = chunk_end(ci);
+        if (ci + 1 < n_chunks) {
+          PrefetchChunk(vg, d0 * v_elem, (d1 - d0) * v_elem,
+                        chunk_begin(ci + 1), last);
+        }
+        const KvRows vc{v.type, RowPtr(vg, b), v.stride};
+        for (int64_t i = g * group; i < (g + 1) * group; ++i) {
+          float* acc = out + i * head_dim;
+          if (rescales[i * n_chunks + ci]) {
+            const float alpha = alphas[i * n_chunks + ci];
+            for (int64_t d = d0; d < d1; ++d) acc[d] *= alpha;
+          }
+          AccumulateSlice(weights + i * n_keys + (b - first), vc, e - b + 1, d0,
+                          d1, acc);
+        }
+      }
+      for (int64_t i = g * group; i < (g + 1) * group; ++i) {
+        float* o = out + i * head_dim;
+        const float sum = sums[i];
+        for (int64_t d = d0; d < d1; ++d)
+          o[d] = sum == 0.0f ? 0.0f : o[d] / sum;
+      }
+    }
+  });
+  // A long context's scratch is not kept past its step.
+  if (scratch.weights.capacity() > (size_t{32} << 20) / sizeof(float)) {
+    scratch = SpreadScratch();
+  }
 }
 
 }  // namespace kvd::kernels::cpu

@@ -103,6 +103,21 @@ void AttendRange(const float* q, int64_t group, int64_t head_dim, float scale,
                  const KvRows& k, const KvRows& v, int64_t first, int64_t last,
                  float* out);
 
+// AttendRange for one query position and every K/V head of a layer at once,
+// spread over the pool's threads: q and out hold n_kv_heads x group x
+// head_dim values, K/V head g's rows are k.Shifted(g * head_dim) (likewise
+// v). At decode there is one query, and a layer's few K/V heads (SmolLM2
+// has 3) do not share out evenly over a pool's threads, so the work is cut
+// across the parts of the computation that are independent instead: the
+// scores by spans of key chunks, the softmax weights by query head, the
+// weighted values by slices of head_dim. Every output element sees the same
+// operations in the same order as in AttendRange, so the result is
+// bit-identical to it. `pool` null runs AttendRange per K/V head.
+void AttendRangeAcrossThreads(const float* q, int64_t n_kv_heads, int64_t group,
+                              int64_t head_dim, float scale, const KvRows& k,
+                              const KvRows& v, int64_t first, int64_t last,
+                              float* out, ThreadPool* pool);
+
 // Causal attention for `nq` consecutive query positions pos0, pos0 + 1, ... of
 // one sequence and one K/V head: query i sees keys [max(0, pos_i - window + 1),
 // pos_i] (window 0: all). Query row i holds group x head_dim values at q + i *

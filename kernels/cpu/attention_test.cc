@@ -232,5 +232,80 @@ TEST(Attention, CausalBlockEqualsPerQueryBitForBit) {
   }
 }
 
+// Rows of a contiguous store copied into separately allocated blocks of
+// `block_rows` rows, the way the paged K/V cache holds them.
+struct PagedCopy {
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<const uint8_t*> blocks;
+  KvRows rows;
+};
+
+PagedCopy Page(const KvRows& contiguous, int64_t n_rows, int64_t block_rows) {
+  const size_t elem = contiguous.type == WeightType::kBf16 ? 2 : 4;
+  const size_t row_bytes = contiguous.stride * elem;
+  PagedCopy p;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += block_rows) {
+    p.storage.emplace_back(block_rows * row_bytes, 0xff);
+    const int64_t n = std::min(block_rows, n_rows - r0);
+    std::memcpy(p.storage.back().data(), contiguous.Row(r0), n * row_bytes);
+  }
+  for (const auto& b : p.storage) p.blocks.push_back(b.data());
+  p.rows = KvRows{contiguous.type, nullptr,    contiguous.stride,
+                  p.blocks.data(), block_rows, 0};
+  return p;
+}
+
+// Cutting one query's attention across threads (scores by key spans, weights
+// by query head, values by slices of head_dim) gives AttendRange's bits for
+// every K/V head, over contiguous and paged stores, fp32 and bf16, ranges
+// that start and end inside chunks and spans, and any thread count.
+TEST(Attention, AcrossThreadsEqualsPerHeadBitForBit) {
+  const int64_t n_kv_heads = 3, group = 3, n_keys = 700;
+  ThreadPool two(2), three(3), four(4);
+  for (const int64_t head_dim : {64, 256, 72, 13}) {
+    const int64_t stride = n_kv_heads * head_dim + 3;
+    const std::vector<float> q = Random(n_kv_heads * group * head_dim, 31);
+    std::vector<float> k = Random(n_keys * stride, 32),
+                       v = Random(n_keys * stride, 33);
+    std::vector<uint16_t> kb(k.size()), vb(v.size());
+    FloatToBf16(k.data(), kb.data(), k.size());
+    FloatToBf16(v.data(), vb.data(), v.size());
+    for (const bool bf16 : {false, true}) {
+      const KvRows kc = bf16 ? KvRows{WeightType::kBf16, kb.data(), stride}
+                             : KvRows{WeightType::kF32, k.data(), stride};
+      const KvRows vc = bf16 ? KvRows{WeightType::kBf16, vb.data(), stride}
+                             : KvRows{WeightType::kF32, v.data(), stride};
+      const PagedCopy kp = Page(kc, n_keys, 64), vp = Page(vc, n_keys, 64);
+      for (const bool paged : {false, true}) {
+        const KvRows& kr = paged ? kp.rows : kc;
+        const KvRows& vr = paged ? vp.rows : vc;
+        for (const auto& [first, last] : {std::pair<int64_t, int64_t>{0, 699},
+                                          {37, 650},
+                                          {300, 300},
+                                          {0, 5},
+                                          {250, 520}}) {
+          std::vector<float> want(n_kv_heads * group * head_dim);
+          for (int64_t g = 0; g < n_kv_heads; ++g) {
+            AttendRange(q.data() + g * group * head_dim, group, head_dim,
+                        0.125f, kr.Shifted(g * head_dim),
+                        vr.Shifted(g * head_dim), first, last,
+                        want.data() + g * group * head_dim);
+          }
+          for (ThreadPool* pool : {&two, &three, &four}) {
+            std::vector<float> got(want.size(), -1.0f);
+            AttendRangeAcrossThreads(q.data(), n_kv_heads, group, head_dim,
+                                     0.125f, kr, vr, first, last, got.data(),
+                                     pool);
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+                << "head_dim " << head_dim << (bf16 ? " bf16" : " f32")
+                << (paged ? " paged" : " contiguous") << " [" << first << ", "
+                << last << "] threads " << pool->num_threads();
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvd::kernels::cpu

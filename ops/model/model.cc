@@ -359,9 +359,18 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
     // recomputed once for all heads and sequences.
     const bool source = batch[row_seq[r]].kv_source != nullptr;
     any_source |= source;
-    for (int64_t g = 0; g < c.n_kv_heads && !source; ++g)
-      for (int64_t b = r; b < e; b += kQueryBlock)
+    // A block's causal work grows with its position, and the pool hands
+    // each thread a contiguous run of tasks: the blocks go in zigzag order
+    // (last, first, second last, ...) so that every run holds about the
+    // same work.
+    const int64_t n_blocks = (e - r + kQueryBlock - 1) / kQueryBlock;
+    for (int64_t g = 0; g < c.n_kv_heads && !source; ++g) {
+      for (int64_t i = 0; i < n_blocks; ++i) {
+        const int64_t k = i % 2 == 0 ? n_blocks - 1 - i / 2 : i / 2;
+        const int64_t b = r + k * kQueryBlock;
         tasks.push_back({b, std::min(kQueryBlock, e - b), g});
+      }
+    }
     r = e;
   }
   const int64_t group = c.n_heads / c.n_kv_heads;
@@ -385,6 +394,25 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
                              attn.data() + offset, qd);
     }
   };
+  // One query over many keys (decode at depth): a task per K/V head would
+  // leave threads idle (SmolLM2's 3 heads on 2 threads; Gemma 3's one head),
+  // so the query's attention is cut across the threads instead, with the
+  // same bits. Its phases (all scores, then all weighted values) also read K
+  // and V as two streams, which measured faster at one thread as well
+  // (kernels/cpu:attention_benchmark BM_DecodeAllHeads).
+  constexpr int64_t kSpreadMinKeys = 512;
+  const int64_t first_key =
+      lc.sliding_window > 0
+          ? std::max<int64_t>(0, row_pos[0] - lc.sliding_window + 1)
+          : 0;
+  if (m == 1 && !tasks.empty() && batch[0].key_selection == nullptr &&
+      row_pos[0] - first_key + 1 >= kSpreadMinKeys) {
+    const KvCache* cache = batch[0].cache;
+    cpu::AttendRangeAcrossThreads(q.data(), c.n_kv_heads, group, hd, scale,
+                                  cache->Keys(l), cache->Values(l), first_key,
+                                  row_pos[0], attn.data(), pool);
+    tasks.clear();
+  }
   if (!tasks.empty()) pool->ParallelFor(tasks.size(), attend);
   if (any_source) {
     AttendFromSources(l, batch, row_seq, row_pos, q.data(), attn.data(), ws);

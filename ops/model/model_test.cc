@@ -114,6 +114,21 @@ TEST_P(ModelProperties, ThreadCountAndIsaDoNotChangeBits) {
   ASSERT_TRUE(kernels::cpu::SetIsa(saved).ok());
 }
 
+// Decode past 512 keys cuts each query's attention across the threads
+// (kernels/cpu/attention.h AttendRangeAcrossThreads): the logits keep the
+// bits of a one-thread prefill of the same tokens.
+TEST_P(ModelProperties, DecodeAtDepthAcrossThreadsKeepsTheBits) {
+  auto one = Load(/*threads=*/1);
+  auto three = Load(/*threads=*/3);
+  const std::vector<int32_t> tokens =
+      testing::RandomTokens(530, 4, one->config().vocab_size);
+  const std::vector<float> base = RunInPieces(*one, tokens, {530});
+  std::vector<int> pieces = {518};
+  pieces.resize(13, 1);
+  EXPECT_TRUE(Bits(base, RunInPieces(*three, tokens, pieces)));
+  EXPECT_TRUE(Bits(base, RunInPieces(*one, tokens, pieces)));
+}
+
 // Records every residual the forward pass exposes.
 class RecordingObserver : public ResidualObserver {
  public:
