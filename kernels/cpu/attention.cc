@@ -86,9 +86,59 @@ void AccumulateSlice(const float* p, const KvRows& v, int64_t n, int64_t d0,
   }
 }
 
-void AccumulatePV(const float* p, const KvRows& v, int64_t n, int64_t head_dim,
-                  float* acc) {
-  AccumulateSlice(p, v, n, 0, head_dim, acc);
+// AccumulateRows for G query heads that share the V rows (weights p[h],
+// accumulators acc[h]): each V value is loaded, and widened from bf16, once
+// for all G heads instead of once per head; every head's elements still get
+// their FMAs in key order.
+template <int G, int R>
+void AccumulateHeadsRows(const float* const* p, const KvRows& v, int64_t n,
+                         int64_t d0, float* const* acc) {
+  __m256 a[G][R];
+  for (int h = 0; h < G; ++h)
+    for (int r = 0; r < R; ++r) a[h][r] = _mm256_loadu_ps(acc[h] + d0 + 8 * r);
+  for (int64_t j = 0; j < n; ++j) {
+    const void* row = RowPtr(v, j);
+    __m256 vr[R];
+    for (int r = 0; r < R; ++r) vr[r] = LoadV(row, v.type, d0 + 8 * r);
+    for (int h = 0; h < G; ++h) {
+      const __m256 pj = _mm256_set1_ps(p[h][j]);
+      for (int r = 0; r < R; ++r) a[h][r] = _mm256_fmadd_ps(pj, vr[r], a[h][r]);
+    }
+  }
+  for (int h = 0; h < G; ++h)
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc[h] + d0 + 8 * r, a[h][r]);
+}
+
+template <int G>
+void AccumulateHeadsSlice(const float* const* p, const KvRows& v, int64_t n,
+                          int64_t d0, int64_t d1, float* const* acc) {
+  int64_t d = d0;
+  for (; d + 16 <= d1; d += 16) AccumulateHeadsRows<G, 2>(p, v, n, d, acc);
+  for (; d + 8 <= d1; d += 8) AccumulateHeadsRows<G, 1>(p, v, n, d, acc);
+  for (int h = 0; h < G && d < d1; ++h) {
+    AccumulateSlice(p[h], v, n, d, d1, acc[h]);
+  }
+}
+
+// AccumulateSlice for `heads` query heads sharing the V rows, up to four at
+// a time (four heads of two registers each fit AVX2's sixteen).
+void AccumulateHeads(int64_t heads, const float* const* p, const KvRows& v,
+                     int64_t n, int64_t d0, int64_t d1, float* const* acc) {
+  for (int64_t h = 0; h < heads; h += 4) {
+    switch (std::min<int64_t>(4, heads - h)) {
+      case 4:
+        AccumulateHeadsSlice<4>(p + h, v, n, d0, d1, acc + h);
+        break;
+      case 3:
+        AccumulateHeadsSlice<3>(p + h, v, n, d0, d1, acc + h);
+        break;
+      case 2:
+        AccumulateHeadsSlice<2>(p + h, v, n, d0, d1, acc + h);
+        break;
+      default:
+        AccumulateSlice(p[h], v, n, d0, d1, acc[h]);
+    }
+  }
 }
 
 // x[j] = Exp(x[j] - shift), 8 lanes at a time (bit-identical to the scalar).
@@ -144,7 +194,8 @@ OnlineSoftmax::OnlineSoftmax(int64_t group, int64_t head_dim, float scale)
       sum_(group, 0.0f),
       acc_(group * head_dim, 0.0f),
       scores_(group * kAttentionChunk),
-      vrow_(head_dim) {}
+      weights_(group),
+      accs_(group) {}
 
 void OnlineSoftmax::AddChunk(const float* q, const KvRows& k, const KvRows& v,
                              int64_t n) {
@@ -173,8 +224,10 @@ void OnlineSoftmax::Fold(const KvRows& v, int64_t n) {
     if (step.rescale) {
       for (int64_t d = 0; d < head_dim_; ++d) acc[d] *= step.alpha;
     }
-    AccumulatePV(s, v, n, head_dim_, acc);
+    weights_[i] = s;
+    accs_[i] = acc;
   }
+  AccumulateHeads(group_, weights_.data(), v, n, 0, head_dim_, accs_.data());
 }
 
 void OnlineSoftmax::Finish(float* out) const {
@@ -363,6 +416,8 @@ void AttendRangeAcrossThreads(const float* q, int64_t n_kv_heads, int64_t group,
       const int64_t d1 = std::min(head_dim, d0 + width);
       if (d0 >= d1) continue;
       const KvRows vg = v.Shifted(g * head_dim);
+      std::vector<const float*> head_p(group);
+      std::vector<float*> head_acc(group);
       for (int64_t ci = 0; ci < n_chunks; ++ci) {
         const int64_t b = chunk_begin(ci), e = chunk_end(ci);
         if (ci + 1 < n_chunks) {
@@ -376,9 +431,11 @@ void AttendRangeAcrossThreads(const float* q, int64_t n_kv_heads, int64_t group,
             const float alpha = alphas[i * n_chunks + ci];
             for (int64_t d = d0; d < d1; ++d) acc[d] *= alpha;
           }
-          AccumulateSlice(weights + i * n_keys + (b - first), vc, e - b + 1, d0,
-                          d1, acc);
+          head_p[i - g * group] = weights + i * n_keys + (b - first);
+          head_acc[i - g * group] = acc;
         }
+        AccumulateHeads(group, head_p.data(), vc, e - b + 1, d0, d1,
+                        head_acc.data());
       }
       for (int64_t i = g * group; i < (g + 1) * group; ++i) {
         float* o = out + i * head_dim;

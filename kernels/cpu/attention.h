@@ -91,7 +91,9 @@ class OnlineSoftmax {
   std::vector<float> sum_;
   std::vector<float> acc_;
   std::vector<float> scores_;
-  std::vector<float> vrow_;  // one bf16 value row widened to fp32
+  // Per query head, where Fold finds its weights and accumulator.
+  std::vector<const float*> weights_;
+  std::vector<float*> accs_;
 
   void Fold(const KvRows& v, int64_t n);
 };

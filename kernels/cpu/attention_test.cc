@@ -70,10 +70,19 @@ std::vector<float> ContractAttention(const std::vector<float>& q, int64_t group,
 }
 
 TEST(Attention, FollowsTheContractBitForBit) {
-  // head_dims: SmolLM2's 64, Gemma 3's 256, and widths that leave 8-lane and
-  // single-lane remainders.
-  for (const int64_t head_dim : {64, 256, 72, 13}) {
-    const int64_t group = 3, n_keys = 100, stride = head_dim + 5;
+  // head_dims: SmolLM2's 64, Gemma 3's 256, and widths that leave 16-lane,
+  // 8-lane and single-lane remainders.
+  // groups: query heads per K/V head, fused four at a time for the values.
+  for (const auto& [head_dim, group] : {std::pair<int64_t, int64_t>{64, 3},
+                                        {256, 3},
+                                        {72, 3},
+                                        {13, 3},
+                                        {64, 1},
+                                        {64, 2},
+                                        {72, 4},
+                                        {24, 5},
+                                        {13, 8}}) {
+    const int64_t n_keys = 100, stride = head_dim + 5;
     const std::vector<float> q = Random(group * head_dim, 21);
     std::vector<float> k = Random(n_keys * stride, 22),
                        v = Random(n_keys * stride, 23);
@@ -98,8 +107,9 @@ TEST(Attention, FollowsTheContractBitForBit) {
         const std::vector<float> want = ContractAttention(
             q, group, head_dim, 0.125f, k, v, stride, first, last);
         EXPECT_EQ(std::memcmp(out.data(), want.data(), out.size() * 4), 0)
-            << "head_dim " << head_dim << (bf16 ? " bf16" : " f32") << " ["
-            << first << ", " << last << "]";
+            << "head_dim " << head_dim << " group " << group
+            << (bf16 ? " bf16" : " f32") << " [" << first << ", " << last
+            << "]";
       }
     }
   }
