@@ -98,21 +98,28 @@ void AccumulateHeadsRows(const float* const* p, const KvRows& v, int64_t n,
     for (int r = 0; r < R; ++r) a[h][r] = _mm256_loadu_ps(acc[h] + d0 + 8 * r);
   for (int64_t j = 0; j < n; ++j) {
     const void* row = RowPtr(v, j);
-    __m256 vr[R];
-    for (int r = 0; r < R; ++r) vr[r] = LoadV(row, v.type, d0 + 8 * r);
-    for (int h = 0; h < G; ++h) {
-      const __m256 pj = _mm256_set1_ps(p[h][j]);
-      for (int r = 0; r < R; ++r) a[h][r] = _mm256_fmadd_ps(pj, vr[r], a[h][r]);
+    __m256 pj[G];
+    for (int h = 0; h < G; ++h) pj[h] = _mm256_set1_ps(p[h][j]);
+    for (int r = 0; r < R; ++r) {
+      const __m256 vr = LoadV(row, v.type, d0 + 8 * r);
+      for (int h = 0; h < G; ++h) a[h][r] = _mm256_fmadd_ps(pj[h], vr, a[h][r]);
     }
   }
   for (int h = 0; h < G; ++h)
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc[h] + d0 + 8 * r, a[h][r]);
 }
 
+// Up to three heads take 32 values of a row per pass (12 accumulators, 3
+// weights and a value fill AVX2's 16 registers), four take 16: at depth the
+// rows come from DRAM, and fewer passes over a chunk's rows read them
+// faster.
 template <int G>
 void AccumulateHeadsSlice(const float* const* p, const KvRows& v, int64_t n,
                           int64_t d0, int64_t d1, float* const* acc) {
   int64_t d = d0;
+  if constexpr (G <= 3) {
+    for (; d + 32 <= d1; d += 32) AccumulateHeadsRows<G, 4>(p, v, n, d, acc);
+  }
   for (; d + 16 <= d1; d += 16) AccumulateHeadsRows<G, 2>(p, v, n, d, acc);
   for (; d + 8 <= d1; d += 8) AccumulateHeadsRows<G, 1>(p, v, n, d, acc);
   for (int h = 0; h < G && d < d1; ++h) {
@@ -121,7 +128,7 @@ void AccumulateHeadsSlice(const float* const* p, const KvRows& v, int64_t n,
 }
 
 // AccumulateSlice for `heads` query heads sharing the V rows, up to four at
-// a time (four heads of two registers each fit AVX2's sixteen).
+// a time.
 void AccumulateHeads(int64_t heads, const float* const* p, const KvRows& v,
                      int64_t n, int64_t d0, int64_t d1, float* const* acc) {
   for (int64_t h = 0; h < heads; h += 4) {
@@ -224,10 +231,16 @@ void OnlineSoftmax::Fold(const KvRows& v, int64_t n) {
     if (step.rescale) {
       for (int64_t d = 0; d < head_dim_; ++d) acc[d] *= step.alpha;
     }
+    if (!fuse_heads_) {
+      AccumulateSlice(s, v, n, 0, head_dim_, acc);
+      continue;
+    }
     weights_[i] = s;
     accs_[i] = acc;
   }
-  AccumulateHeads(group_, weights_.data(), v, n, 0, head_dim_, accs_.data());
+  if (fuse_heads_) {
+    AccumulateHeads(group_, weights_.data(), v, n, 0, head_dim_, accs_.data());
+  }
 }
 
 void OnlineSoftmax::Finish(float* out) const {
@@ -273,7 +286,10 @@ void AttendCausalBlock(const float* q, int64_t q_stride, int64_t nq,
   };
   std::vector<OnlineSoftmax> states;
   states.reserve(nq);
-  for (int64_t i = 0; i < nq; ++i) states.emplace_back(group, head_dim, scale);
+  for (int64_t i = 0; i < nq; ++i) {
+    states.emplace_back(group, head_dim, scale);
+    states.back().set_fuse_heads(nq > 1);
+  }
   // Queries packed as (nq * group) rows of head_dim for the score GEMM.
   std::vector<float> qm(nq * group * head_dim);
   for (int64_t i = 0; i < nq; ++i) {
@@ -404,8 +420,12 @@ void AttendRangeAcrossThreads(const float* q, int64_t n_kv_heads, int64_t group,
   // reads only its slice of every V row.
   const int64_t slices = std::max<int64_t>(
       1, std::min<int64_t>(pool->num_threads(), head_dim / 16));
-  const int64_t width = (head_dim + slices - 1) / slices;
+  // Slices of whole 64-byte lines: two threads never fetch the same line of
+  // a V row (rows start on a line in the cache's blocks).
   const int64_t v_elem = ElementBytes(v);
+  const int64_t line = 64 / v_elem;
+  const int64_t width =
+      ((head_dim + slices - 1) / slices + line - 1) / line * line;
   for (int64_t i = 0; i < heads; ++i) {
     std::fill(out + i * head_dim, out + (i + 1) * head_dim, 0.0f);
   }

@@ -110,6 +110,23 @@ TEST(Attention, FollowsTheContractBitForBit) {
             << "head_dim " << head_dim << " group " << group
             << (bf16 ? " bf16" : " f32") << " [" << first << ", " << last
             << "]";
+        // The group's heads taking each value row together (a block of
+        // queries does): the same bits.
+        std::vector<float> fused(group * head_dim);
+        OnlineSoftmax state(group, head_dim, 0.125f);
+        state.set_fuse_heads(true);
+        for (int64_t c = first / kAttentionChunk * kAttentionChunk; c <= last;
+             c += kAttentionChunk) {
+          const int64_t b = std::max(c, first);
+          const int64_t e = std::min(c + kAttentionChunk - 1, last);
+          state.AddChunk(q.data(), KvRows{kr.type, kr.Row(b), kr.stride},
+                         KvRows{vr.type, vr.Row(b), vr.stride}, e - b + 1);
+        }
+        state.Finish(fused.data());
+        EXPECT_EQ(std::memcmp(fused.data(), want.data(), fused.size() * 4), 0)
+            << "fused heads, head_dim " << head_dim << " group " << group
+            << (bf16 ? " bf16" : " f32") << " [" << first << ", " << last
+            << "]";
       }
     }
   }
