@@ -447,8 +447,8 @@ absl::Status SessionEngine::TakeUp(const std::string& tenant,
   return ClaimForTurn(key).status();
 }
 
-absl::Status SessionEngine::StoreReplica(
-    storage::SessionCheckpoint checkpoint) {
+absl::Status SessionEngine::StoreReplica(storage::SessionCheckpoint checkpoint,
+                                         const std::string& staged_by) {
   const v1::SessionManifest& m = checkpoint.manifest();
   const std::string& tenant = m.tenant();
   const std::string& session = m.session_id();
@@ -481,6 +481,7 @@ absl::Status SessionEngine::StoreReplica(
   replica.set_format_version(storage::kCheckpointFormatVersion);
   replica.set_role(v1::SESSION_ROLE_REPLICA);
   replica.set_epoch(epoch);
+  replica.set_staged_by(staged_by);
   checkpoint.ReplaceManifest(std::move(replica));
   Drop(key);  // hot state of an older copy
   KVD_RETURN_IF_ERROR(store_->PutSession(std::move(checkpoint)));
@@ -503,6 +504,7 @@ absl::Status SessionEngine::ApplyReplicaUpdate(storage::TurnUpdate update) {
   update.manifest.set_format_version(storage::kCheckpointFormatVersion);
   update.manifest.set_epoch(storage::EpochOf(update.manifest));
   update.manifest.set_role(v1::SESSION_ROLE_REPLICA);
+  update.manifest.clear_staged_by();  // committed: no transfer's to drop
   update.ownership_change = false;
   update.replica_update = true;
   return store_->CommitTurn(update, storage::CommitMode::kWriteThrough);
@@ -522,7 +524,8 @@ absl::StatusOr<v1::SessionManifest> SessionEngine::GetReplica(
 }
 
 absl::Status SessionEngine::DropReplica(const std::string& tenant,
-                                        const std::string& session) {
+                                        const std::string& session,
+                                        const std::string& staged_by) {
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   const Key key(tenant, session);
@@ -538,6 +541,10 @@ absl::Status SessionEngine::DropReplica(const std::string& tenant,
         SessionName(tenant, session),
         " is live here (a primary); only a replica copy is dropped"));
   }
+  // Another transfer's copy, or one an update has made the session's since:
+  // not the caller's to drop.
+  if (!staged_by.empty() && m->staged_by() != staged_by)
+    return absl::OkStatus();
   Drop(key);
   return store_->Delete(tenant, session);
 }
@@ -1067,6 +1074,7 @@ absl::Status SessionEngine::ChangeOwner(const Key& key,
   update.manifest.set_owner_node(owner);
   update.manifest.set_epoch(epoch);
   update.manifest.set_role(role);
+  update.manifest.clear_staged_by();  // adopted or released: settled
   update.manifest.set_updated_unix_ms(NowMs());
   update.ownership_change = true;
   // Hot state belongs to the old ownership; the next turn restores.

@@ -306,8 +306,11 @@ class SessionEngine {
   // names. Once the directory gives this node the session at that epoch + 1,
   // its next turn adopts the copy (see RunTurn). ABORTED if this node's own
   // copy is from a later epoch, or is the live primary at that epoch;
-  // FAILED_PRECONDITION for another model or precision.
-  absl::Status StoreReplica(storage::SessionCheckpoint checkpoint);
+  // FAILED_PRECONDITION for another model or precision. `staged_by` (a
+  // migration's transfer id, or empty) is kept in the manifest until an
+  // update replaces it (SessionManifest.staged_by; see DropReplica).
+  absl::Status StoreReplica(storage::SessionCheckpoint checkpoint,
+                            const std::string& staged_by = "");
   // Applies `update`, turns another node committed (verified by the
   // caller), to this node's replica copy of the session, durably
   // (storage::CheckReplicaUpdate: the same owner and epoch, never
@@ -319,10 +322,13 @@ class SessionEngine {
   absl::StatusOr<v1::SessionManifest> GetReplica(const std::string& tenant,
                                                  const std::string& session);
   // Deletes this node's replica copy of the session (a move that was given
-  // up); OK if there is none. FAILED_PRECONDITION for a live primary, which
-  // is never deleted this way.
+  // up); OK if there is none. With `staged_by` set, only the copy that
+  // transfer stored and nobody has updated since: a copy another transfer
+  // stored or committed meanwhile is kept (OK). FAILED_PRECONDITION for a
+  // live primary, which is never deleted this way.
   absl::Status DropReplica(const std::string& tenant,
-                           const std::string& session);
+                           const std::string& session,
+                           const std::string& staged_by = "");
   // For a server, before it admits a turn of the session (and, for a
   // stream, before it answers 200): waits while the session is frozen for
   // a move (up to frozen_turn_wait), then, if `check_owner`, asks the fence

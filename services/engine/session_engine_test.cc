@@ -436,6 +436,60 @@ TEST_P(SessionEngineTest, StoredReplicaIsAdoptedByTheNextTurnBitIdentically) {
   EXPECT_EQ(engine_->StoreReplica(stale).code(), absl::StatusCode::kAborted);
 }
 
+// A migration's target drops a copy on a failed commit or an abort only
+// while the copy is still the one that transfer stored: a copy a second
+// transfer of the same session stored since, or one a turn adopted, is kept
+// (a drain and an operator's move once raced this way, and the loser's abort
+// deleted the winner's committed copy).
+TEST_P(SessionEngineTest, AFailedTransferDropsOnlyTheCopyItStaged) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
+  const Transcript reference = Converse(v, nullptr);
+  int between = 0;
+  const Transcript got = Converse(v, [&] {
+    if (++between != 2) return;
+    absl::StatusOr<std::shared_ptr<const storage::SessionCheckpoint>> sent =
+        engine_->ExportSession("acme", "chat-1");
+    ASSERT_TRUE(sent.ok()) << sent.status();
+    const storage::SessionCheckpoint copy = **sent;
+    FreshDir();
+    OpenStore();
+    auto fence = std::make_shared<FenceTestDouble>();
+    NewEngine(v, identity_, "node-b", fence);
+    auto staged_by = [&]() -> std::string {
+      absl::StatusOr<v1::SessionManifest> m =
+          engine_->GetReplica("acme", "chat-1");
+      return m.ok() ? m->staged_by() : "(" + m.status().ToString() + ")";
+    };
+    ASSERT_TRUE(engine_->StoreReplica(copy, "transfer-1").ok());
+    ASSERT_TRUE(engine_->StoreReplica(copy, "transfer-2").ok());
+    EXPECT_EQ(staged_by(), "transfer-2");
+    // The first transfer's copy was replaced: its abort drops nothing.
+    EXPECT_TRUE(engine_->DropReplica("acme", "chat-1", "transfer-1").ok());
+    EXPECT_EQ(staged_by(), "transfer-2");
+    // The second transfer's own copy goes.
+    EXPECT_TRUE(engine_->DropReplica("acme", "chat-1", "transfer-2").ok());
+    EXPECT_EQ(engine_->GetReplica("acme", "chat-1").status().code(),
+              absl::StatusCode::kNotFound);
+    // Without a transfer id (a replica an update failed on), whatever is
+    // stored goes.
+    ASSERT_TRUE(engine_->StoreReplica(copy, "transfer-3").ok());
+    EXPECT_TRUE(engine_->DropReplica("acme", "chat-1").ok());
+    EXPECT_EQ(engine_->GetReplica("acme", "chat-1").status().code(),
+              absl::StatusCode::kNotFound);
+    // Staged again, then the directory gives node b the session: adopted by
+    // the next turn, and a late abort of that transfer cannot touch it.
+    ASSERT_TRUE(engine_->StoreReplica(copy, "transfer-4").ok());
+    fence->Set(storage::EpochOf(copy.manifest()) + 1, absl::OkStatus());
+  });
+  ExpectSameBits(reference, got);
+  EXPECT_EQ(engine_->stats().replicas_adopted, 1);
+  EXPECT_EQ(engine_->DropReplica("acme", "chat-1", "transfer-4").code(),
+            absl::StatusCode::kFailedPrecondition);  // live here now
+  absl::StatusOr<v1::SessionManifest> m = engine_->GetSession("acme", "chat-1");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->staged_by(), "");
+}
+
 // In a cluster the fence decides: a session the directory lacks is not
 // served (not even started), one placed here is started by its first turn,
 // a commit the fence refuses writes nothing, a copy older than the

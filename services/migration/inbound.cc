@@ -196,7 +196,7 @@ void InboundTransfers::Receive(Transfer* t) {
   if (staged.ok() && !t->request.update_only()) {
     t->staged_manifest = cp->manifest();
     // Durable here before the source freezes the session.
-    staged = engine_->StoreReplica(*std::move(cp));
+    staged = engine_->StoreReplica(*std::move(cp), t->id);
   }
   t->payload_bytes.store(total);
   t->stage_status = staged;
@@ -309,8 +309,7 @@ absl::StatusOr<v1::CommitInboundResponse> InboundTransfers::Commit(
   }
   if (!status.ok() && t->stage_status.ok()) {
     // The staged copy is not the session's: nothing of it stays.
-    engine_->DropReplica(t->request.tenant(), t->request.session_id())
-        .IgnoreError();
+    DropStaged(*t);
   }
   absl::MutexLock lock(&mu_);
   if (!status.ok()) {
@@ -326,13 +325,21 @@ absl::Status InboundTransfers::Abort(const std::string& transfer_id) {
   KVD_ASSIGN_OR_RETURN(std::shared_ptr<Transfer> t, Take(transfer_id));
   t->Cancel();
   t->thread.join();
-  if (t->stage_status.ok()) {
-    engine_->DropReplica(t->request.tenant(), t->request.session_id())
-        .IgnoreError();
-  }
+  if (t->stage_status.ok()) DropStaged(*t);
   absl::MutexLock lock(&mu_);
   stats_.failed++;
   return absl::OkStatus();
+}
+
+void InboundTransfers::DropStaged(const Transfer& t) {
+  // A copy is dropped only while it is still the one this transfer stored:
+  // another move of the session may have stored or committed its own since
+  // (SessionEngine::DropReplica). An update that failed leaves the replica
+  // it could not update out of step, so that goes whoever stored it.
+  engine_
+      ->DropReplica(t.request.tenant(), t.request.session_id(),
+                    t.request.update_only() ? std::string() : t.id)
+      .IgnoreError();
 }
 
 InboundStats InboundTransfers::stats() const {

@@ -96,6 +96,8 @@ class InboundTransfers {
   struct Transfer;
   void Receive(Transfer* t);
   absl::StatusOr<std::shared_ptr<Transfer>> Take(const std::string& id);
+  // After a failed commit or an abort: drops what the transfer stored.
+  void DropStaged(const Transfer& t);
 
   engine::SessionEngine* const engine_;
   transport::Transport* const transport_;
