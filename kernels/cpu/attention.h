@@ -84,7 +84,7 @@ class OnlineSoftmax {
   // either way; which is faster depends on where the rows come from: a block
   // of queries finds them in cache, where fewer loads win, while one query at
   // depth streams them from DRAM, where whole rows per pass win (measured end
-  // to end on Zen 4: fusing cost single-thread decode at 8064 keys 6-10%).
+  // to end on Zen 4: fusing cost single-thread decode at 8064 keys 5-10%).
   void set_fuse_heads(bool fuse) { fuse_heads_ = fuse; }
 
   // out[group x head_dim] = softmax-weighted sum of values (zeros if no key was

@@ -22,6 +22,13 @@ std::vector<float> Random(size_t n, uint32_t seed) {
   return v;
 }
 
+// The same rows in fp32 (`f`) or in their bf16 copy (`b`).
+KvRows Store(bool bf16, const std::vector<float>& f,
+             const std::vector<uint16_t>& b, int64_t stride) {
+  return bf16 ? KvRows{WeightType::kBf16, b.data(), stride}
+              : KvRows{WeightType::kF32, f.data(), stride};
+}
+
 // The contract's attention written plainly (kernels/cpu/README.md): per
 // query, chunks of kAttentionChunk absolute positions; in each, scores by the
 // canonical dot times the scale, the running max, p = Exp(s - max), the sum
@@ -95,10 +102,8 @@ TEST(Attention, FollowsTheContractBitForBit) {
         Bf16ToFloat(kb.data(), k.data(), k.size());
         Bf16ToFloat(vb.data(), v.data(), v.size());
       }
-      const KvRows kr = bf16 ? KvRows{WeightType::kBf16, kb.data(), stride}
-                             : KvRows{WeightType::kF32, k.data(), stride};
-      const KvRows vr = bf16 ? KvRows{WeightType::kBf16, vb.data(), stride}
-                             : KvRows{WeightType::kF32, v.data(), stride};
+      const KvRows kr = Store(bf16, k, kb, stride);
+      const KvRows vr = Store(bf16, v, vb, stride);
       for (const auto& [first, last] :
            {std::pair<int64_t, int64_t>{0, 99}, {7, 70}, {40, 41}}) {
         std::vector<float> out(group * head_dim);
@@ -233,10 +238,8 @@ TEST(Attention, CausalBlockEqualsPerQueryBitForBit) {
   FloatToBf16(k.data(), kb.data(), k.size());
   FloatToBf16(v.data(), vb.data(), v.size());
   for (const bool bf16 : {false, true}) {
-    const KvRows kr = bf16 ? KvRows{WeightType::kBf16, kb.data(), kv_stride}
-                           : KvRows{WeightType::kF32, k.data(), kv_stride};
-    const KvRows vr = bf16 ? KvRows{WeightType::kBf16, vb.data(), kv_stride}
-                           : KvRows{WeightType::kF32, v.data(), kv_stride};
+    const KvRows kr = Store(bf16, k, kb, kv_stride);
+    const KvRows vr = Store(bf16, v, vb, kv_stride);
     for (const int64_t window : {int64_t{0}, int64_t{40}}) {
       for (const int64_t pos0 : {int64_t{0}, int64_t{37}}) {
         const int64_t nq = n - pos0;
@@ -298,10 +301,8 @@ TEST(Attention, AcrossThreadsEqualsPerHeadBitForBit) {
     FloatToBf16(k.data(), kb.data(), k.size());
     FloatToBf16(v.data(), vb.data(), v.size());
     for (const bool bf16 : {false, true}) {
-      const KvRows kc = bf16 ? KvRows{WeightType::kBf16, kb.data(), stride}
-                             : KvRows{WeightType::kF32, k.data(), stride};
-      const KvRows vc = bf16 ? KvRows{WeightType::kBf16, vb.data(), stride}
-                             : KvRows{WeightType::kF32, v.data(), stride};
+      const KvRows kc = Store(bf16, k, kb, stride);
+      const KvRows vc = Store(bf16, v, vb, stride);
       const PagedCopy kp = Page(kc, n_keys, 64), vp = Page(vc, n_keys, 64);
       for (const bool paged : {false, true}) {
         const KvRows& kr = paged ? kp.rows : kc;

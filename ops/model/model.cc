@@ -398,22 +398,24 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
   // leave threads idle (SmolLM2's 3 heads on 2 threads; Gemma 3's one head),
   // so the query's attention is cut across the threads instead, with the
   // same bits. (With one thread the per-head path stays: end to end it was
-  // 5-8% faster there, though BM_DecodeAllHeads shows the opposite.)
+  // 5-10% faster there, though BM_DecodeAllHeads shows the opposite.)
   constexpr int64_t kSpreadMinKeys = 512;
   const int64_t first_key =
       lc.sliding_window > 0
           ? std::max<int64_t>(0, row_pos[0] - lc.sliding_window + 1)
           : 0;
-  if (m == 1 && !tasks.empty() && pool->num_threads() > 1 &&
-      batch[0].key_selection == nullptr &&
-      row_pos[0] - first_key + 1 >= kSpreadMinKeys) {
+  const bool spread = m == 1 && pool->num_threads() > 1 &&
+                      batch[0].kv_source == nullptr &&
+                      batch[0].key_selection == nullptr &&
+                      row_pos[0] - first_key + 1 >= kSpreadMinKeys;
+  if (spread) {
     const KvCache* cache = batch[0].cache;
     cpu::AttendRangeAcrossThreads(q.data(), c.n_kv_heads, group, hd, scale,
                                   cache->Keys(l), cache->Values(l), first_key,
                                   row_pos[0], attn.data(), pool);
-    tasks.clear();
+  } else if (!tasks.empty()) {
+    pool->ParallelFor(tasks.size(), attend);
   }
-  if (!tasks.empty()) pool->ParallelFor(tasks.size(), attend);
   if (any_source) {
     AttendFromSources(l, batch, row_seq, row_pos, q.data(), attn.data(), ws);
   }

@@ -115,8 +115,9 @@ TEST_P(ModelProperties, ThreadCountAndIsaDoNotChangeBits) {
 }
 
 // Decode past 512 keys cuts each query's attention across the threads
-// (kernels/cpu/attention.h AttendRangeAcrossThreads): the logits keep the
-// bits of a one-thread prefill of the same tokens.
+// (kernels/cpu/attention.h AttendRangeAcrossThreads) and, on one thread,
+// adds value rows head by head where prefill fuses the heads: either way the
+// logits keep the bits of a one-thread prefill of the same tokens.
 TEST_P(ModelProperties, DecodeAtDepthAcrossThreadsKeepsTheBits) {
   auto one = Load(/*threads=*/1);
   auto three = Load(/*threads=*/3);
