@@ -26,6 +26,8 @@ class Units {
   bool started_ = false;
 };
 
+// `length` 0 skips the check of the rows (a checkpoint still filling in:
+// AwaitLayer checks each layer as it arrives).
 absl::Status CheckStore(const ResidualStore& store, const ModelBackend& model,
                         int64_t sequence_id, absl::Span<const int64_t> layers,
                         int64_t length, const char* what) {
@@ -53,6 +55,23 @@ absl::Status CheckStore(const ResidualStore& store, const ModelBackend& model,
   return absl::OkStatus();
 }
 
+// Waits for checkpoint layer `layer` if the spec streams it in, then checks
+// that its rows reach the sequence's length (rows are contiguous from the
+// first kept one, so the last row stands for all).
+absl::Status AwaitLayer(const RebuildSpec& spec, int64_t layer,
+                        int64_t length) {
+  if (!spec.await_layer) return absl::OkStatus();
+  KVD_RETURN_IF_ERROR(spec.await_layer(layer));
+  if (length > 0 && spec.checkpoint->RowBytes(spec.sequence_id, layer,
+                                              length - 1) == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rebuild: the checkpoint's layer ", layer,
+                     " arrived without its row at position ", length - 1,
+                     " of sequence ", spec.sequence_id));
+  }
+  return absl::OkStatus();
+}
+
 // First position of layer l a rebuilt cache keeps: the hot window's start,
 // or a local layer's window start if later (older rows are never read again;
 // a cache that keeps rows past windows gets them all).
@@ -70,6 +89,7 @@ absl::Status RecomputeHot(const ModelBackend& model, const RebuildSpec& spec,
   const ModelConfig& c = model.config();
   std::vector<float> h;
   for (int64_t l = 0; l < c.n_layers; ++l) {
+    KVD_RETURN_IF_ERROR(AwaitLayer(spec, l, length));
     const int64_t first = KeepBegin(model, *cache, l, hot, length);
     if (first < length &&
         spec.checkpoint->first_kept(spec.sequence_id, l) > first) {
@@ -109,6 +129,7 @@ absl::Status PrefillSegments(const ModelBackend& model, const RebuildSpec& spec,
   std::vector<float> h;
   for (int64_t s = 0; s < c.n_layers; s += spec.policy.stride) {
     const int64_t e = std::min(s + spec.policy.stride, c.n_layers);
+    KVD_RETURN_IF_ERROR(AwaitLayer(spec, s, length));
     const int64_t start = cache->trims_past_windows()
                               ? ResidualKeepBegin(c, spec.policy, s, length)
                               : 0;
@@ -209,7 +230,8 @@ absl::Status RebuildKv(const ModelBackend& model, const RebuildSpec& spec,
           "rebuild: policy ", spec.policy.Name(), " needs its checkpoint"));
     }
     KVD_RETURN_IF_ERROR(CheckStore(*spec.checkpoint, model, spec.sequence_id,
-                                   layers, length, "checkpoint"));
+                                   layers, spec.await_layer ? 0 : length,
+                                   "checkpoint"));
   }
   ResidualStore* cold = nullptr;
   if (spec.policy.kind != Kind::kKvDirect && hot > 0) {

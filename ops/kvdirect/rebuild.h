@@ -74,6 +74,15 @@ struct RebuildSpec {
   // cache or the stores being rebuilt; the bits never depend on it (units
   // run in the same order with the same inputs whether or not it pauses).
   std::function<void()> between_units;
+  // Optional, for a checkpoint that fills in while the rebuild runs (a
+  // streamed resume reads layer l + 1 from disk while layer l is rebuilt).
+  // Called on the calling thread, once for each checkpointed layer the
+  // policy reads (kv-direct: every layer; stride:k: each segment's first),
+  // in ascending order, before the first unit that reads it; that layer's
+  // rows need to be in `checkpoint` only once it returns. An error ends the
+  // rebuild with it. Without it, the checkpoint must hold every layer from
+  // the start.
+  std::function<absl::Status(int64_t layer)> await_layer;
 };
 
 // Empties `cache` and rebuilds it to length tokens.size(), each layer holding

@@ -281,6 +281,108 @@ TEST_P(Rebuild, PausingBetweenUnitsChangesNoByte) {
   }
 }
 
+// A streamed resume: the checkpoint gets each layer only when the rebuild
+// asks for it (await_layer), and the rebuilt rows are the same bytes.
+TEST_P(Rebuild, ACheckpointFilledLayerByLayerGivesTheSameBytes) {
+  testing::TinyModelSpec spec;
+  spec.family = GetParam().family;
+  spec.n_layers = spec.family == "gemma3" ? 6 : 5;
+  absl::StatusOr<std::unique_ptr<Model>> loaded =
+      testing::LoadTinyModel(spec, GetParam().precision);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Model& model = **loaded;
+  const ModelConfig& c = model.config();
+  const std::vector<int32_t> tokens =
+      testing::RandomTokens(230, /*seed=*/9, c.vocab_size);
+  const int64_t length = tokens.size();
+
+  for (const std::string name : {"kv-direct", "stride:2", "stride:4"}) {
+    const CheckpointPolicy policy = *ParseCheckpointPolicy(name);
+    ResidualStore whole = testing::NewStore(model, policy);
+    {
+      KvCache cache = model.NewCache();
+      SequenceStep step{&cache, tokens, LogitsMode::kNone, kSeq};
+      ForwardOutput out;
+      ASSERT_TRUE(model.Forward({&step, 1}, &out, &whole).ok());
+    }
+    TrimToWindows(c, policy, kSeq, length, &whole);
+    // The layers a rebuild reads, in order.
+    std::vector<int64_t> reads;
+    for (int64_t l = 0; l < c.n_layers;
+         l +=
+         policy.kind == CheckpointPolicy::Kind::kStride ? policy.stride : 1) {
+      reads.push_back(l);
+    }
+    for (int64_t budget : {int64_t{40}, ResidualKvSource::kAll}) {
+      SCOPED_TRACE(name + " budget " + std::to_string(budget));
+      RebuildSpec rs;
+      rs.policy = policy;
+      rs.tokens = tokens;
+      rs.checkpoint = &whole;
+      rs.sequence_id = kSeq;
+      rs.budget = budget;
+      rs.block = 50;
+      ResidualStore want_cold =
+          testing::SessionStoreForRebuild(model, policy, whole);
+      KvCache want = model.NewCache();
+      ASSERT_TRUE(RebuildKv(model, rs, &want, &want_cold).ok());
+
+      ResidualStore streamed = testing::NewStore(model, policy);
+      std::vector<int64_t> awaited;
+      rs.checkpoint = &streamed;
+      rs.await_layer = [&](int64_t layer) -> absl::Status {
+        // Not there before it is asked for: the rebuild cannot have read it.
+        EXPECT_EQ(streamed.RowBytes(kSeq, layer, length - 1), nullptr);
+        awaited.push_back(layer);
+        const int64_t first = whole.first_kept(kSeq, layer);
+        streamed.DropBelow(kSeq, layer, first);
+        return streamed.PutRowBytes(kSeq, layer, first, length - first,
+                                    whole.RowBytes(kSeq, layer, first));
+      };
+      ResidualStore got_cold =
+          testing::SessionStoreForRebuild(model, policy, whole);
+      KvCache got = model.NewCache();
+      const absl::Status rebuilt = RebuildKv(model, rs, &got, &got_cold);
+      ASSERT_TRUE(rebuilt.ok()) << rebuilt;
+      EXPECT_EQ(awaited, reads);
+      ASSERT_EQ(got.length(), want.length());
+      int64_t differing_rows = 0;
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        ASSERT_EQ(got.first_kept(l), want.first_kept(l)) << "layer " << l;
+        differing_rows += testing::CountDifferingRows(
+            got, want, l, want.first_kept(l), length);
+      }
+      EXPECT_EQ(differing_rows, 0);
+
+      // A layer that does not arrive ends the rebuild with the reason; one
+      // that arrives short is refused before anything reads it.
+      ResidualStore failing = testing::NewStore(model, policy);
+      rs.checkpoint = &failing;
+      rs.await_layer = [&](int64_t layer) -> absl::Status {
+        if (layer > 0) return absl::DataLossError("layer gone");
+        const int64_t first = whole.first_kept(kSeq, layer);
+        failing.DropBelow(kSeq, layer, first);
+        return failing.PutRowBytes(kSeq, layer, first, length - 1 - first,
+                                   whole.RowBytes(kSeq, layer, first));
+      };
+      KvCache failed = model.NewCache();
+      EXPECT_EQ(RebuildKv(model, rs, &failed, &got_cold).code(),
+                absl::StatusCode::kFailedPrecondition);
+      failing.Erase(kSeq);
+      rs.await_layer = [&](int64_t layer) -> absl::Status {
+        if (layer > 0) return absl::DataLossError("layer gone");
+        const int64_t first = whole.first_kept(kSeq, layer);
+        failing.DropBelow(kSeq, layer, first);
+        return failing.PutRowBytes(kSeq, layer, first, length - first,
+                                   whole.RowBytes(kSeq, layer, first));
+      };
+      const absl::Status lost = RebuildKv(model, rs, &failed, &got_cold);
+      EXPECT_EQ(lost.code(), absl::StatusCode::kDataLoss) << lost;
+      EXPECT_EQ(lost.message(), "layer gone");
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, Rebuild,
                          ::testing::ValuesIn(testing::AllFamilyCases()),
                          testing::FamilyCaseName);

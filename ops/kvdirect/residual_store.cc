@@ -164,6 +164,15 @@ absl::Status ResidualStore::ReadRows(int64_t sequence_id, int64_t layer,
   return absl::OkStatus();
 }
 
+void ResidualStore::Reserve(int64_t sequence_id, int64_t layer, int64_t end) {
+  const int64_t li = LayerIndex(layer);
+  if (li < 0) return;
+  std::vector<Rows>& seq = rows_[sequence_id];
+  if (seq.empty()) seq.resize(layers_.size());
+  Rows& r = seq[li];
+  if (end > r.begin) r.bytes.reserve((end - r.begin) * row_bytes_);
+}
+
 void ResidualStore::DropBelow(int64_t sequence_id, int64_t layer,
                               int64_t position) {
   const int64_t li = LayerIndex(layer);

@@ -89,6 +89,10 @@ class ResidualStore : public ResidualObserver {
   absl::Status ReadRows(int64_t sequence_id, int64_t layer, int64_t first,
                         int64_t n, float* out) const;
 
+  // Makes room for rows of (sequence, layer) up to position `end` without
+  // storing any, so a restore that appends them chunk by chunk copies each
+  // byte once (no regrowth). No-op for a layer that is not checkpointed.
+  void Reserve(int64_t sequence_id, int64_t layer, int64_t end);
   // Frees the rows of (sequence, layer) below `position`; later rows keep
   // their positions. On a sequence or layer with no rows it sets where the
   // first row may arrive (a rebuild that starts past position 0). No-op for a

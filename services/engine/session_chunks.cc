@@ -33,16 +33,15 @@ std::pair<int64_t, int64_t> TouchedChunks(int64_t from, int64_t to, int64_t c) {
 }
 
 absl::StatusOr<storage::DecodedChunk> FindChunk(
-    const storage::SessionCheckpoint& cp, ChunkId id, int64_t expected_rows,
-    v1::DType dtype, int64_t row_bytes) {
-  const v1::SessionManifest& m = cp.manifest();
+    const v1::SessionManifest& m, const std::map<ChunkId, std::string>& chunks,
+    ChunkId id, int64_t expected_rows, v1::DType dtype, int64_t row_bytes) {
   const std::string where = absl::StrCat(
       "session ", m.tenant(), "/", m.session_id(), " ",
       id.layer == storage::kTokenLayer ? std::string("token ids")
                                        : absl::StrCat("layer ", id.layer),
       " chunk ", id.index);
-  auto it = cp.chunks().find(id);
-  if (it == cp.chunks().end()) {
+  auto it = chunks.find(id);
+  if (it == chunks.end()) {
     return absl::DataLossError(
         absl::StrCat(where, " is missing from the checkpoint"));
   }
@@ -180,13 +179,19 @@ absl::StatusOr<storage::TurnUpdate> BuildTurnUpdate(
 
 absl::Status RestoreTokens(const storage::SessionCheckpoint& checkpoint,
                            std::vector<int32_t>* tokens) {
-  const v1::SessionManifest& m = checkpoint.manifest();
+  return RestoreTokens(checkpoint.manifest(), checkpoint.chunks(), tokens);
+}
+
+absl::Status RestoreTokens(
+    const v1::SessionManifest& m,
+    const std::map<storage::ChunkId, std::string>& chunks,
+    std::vector<int32_t>* tokens) {
   const int64_t c = m.chunk_tokens();
   tokens->assign(m.token_count(), 0);
   for (int64_t i = 0; i * c < m.token_count(); ++i) {
     const int64_t rows = std::min(c, m.token_count() - i * c);
-    absl::StatusOr<storage::DecodedChunk> chunk = FindChunk(
-        checkpoint, {storage::kTokenLayer, i}, rows, v1::DTYPE_I32, 4);
+    absl::StatusOr<storage::DecodedChunk> chunk =
+        FindChunk(m, chunks, {storage::kTokenLayer, i}, rows, v1::DTYPE_I32, 4);
     if (!chunk.ok()) return chunk.status();
     const auto* p = reinterpret_cast<const uint8_t*>(chunk->payload.data());
     for (int64_t r = 0; r < rows; ++r) {
@@ -200,35 +205,49 @@ absl::Status RestoreTokens(const storage::SessionCheckpoint& checkpoint,
 
 absl::Status RestoreResiduals(const storage::SessionCheckpoint& checkpoint,
                               ops::ResidualStore* store, int64_t sequence_id) {
-  const v1::SessionManifest& m = checkpoint.manifest();
+  for (int64_t layer : store->layers()) {
+    KVD_RETURN_IF_ERROR(RestoreResidualLayer(
+        checkpoint.manifest(), checkpoint.chunks(), layer, store, sequence_id));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RestoreResidualLayer(
+    const v1::SessionManifest& m,
+    const std::map<storage::ChunkId, std::string>& chunks, int64_t layer,
+    ops::ResidualStore* store, int64_t sequence_id) {
   const int64_t c = m.chunk_tokens(), rb = store->row_bytes();
-  for (size_t li = 0; li < store->layers().size(); ++li) {
-    const int64_t layer = store->layers()[li];
-    const int64_t kept = static_cast<int>(li) < m.first_position_size()
-                             ? m.first_position(li)
-                             : 0;
-    if (kept % c != 0 || kept > m.length()) {
+  const auto& layers = store->layers();
+  const auto li = std::find(layers.begin(), layers.end(), layer);
+  if (li == layers.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " is not checkpointed by the store"));
+  }
+  const int index = li - layers.begin();
+  const int64_t kept =
+      index < m.first_position_size() ? m.first_position(index) : 0;
+  if (kept % c != 0 || kept > m.length()) {
+    return absl::DataLossError(
+        absl::StrCat("session ", m.tenant(), "/", m.session_id(), " layer ",
+                     layer, ": first stored position ", kept,
+                     " is not a chunk boundary within the session's ",
+                     m.length(), " positions"));
+  }
+  store->DropBelow(sequence_id, layer, kept);
+  store->Reserve(sequence_id, layer, m.length());
+  for (int64_t i = kept / c; i * c < m.length(); ++i) {
+    const int64_t rows = std::min(c, m.length() - i * c);
+    absl::StatusOr<storage::DecodedChunk> chunk =
+        FindChunk(m, chunks, {layer, i}, rows, m.dtype(), rb);
+    if (!chunk.ok()) return chunk.status();
+    // The chunk's bytes are the store's own dtype: copied as they are
+    // (a bf16 row is bf16-representable by construction).
+    if (absl::Status put = store->PutRowBytes(sequence_id, layer, i * c, rows,
+                                              chunk->payload.data());
+        !put.ok()) {
       return absl::DataLossError(
           absl::StrCat("session ", m.tenant(), "/", m.session_id(), " layer ",
-                       layer, ": first stored position ", kept,
-                       " is not a chunk boundary within the session's ",
-                       m.length(), " positions"));
-    }
-    store->DropBelow(sequence_id, layer, kept);
-    for (int64_t i = kept / c; i * c < m.length(); ++i) {
-      const int64_t rows = std::min(c, m.length() - i * c);
-      absl::StatusOr<storage::DecodedChunk> chunk =
-          FindChunk(checkpoint, {layer, i}, rows, m.dtype(), rb);
-      if (!chunk.ok()) return chunk.status();
-      // The chunk's bytes are the store's own dtype: copied as they are
-      // (a bf16 row is bf16-representable by construction).
-      if (absl::Status put = store->PutRowBytes(sequence_id, layer, i * c, rows,
-                                                chunk->payload.data());
-          !put.ok()) {
-        return absl::DataLossError(
-            absl::StrCat("session ", m.tenant(), "/", m.session_id(), " layer ",
-                         layer, " chunk ", i, ": ", put.message()));
-      }
+                       layer, " chunk ", i, ": ", put.message()));
     }
   }
   return absl::OkStatus();
@@ -268,7 +287,7 @@ absl::Status RestoreKv(const storage::SessionCheckpoint& checkpoint,
     for (int64_t i = keep / c; i * c < length; ++i) {
       const int64_t rows = std::min(c, length - i * c);
       absl::StatusOr<storage::DecodedChunk> chunk =
-          FindChunk(checkpoint, {l, i}, rows, m.dtype(), rb);
+          FindChunk(m, checkpoint.chunks(), {l, i}, rows, m.dtype(), rb);
       if (!chunk.ok()) return chunk.status();
       const int64_t from = std::max(keep, i * c);
       KVD_RETURN_IF_ERROR(model.WriteKvRows(

@@ -22,6 +22,8 @@
 #define KVD_SERVICES_ENGINE_SESSION_CHUNKS_H_
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -115,6 +117,12 @@ absl::StatusOr<storage::TurnUpdate> BuildTurnUpdate(
 // DATA_LOSS if a token chunk is missing or malformed.
 absl::Status RestoreTokens(const storage::SessionCheckpoint& checkpoint,
                            std::vector<int32_t>* tokens);
+// The same from the manifest and its token chunks alone (a streamed load's
+// token stream).
+absl::Status RestoreTokens(
+    const v1::SessionManifest& manifest,
+    const std::map<storage::ChunkId, std::string>& chunks,
+    std::vector<int32_t>* tokens);
 
 // Refills `store` (empty for `sequence_id`, checkpointing exactly the
 // manifest's layers) with the residual rows of positions [0, length) from
@@ -123,6 +131,14 @@ absl::Status RestoreTokens(const storage::SessionCheckpoint& checkpoint,
 // row is not valid for the precision (the store refuses it).
 absl::Status RestoreResiduals(const storage::SessionCheckpoint& checkpoint,
                               ops::ResidualStore* store, int64_t sequence_id);
+// One layer of RestoreResiduals, from the manifest and chunks holding that
+// layer's (a streamed load's stream of it): what a rebuild's await_layer
+// does as each layer arrives. The same errors, and INVALID_ARGUMENT for a
+// layer the store does not checkpoint.
+absl::Status RestoreResidualLayer(
+    const v1::SessionManifest& manifest,
+    const std::map<storage::ChunkId, std::string>& chunks, int64_t layer,
+    ops::ResidualStore* store, int64_t sequence_id);
 
 // Policy kv: refills `cache` (any state; it is reset) to the manifest's
 // length with every layer's stored K/V rows from the first position a later

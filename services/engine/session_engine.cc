@@ -14,6 +14,7 @@
 #include "ops/kvdirect/rebuild.h"
 #include "ops/kvdirect/residual_store.h"
 #include "services/engine/session_chunks.h"
+#include "services/engine/streamed_load.h"
 #include "storage/checkpoint/codec.h"
 #include "storage/checkpoint/ownership.h"
 
@@ -623,8 +624,23 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
 absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
     const Key& key, bool create_if_missing, TurnResult* result) {
   const auto& [tenant, session] = key;
-  absl::StatusOr<storage::TieredStore::Loaded> loaded =
-      store_->Load(tenant, session);
+  StreamedLoad load(store_, tenant, session);
+  std::shared_ptr<Active> streamed;
+  if (const v1::SessionManifest* m = load.WaitManifest(); m != nullptr) {
+    streamed = RestoreStreamed(*m, load);
+  }
+  absl::StatusOr<storage::TieredStore::Loaded> loaded = load.Finish();
+  if (streamed != nullptr && loaded.ok() &&
+      loaded->checkpoint->manifest().SerializeAsString() ==
+          streamed->committed.SerializeAsString()) {
+    result->path = StatePath::kRocksDb;
+    absl::MutexLock lock(&mu_);
+    stats_.restores_streamed++;
+    return streamed;
+  }
+  // Not streamed, or the session changed while it was read (then what was
+  // rebuilt is stale): the whole checkpoint decides.
+  streamed.reset();
   std::shared_ptr<const storage::SessionCheckpoint> checkpoint;
   storage::Tier tier = storage::Tier::kRocksDb;
   std::string fallback;  // why the residuals cannot be used, if they cannot
@@ -745,6 +761,60 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
     active->store.Erase(0);
   }
   KVD_RETURN_IF_ERROR(Reprefill(*active));
+  return active;
+}
+
+std::shared_ptr<SessionEngine::Active> SessionEngine::RestoreStreamed(
+    const v1::SessionManifest& m, StreamedLoad& load) {
+  // Only the plain case streams: residual rows of this node's numerics that
+  // it may commit to. Anything else goes the whole-checkpoint way, which
+  // knows the fallbacks and says why.
+  absl::StatusOr<ops::CheckpointPolicy> policy =
+      ops::ParseCheckpointPolicy(m.policy());
+  if (!policy.ok() ||
+      (policy->kind != ops::CheckpointPolicy::Kind::kKvDirect &&
+       policy->kind != ops::CheckpointPolicy::Kind::kStride) ||
+      m.token_count() == 0 || m.length() == 0 || !CheckMayCommit(m).ok() ||
+      !storage::CheckCompatible(m.model(), identity_, m.session_id()).ok() ||
+      !storage::SameNumerics(m.model(), identity_).ok()) {
+    return nullptr;
+  }
+  auto active = std::make_shared<Active>(model_, kv_pool_.get(), *policy,
+                                         options_.hot_budget);
+  active->committed = m;
+  absl::StatusOr<const StreamedLoad::Chunks*> tokens =
+      load.WaitStream(storage::kTokenLayer);
+  if (!tokens.ok() || !RestoreTokens(m, **tokens, &active->tokens).ok()) {
+    return nullptr;
+  }
+  ops::RebuildSpec spec;
+  spec.policy = *policy;
+  spec.tokens = absl::MakeConstSpan(active->tokens).first(m.length());
+  spec.checkpoint = &active->store;
+  spec.budget = active->budget();
+  spec.between_units = [this] { PauseRestore(); };
+  int64_t restored_through = -1;  // a retried rebuild asks again
+  spec.await_layer = [&](int64_t layer) -> absl::Status {
+    if (layer <= restored_through) return absl::OkStatus();
+    // Waiting for the disk needs no model: running sequences go on.
+    absl::Mutex* model_mu = scheduler_->model_mutex();
+    model_mu->Unlock();
+    absl::StatusOr<const StreamedLoad::Chunks*> stream = load.WaitStream(layer);
+    absl::Status restored =
+        stream.ok()
+            ? RestoreResidualLayer(m, **stream, layer, &active->store, 0)
+            : stream.status();
+    model_mu->Lock();
+    if (restored.ok()) restored_through = layer;
+    return restored;
+  };
+  absl::Status rebuilt;
+  do {  // a full pool: idle sessions make room first
+    absl::MutexLock model_lock(scheduler_->model_mutex());
+    rebuilt = ops::RebuildKv(model_, spec, &active->cache, /*cold=*/nullptr);
+  } while (rebuilt.code() == absl::StatusCode::kResourceExhausted &&
+           DemoteOneIdle());
+  if (!rebuilt.ok()) return nullptr;
   return active;
 }
 

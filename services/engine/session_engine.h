@@ -61,6 +61,7 @@
 #include "services/engine/generator.h"
 #include "services/engine/scheduler.h"
 #include "services/engine/session_fence.h"
+#include "services/engine/streamed_load.h"
 #include "storage/tiered/tiered_store.h"
 
 namespace kvd::engine {
@@ -192,6 +193,8 @@ struct EngineStats {
   // Times a restore (rebuild or re-prefill) released the model between two
   // units of work so running sequences could take a step.
   int64_t restore_pauses = 0;
+  // Restores from RocksDB that rebuilt each layer as soon as it was read.
+  int64_t restores_streamed = 0;
   // Turns that found their session frozen (a move) and waited.
   int64_t turns_held_frozen = 0;
   // Replica copies stored (StoreReplica) and adopted by a turn.
@@ -398,6 +401,12 @@ class SessionEngine {
   absl::StatusOr<std::shared_ptr<Active>> Restore(const Key& key,
                                                   bool create_if_missing,
                                                   TurnResult* result);
+  // A residual policy's resume from RocksDB with reading and recomputing
+  // overlapped: layer l's K/V are rebuilt while later layers are still
+  // being read. Null when the session is not such a case or anything fails:
+  // Restore's whole-checkpoint path then decides (and explains) what to do.
+  std::shared_ptr<Active> RestoreStreamed(const v1::SessionManifest& m,
+                                          StreamedLoad& load);
   // OK if the session is stored nowhere; ALREADY_EXISTS (also for a damaged
   // one) if it is. Callers hold the session's lock.
   absl::Status CheckAbsent(const std::string& tenant,

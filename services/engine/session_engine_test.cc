@@ -69,6 +69,9 @@ struct Transcript {
   std::vector<int32_t> tokens;             // every generated token
   std::vector<StatePath> paths;            // per turn
   std::vector<std::string> details;
+  // Per turn, the engine's restores so far that rebuilt layers as they were
+  // read from RocksDB (EngineStats::restores_streamed).
+  std::vector<int64_t> streamed;
 };
 
 struct Variant {
@@ -167,6 +170,7 @@ class SessionEngineTest : public testing::EngineTest {
                        res->generation.tokens.end());
       t->paths.push_back(res->path);
       t->details.push_back(res->path_detail);
+      t->streamed.push_back(engine_->stats().restores_streamed);
     }
     return res;
   }
@@ -251,6 +255,13 @@ TEST_P(SessionEngineTest, EveryResumePathContinuesBitIdentically) {
     const StatePath disk_path =
         v.policy == "tokens" ? StatePath::kReprefill : StatePath::kRocksDb;
     for (int i = 1; i < kTurns; ++i) EXPECT_EQ(restart.paths[i], disk_path);
+    // Residual policies rebuild each layer as it is read (each turn has a
+    // new engine); kv copies and tokens re-prefill, with nothing to overlap.
+    const bool streams = v.policy == "kv-direct" || v.policy == "stride:2";
+    for (int i = 1; i < kTurns; ++i) {
+      EXPECT_EQ(restart.streamed[i], streams ? 1 : 0) << "turn " << i;
+    }
+    for (int i = 1; i < kTurns; ++i) EXPECT_EQ(dram.streamed[i], 0);
     if (v.policy == "tokens") {
       EXPECT_NE(restart.details[1].find("token ids only"), std::string::npos);
     }
@@ -274,6 +285,9 @@ TEST_P(SessionEngineTest, CorruptChunkIsReportedAndReprefilledExactly) {
   EXPECT_EQ(got.paths[1], StatePath::kReprefill);
   EXPECT_NE(got.details[1].find("layer 1"), std::string::npos)
       << got.details[1];
+  // The streamed rebuild met the bad chunk and gave way to the whole path.
+  EXPECT_EQ(got.streamed[1], 0);
+  EXPECT_EQ(got.streamed[2], 1);
   // The re-prefill rewrote every chunk: later restarts read them again.
   EXPECT_EQ(got.paths[2], StatePath::kRocksDb);
   EXPECT_EQ(got.paths[3], StatePath::kRocksDb);

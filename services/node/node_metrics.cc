@@ -28,6 +28,10 @@ void DeclareNodeMetrics(Metrics& m) {
   m.DeclareCounter("kvd_session_restore_pauses_total",
                    "Times a session restore released the model so the "
                    "running batch could take a step.");
+  m.DeclareCounter("kvd_session_restores_streamed_total",
+                   "Restores from RocksDB that rebuilt each layer's K/V as "
+                   "soon as it was read, while later layers were still "
+                   "being read.");
   m.DeclareCounter("kvd_sessions_demoted_total",
                    "Idle sessions whose hot K/V were dropped (their "
                    "checkpoint stays), by reason.");
@@ -74,6 +78,7 @@ void UpdateNodeGauges(NodeRuntime& runtime, Metrics& m) {
   set("kvd_kv_pool_blocks", {{"state", "peak"}}, stats.kv_pool_blocks_peak);
   set("kvd_kv_pool_blocks", {{"state", "total"}}, stats.kv_pool_blocks_total);
   set("kvd_session_restore_pauses_total", {}, stats.restore_pauses);
+  set("kvd_session_restores_streamed_total", {}, stats.restores_streamed);
   set("kvd_kv_pool_block_bytes", {}, stats.kv_pool_block_bytes);
   set("kvd_sessions_demoted_total", {{"reason", "kv_pool_full"}},
       stats.sessions_demoted_for_kv);

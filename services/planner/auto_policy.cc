@@ -63,8 +63,9 @@ absl::StatusOr<AutoPolicy> ChooseCheckpointPolicy(
       RatesAt(cal, config, precision, model.pool()->num_threads(),
               std::min(kBlock, tokens), tokens));
   request.budget_bytes_per_token = options.budget_bytes_per_token;
-  // The engine reads a whole checkpoint before it rebuilds (no streaming
-  // yet), so the plan must not assume the two overlap.
+  // The engine streams residual checkpoints into the rebuild, but reading
+  // costs CPU too: on 2 cores measured resumes overlapped only partly
+  // (docs/PLANNER.md, "Resume: measured"), so plan without the overlap.
   request.overlap_read_and_compute = false;
   for (const ops::CheckpointPolicy& p : DefaultCandidates(config.n_layers)) {
     if (p.kind == ops::CheckpointPolicy::Kind::kKv && !options.kv_candidate)

@@ -88,6 +88,20 @@ void SessionCheckpoint::Reset(v1::SessionManifest manifest,
   }
 }
 
+void ReplayLoad(const SessionCheckpoint& checkpoint, LoadObserver* observer) {
+  observer->OnManifest(checkpoint.manifest());
+  std::map<ChunkId, std::string> stream;
+  for (const auto& [id, value] : checkpoint.chunks()) {
+    if (!stream.empty() && stream.begin()->first.layer != id.layer) {
+      observer->OnStream(stream.begin()->first.layer, stream);
+      stream.clear();
+    }
+    stream.emplace(id, value);
+  }
+  if (!stream.empty()) observer->OnStream(stream.begin()->first.layer, stream);
+  observer->OnEnd(absl::OkStatus());
+}
+
 int64_t SessionCheckpoint::bytes() const {
   return chunk_bytes_ + static_cast<int64_t>(manifest_.ByteSizeLong());
 }

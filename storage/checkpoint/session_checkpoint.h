@@ -88,6 +88,36 @@ class SessionCheckpoint {
   int64_t chunk_bytes_ = 0;
 };
 
+// Watches a checkpoint while a lower tier reads it, one stream at a time (the
+// token ids, then each stored layer in ascending order), so a reader that
+// consumes layers in order can start on the first before the last is read:
+// a streamed resume (services/engine, StreamedLoad).
+//
+// Protocol, for one load: OnManifest once, when the manifest is read; then
+// OnStream per stream the manifest needs chunks of, once every chunk of it
+// has been read and checked as the load checks it; then OnEnd once, with the
+// load's result. A load that fails before its manifest is read calls nothing.
+// The chunks handed to OnStream stay valid and unchanged until OnEnd returns,
+// and the loader lets go of them only then: an observer whose reader is
+// still using them blocks in OnEnd until it is done.
+//
+// Thread-safety: called on the loading thread.
+class LoadObserver {
+ public:
+  virtual ~LoadObserver() = default;
+  virtual void OnManifest(const v1::SessionManifest& manifest) = 0;
+  // `layer` is kTokenLayer or one of the manifest's layers; `chunks` holds
+  // exactly the stream's chunks that the manifest needs.
+  virtual void OnStream(int64_t layer,
+                        const std::map<ChunkId, std::string>& chunks) = 0;
+  virtual void OnEnd(const absl::Status& status) = 0;
+};
+
+// Hands a checkpoint already in memory to `observer` as a load would:
+// manifest, each stream, then OnEnd(OK). For lower tiers that hold whole
+// checkpoints.
+void ReplayLoad(const SessionCheckpoint& checkpoint, LoadObserver* observer);
+
 // `checkpoint`'s token ids alone, as a session whose residual rows are all
 // pending: the manifest keeps its policy and layers but has length 0 (so no
 // residual chunk is needed), first positions 0, and stored_bytes of the

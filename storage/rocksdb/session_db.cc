@@ -1,7 +1,9 @@
 #include "storage/rocksdb/session_db.h"
 
 #include <algorithm>
+#include <deque>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -95,6 +97,15 @@ struct SessionDb::Impl {
   // Why writes stopped, while RocksDB refuses them after finding a damaged
   // file (cleared by the next write that succeeds).
   absl::Status write_failure ABSL_GUARDED_BY(mu);
+
+  // Load's reading of the chunks `needed`, one stream (token ids, then each
+  // layer) per map of `streams`, each handed to `observer` once complete.
+  absl::Status ReadStreams(absl::string_view tenant, absl::string_view session,
+                           const v1::SessionManifest& m,
+                           const rocksdb::Snapshot* snapshot, Parts parts,
+                           const std::map<ChunkId, int64_t>& needed,
+                           const std::string& where, LoadObserver* observer,
+                           std::deque<std::map<ChunkId, std::string>>* streams);
 
   ~Impl() {
     // With the WAL on, closing keeps memtables only in the log, so the next
@@ -731,7 +742,8 @@ absl::StatusOr<v1::SessionManifest> SessionDb::GetManifest(
 
 absl::StatusOr<SessionCheckpoint> SessionDb::Load(absl::string_view tenant,
                                                   absl::string_view session,
-                                                  Parts parts) {
+                                                  Parts parts,
+                                                  LoadObserver* observer) {
   KVD_RETURN_IF_ERROR(ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(ValidateName("session id", session));
   // One snapshot: the manifest and the chunks it accounts for come from the
@@ -767,9 +779,52 @@ absl::StatusOr<SessionCheckpoint> SessionDb::Load(absl::string_view tenant,
 
   const std::string where = absl::StrCat("session ", Name(tenant, session),
                                          " in ", impl_->options.path);
+  if (observer != nullptr) observer->OnManifest(m);
+  // One map per stream (token ids, then each layer), kept apart while an
+  // observer may be reading them and merged once it is done.
+  std::deque<std::map<ChunkId, std::string>> streams;
+  absl::Status read = impl_->ReadStreams(tenant, session, m, snapshot, parts,
+                                         needed, where, observer, &streams);
+  if (observer != nullptr) observer->OnEnd(read);
+  KVD_RETURN_IF_ERROR(read);
+  std::map<ChunkId, std::string> chunks;
+  for (auto& stream : streams) chunks.merge(stream);
+  SessionCheckpoint cp;
+  cp.Reset(m, std::move(chunks));
+  return cp;
+}
+
+absl::Status SessionDb::Impl::ReadStreams(
+    absl::string_view tenant, absl::string_view session,
+    const v1::SessionManifest& m, const rocksdb::Snapshot* snapshot,
+    Parts parts, const std::map<ChunkId, int64_t>& needed,
+    const std::string& where, LoadObserver* observer,
+    std::deque<std::map<ChunkId, std::string>>* streams) {
+  // Streams end in key order: each needed stream below `layer` is complete
+  // once a key of `layer` (or the end) is reached.
+  auto next_needed = needed.begin();
+  auto close_streams_below = [&](int64_t layer) -> absl::Status {
+    while (next_needed != needed.end() && next_needed->first.layer < layer) {
+      const int64_t l = next_needed->first.layer;
+      if (streams->empty() || streams->back().empty() ||
+          streams->back().begin()->first.layer != l) {
+        streams->emplace_back();
+      }
+      for (; next_needed != needed.end() && next_needed->first.layer == l;
+           ++next_needed) {
+        if (streams->back().count(next_needed->first) == 0) {
+          return absl::DataLossError(absl::StrCat(
+              where, ": ", ChunkName(next_needed->first),
+              " is missing although the manifest needs it; delete the session "
+              "and re-import it, or resume from tokens"));
+        }
+      }
+      if (observer != nullptr) observer->OnStream(l, streams->back());
+    }
+    return absl::OkStatus();
+  };
   const std::string prefix = ChunkPrefix(tenant, session);
   const std::string end = PrefixUpperBound(prefix);
-  std::map<ChunkId, std::string> chunks;
   for (Cf cf : {kTokens, kResiduals}) {
     if (cf == kResiduals && parts != Parts::kAll) break;
     rocksdb::ReadOptions r;
@@ -777,8 +832,7 @@ absl::StatusOr<SessionCheckpoint> SessionDb::Load(absl::string_view tenant,
     rocksdb::Slice upper(end);
     r.iterate_upper_bound = &upper;
     r.fill_cache = cf != kResiduals;
-    std::unique_ptr<rocksdb::Iterator> it(
-        impl_->db->NewIterator(r, impl_->cfs[cf]));
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(r, cfs[cf]));
     for (it->Seek(prefix); it->Valid(); it->Next()) {
       auto key =
           ParseChunkKey(absl::string_view(it->key().data(), it->key().size()));
@@ -788,32 +842,27 @@ absl::StatusOr<SessionCheckpoint> SessionDb::Load(absl::string_view tenant,
       }
       auto want = needed.find(key->id);
       if (want == needed.end()) continue;  // beyond the manifest: not trusted
+      KVD_RETURN_IF_ERROR(close_streams_below(key->id.layer));
       const absl::string_view value(it->value().data(), it->value().size());
       KVD_ASSIGN_OR_RETURN(DecodedChunk decoded, DecodeChunk(value, where));
-      KVD_RETURN_IF_ERROR(Impl::CheckLayout(m, key->id, decoded.header, where));
+      KVD_RETURN_IF_ERROR(CheckLayout(m, key->id, decoded.header, where));
       if (decoded.header.rows() < want->second) {
         return absl::DataLossError(absl::StrCat(
             where, ": ", ChunkName(key->id), " holds ", decoded.header.rows(),
             " rows but the manifest needs ", want->second,
             "; delete the session and re-import it, or resume from tokens"));
       }
-      chunks.emplace(key->id, std::string(value));
+      if (streams->empty() || streams->back().empty() ||
+          streams->back().begin()->first.layer != key->id.layer) {
+        streams->emplace_back();
+      }
+      streams->back().emplace(key->id, std::string(value));
     }
-    KVD_RETURN_IF_ERROR(impl_->FromRocks(
-        it->status(),
-        absl::StrCat("reading chunks of ", Name(tenant, session))));
+    KVD_RETURN_IF_ERROR(
+        FromRocks(it->status(),
+                  absl::StrCat("reading chunks of ", Name(tenant, session))));
   }
-  for (const auto& [id, rows] : needed) {
-    if (chunks.count(id) == 0) {
-      return absl::DataLossError(absl::StrCat(
-          where, ": ", ChunkName(id),
-          " is missing although the manifest needs it; delete the session and "
-          "re-import it, or resume from tokens"));
-    }
-  }
-  SessionCheckpoint cp;
-  cp.Reset(m, std::move(chunks));
-  return cp;
+  return close_streams_below(std::numeric_limits<int64_t>::max());
 }
 
 absl::StatusOr<SessionDb::Salvaged> SessionDb::LoadForSalvage(

@@ -130,9 +130,12 @@ class SessionDb {
   // checked (DecodeChunk) and chunks beyond the manifest's lengths are
   // ignored. DATA_LOSS names the tenant, session, layer and chunk index of
   // the first bad chunk, or a chunk the manifest needs but the DB lacks.
+  // `observer`, if given, sees each stream as soon as it is read and checked
+  // (LoadObserver's protocol), the token ids first, then layer by layer.
   absl::StatusOr<SessionCheckpoint> Load(absl::string_view tenant,
                                          absl::string_view session,
-                                         Parts parts = Parts::kAll);
+                                         Parts parts = Parts::kAll,
+                                         LoadObserver* observer = nullptr);
 
   // What a salvage can still export of a session: the whole checkpoint, or,
   // when its residual chunks are damaged or gone (Load says DATA_LOSS), its

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
@@ -360,6 +361,75 @@ TEST_F(SessionDbTest, MissingChunkIsDataLoss) {
   absl::Status st = db_->Load("acme", "chat-1").status();
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(st.message(), HasSubstr("layer 0 chunk 1 is missing"));
+}
+
+// Records what a LoadObserver is told, in order, and checks each stream's
+// chunks while the load still holds them.
+class RecordingObserver : public LoadObserver {
+ public:
+  void OnManifest(const v1::SessionManifest& manifest) override {
+    events.push_back("manifest " + manifest.session_id());
+  }
+  void OnStream(int64_t layer,
+                const std::map<ChunkId, std::string>& chunks) override {
+    events.push_back(absl::StrCat("stream ", layer, " x", chunks.size()));
+    for (const auto& [id, value] : chunks) {
+      EXPECT_EQ(id.layer, layer);
+      streamed[id] = value;
+    }
+  }
+  void OnEnd(const absl::Status& status) override {
+    events.push_back(
+        absl::StrCat("end ", absl::StatusCodeToString(status.code())));
+  }
+  std::vector<std::string> events;
+  std::map<ChunkId, std::string> streamed;
+};
+
+TEST_F(SessionDbTest, ObserverSeesEachStreamInOrderThenTheEnd) {
+  SyntheticSession s(SyntheticSessionOptions{.layers = {0, 2, 5}});
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(7)).ok());
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(3)).ok());
+  RecordingObserver seen;
+  auto cp = db_->Load("acme", "chat-1", SessionDb::Parts::kAll, &seen);
+  ASSERT_TRUE(cp.ok()) << cp.status();
+  // 10 tokens in chunks of 4: three chunks per stream.
+  EXPECT_THAT(seen.events, ::testing::ElementsAre(
+                               "manifest chat-1", "stream -1 x3", "stream 0 x3",
+                               "stream 2 x3", "stream 5 x3", "end OK"));
+  EXPECT_EQ(seen.streamed, cp->chunks());
+}
+
+TEST_F(SessionDbTest, ObserverSeesTheStreamsBeforeAMissingChunkThenTheError) {
+  SyntheticSession s(SyntheticSessionOptions{.layers = {0, 2, 5}});
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(10)).ok());
+  db_.reset();
+  {
+    RawDb raw(options_.path);
+    ASSERT_TRUE(raw.db()
+                    ->Delete(rocksdb::WriteOptions(), raw.cf("residuals"),
+                             ChunkKey("acme", "chat-1", {2, 2}))
+                    .ok());
+  }
+  Reopen();
+  RecordingObserver seen;
+  absl::Status st =
+      db_->Load("acme", "chat-1", SessionDb::Parts::kAll, &seen).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(st.message(), HasSubstr("layer 2 chunk 2 is missing"));
+  // Layer 2's stream never completes, so it is not handed over.
+  EXPECT_THAT(seen.events,
+              ::testing::ElementsAre("manifest chat-1", "stream -1 x3",
+                                     "stream 0 x3", "end DATA_LOSS"));
+}
+
+TEST_F(SessionDbTest, ObserverIsToldNothingWhenTheSessionIsUnknown) {
+  RecordingObserver seen;
+  EXPECT_EQ(db_->Load("acme", "nobody", SessionDb::Parts::kAll, &seen)
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(seen.events.empty());
 }
 
 TEST_F(SessionDbTest, ChunkUnderWrongKeyIsDataLoss) {

@@ -235,8 +235,9 @@ std::shared_ptr<const SessionCheckpoint> DramTier::Get(
   return cp;
 }
 
-absl::StatusOr<DramTier::Loaded> DramTier::GetOrLoad(
-    absl::string_view tenant, absl::string_view session) {
+absl::StatusOr<DramTier::Loaded> DramTier::GetOrLoad(absl::string_view tenant,
+                                                     absl::string_view session,
+                                                     LoadObserver* observer) {
   const Key key(tenant, session);
   Lock lock(mu_);
   if (Entry* e = FindLocked(key)) {
@@ -248,7 +249,8 @@ absl::StatusOr<DramTier::Loaded> DramTier::GetOrLoad(
   ++counters_.misses;
   const uint64_t generation = BeginFillLocked(key);
   lock.unlock();
-  absl::StatusOr<SessionCheckpoint> loaded = lower_->Load(tenant, session);
+  absl::StatusOr<SessionCheckpoint> loaded =
+      lower_->Load(tenant, session, observer);
   lock.lock();
   const bool unchanged = EndFillLocked(key, generation);
   if (!loaded.ok()) return loaded.status();
@@ -325,7 +327,8 @@ absl::Status DramTier::ApplyDirty(const TurnUpdate& update,
   }
   lock.unlock();
   absl::StatusOr<SessionCheckpoint> base =
-      lower_->Load(update.manifest.tenant(), update.manifest.session_id());
+      lower_->Load(update.manifest.tenant(), update.manifest.session_id(),
+                   /*observer=*/nullptr);
   lock.lock();
   if (!base.ok() && !absl::IsNotFound(base.status())) {
     return absl::Status(
@@ -552,7 +555,7 @@ void DramTier::PrefetchLoop() {
     ++prefetches_in_flight_;
     lock.unlock();
     absl::StatusOr<SessionCheckpoint> loaded =
-        lower_->Load(key.first, key.second);
+        lower_->Load(key.first, key.second, /*observer=*/nullptr);
     lock.lock();
     --prefetches_in_flight_;
     const bool unchanged = EndFillLocked(key, generation);

@@ -97,8 +97,12 @@ class DramTier {
   };
   // Get, or on a miss a load from the lower tier whose result is kept
   // (clean). The lower tier's error otherwise (NOT_FOUND, DATA_LOSS, ...).
+  // `observer` sees a load from the lower tier as it happens (LowerTier::Load)
+  // and nothing on a hit. If the session changed while it was read, the
+  // newer copy is returned, not the one the observer saw.
   absl::StatusOr<Loaded> GetOrLoad(absl::string_view tenant,
-                                   absl::string_view session);
+                                   absl::string_view session,
+                                   LoadObserver* observer = nullptr);
 
   // Inserts or replaces a whole session. `dirty`: the lower tier does not
   // have these bytes and must get them before the entry is dropped.

@@ -158,7 +158,7 @@ TEST(DramTierTest, ApplyDirtyBuildsOnTheLowerCopyAndLeavesSnapshotsAlone) {
   EXPECT_TRUE(SameBytes(*dram.Get("t", "s"), Expected({t1, t2, t3})));
   EXPECT_FALSE(lower.Has("t", "x"));
   ASSERT_TRUE(dram.Flush().ok());
-  auto stored = lower.Load("t", "s");
+  auto stored = lower.Load("t", "s", /*observer=*/nullptr);
   ASSERT_TRUE(stored.ok());
   EXPECT_TRUE(SameBytes(*stored, Expected({t1, t2, t3})));
 }

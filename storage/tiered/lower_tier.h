@@ -22,9 +22,11 @@ class LowerTier {
   virtual ~LowerTier() = default;
   // Replaces the stored session with `checkpoint` atomically.
   virtual absl::Status Store(const SessionCheckpoint& checkpoint) = 0;
-  // NOT_FOUND if the session is not stored.
+  // NOT_FOUND if the session is not stored. `observer` (may be null) sees
+  // the load stream by stream (LoadObserver, session_checkpoint.h).
   virtual absl::StatusOr<SessionCheckpoint> Load(absl::string_view tenant,
-                                                 absl::string_view session) = 0;
+                                                 absl::string_view session,
+                                                 LoadObserver* observer) = 0;
 };
 
 }  // namespace kvd::storage

@@ -49,8 +49,9 @@ absl::Status TieredStore::DbTier::Store(const SessionCheckpoint& checkpoint) {
 }
 
 absl::StatusOr<SessionCheckpoint> TieredStore::DbTier::Load(
-    absl::string_view tenant, absl::string_view session) {
-  return db_->Load(tenant, session);
+    absl::string_view tenant, absl::string_view session,
+    LoadObserver* observer) {
+  return db_->Load(tenant, session, SessionDb::Parts::kAll, observer);
 }
 
 absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(
@@ -145,10 +146,12 @@ absl::Status TieredStore::PutSession(SessionCheckpoint checkpoint) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<TieredStore::Loaded> TieredStore::Load(
-    absl::string_view tenant, absl::string_view session) {
+absl::StatusOr<TieredStore::Loaded> TieredStore::Load(absl::string_view tenant,
+                                                      absl::string_view session,
+                                                      LoadObserver* observer) {
   KVD_RETURN_IF_ERROR(ValidateNames(tenant, session));
-  KVD_ASSIGN_OR_RETURN(DramTier::Loaded got, dram_.GetOrLoad(tenant, session));
+  KVD_ASSIGN_OR_RETURN(DramTier::Loaded got,
+                       dram_.GetOrLoad(tenant, session, observer));
   return Loaded{std::move(got.checkpoint),
                 got.from_dram ? Tier::kDram : Tier::kRocksDb};
 }

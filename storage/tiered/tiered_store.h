@@ -91,9 +91,11 @@ class TieredStore {
   };
   // The session's checkpoint, from DRAM if cached, else from RocksDB (then
   // kept in DRAM). INVALID_ARGUMENT for a malformed name, NOT_FOUND,
-  // DATA_LOSS naming the bad chunk.
+  // DATA_LOSS naming the bad chunk. `observer` sees a load from RocksDB
+  // stream by stream as it is read (DramTier::GetOrLoad), nothing on a hit.
   absl::StatusOr<Loaded> Load(absl::string_view tenant,
-                              absl::string_view session);
+                              absl::string_view session,
+                              LoadObserver* observer = nullptr);
 
   // The session's latest committed manifest without loading its chunks:
   // DRAM's copy if cached (kMemory turns may not be in RocksDB yet), else
@@ -138,7 +140,8 @@ class TieredStore {
     explicit DbTier(SessionDb* db) : db_(db) {}
     absl::Status Store(const SessionCheckpoint& checkpoint) override;
     absl::StatusOr<SessionCheckpoint> Load(absl::string_view tenant,
-                                           absl::string_view session) override;
+                                           absl::string_view session,
+                                           LoadObserver* observer) override;
 
    private:
     SessionDb* db_;

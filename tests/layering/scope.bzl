@@ -257,6 +257,8 @@ SCOPE = [
     "//services/engine:session_chunks_test",
     "//services/engine:session_engine",
     "//services/engine:session_engine_test",
+    "//services/engine:streamed_load",
+    "//services/engine:streamed_load_test",
     "//services/migration:directory_fence_for_test",
     "//services/migration:drainer",
     "//services/migration:failover",

@@ -84,15 +84,21 @@ absl::Status InMemoryLowerTierDouble::Store(const SessionCheckpoint& cp) {
 }
 
 absl::StatusOr<SessionCheckpoint> InMemoryLowerTierDouble::Load(
-    absl::string_view tenant, absl::string_view session) {
-  std::unique_lock<std::mutex> lock(mu_);
-  ++loads_;
-  auto it = sessions_.find({std::string(tenant), std::string(session)});
-  if (it == sessions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no session ", tenant, "/", session));
+    absl::string_view tenant, absl::string_view session,
+    LoadObserver* observer) {
+  SessionCheckpoint found;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++loads_;
+    auto it = sessions_.find({std::string(tenant), std::string(session)});
+    if (it == sessions_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("no session ", tenant, "/", session));
+    }
+    found = it->second;
   }
-  return it->second;
+  if (observer != nullptr) ReplayLoad(found, observer);
+  return found;
 }
 
 void InMemoryLowerTierDouble::BlockStores() {

@@ -45,8 +45,10 @@ bool SameBytes(const SessionCheckpoint& a, const SessionCheckpoint& b);
 class InMemoryLowerTierDouble : public LowerTier {
  public:
   absl::Status Store(const SessionCheckpoint& checkpoint) override;
+  // Replays a found session to `observer` (ReplayLoad).
   absl::StatusOr<SessionCheckpoint> Load(absl::string_view tenant,
-                                         absl::string_view session) override;
+                                         absl::string_view session,
+                                         LoadObserver* observer) override;
 
   void BlockStores();
   void UnblockStores();
