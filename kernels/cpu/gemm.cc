@@ -223,6 +223,79 @@ void GroupedGemm(const float* x, int64_t m, int64_t ldx, const WeightView& w,
   pool->ParallelFor(w.rows, run, /*align=*/8);
 }
 
+void GemmShared(const float* x, int64_t m, int64_t ldx,
+                std::initializer_list<GemmOutput> outputs, ThreadPool* pool) {
+  if (m <= 0 || outputs.size() == 0) return;
+  const WeightView& first = outputs.begin()->w;
+  bool shared = true;
+  for (const GemmOutput& o : outputs) {
+    const WeightView& w = o.w;
+    shared = shared && w.type == first.type && w.cols == first.cols &&
+             w.bf16_pairs == first.bf16_pairs &&
+             w.round_to_bf16 == first.round_to_bf16;
+  }
+  if (!shared) {
+    for (const GemmOutput& o : outputs) Gemm(x, m, ldx, o.w, o.y, o.ldy, pool);
+    return;
+  }
+  const bool blocks = first.type == WeightType::kGgmlBlocks;
+  internal::GemmArgs base{x,
+                          m,
+                          ldx,
+                          nullptr,
+                          0,
+                          first.cols,
+                          nullptr,
+                          0,
+                          /*groups=*/1,
+                          first.blocks,
+                          first.round_to_bf16};
+  RangeFn fn = Pick(first.type, m);
+  if (first.bf16_pairs) {
+    assert(first.type == WeightType::kBf16 || (blocks && first.round_to_bf16));
+    const PairPath path = PickPairs(blocks, m);
+    thread_local PairActivations prepared;
+    PreparePairs(x, m, ldx, first.cols, /*groups=*/1, path.layout, pool,
+                 prepared, base);
+    fn = path.fn;
+  }
+  // Each output's rows at an offset rounded up to 8 in one index space, so
+  // the pool's aligned splits fall on 8-row boundaries of every output.
+  struct Part {
+    internal::GemmArgs args;
+    int64_t offset, rows;
+  };
+  std::vector<Part> parts;
+  int64_t total = 0, work = 0;
+  for (const GemmOutput& o : outputs) {
+    const WeightView& w = o.w;
+    assert(!blocks || (IsGemmBlockType(w.blocks) &&
+                       w.cols % PackedBlockSize(w.blocks) == 0 &&
+                       w.stride() % PackedBlockSize(w.blocks) == 0));
+    internal::GemmArgs a = base;
+    a.w = w.data;
+    a.ldw = blocks ? w.row_stride_bytes() : w.stride();
+    a.y = o.y;
+    a.ldy = o.ldy;
+    a.blocks = w.blocks;
+    parts.push_back({a, total, w.rows});
+    total += (w.rows + 7) / 8 * 8;
+    work += m * w.rows * w.cols;
+  }
+  auto run = [&](int64_t begin, int64_t end) {
+    for (const Part& p : parts) {
+      const int64_t b = std::max<int64_t>(begin - p.offset, 0);
+      const int64_t e = std::min<int64_t>(end - p.offset, p.rows);
+      if (b < e) fn(p.args, b, e);
+    }
+  };
+  if (pool == nullptr || pool->num_threads() == 1 || work < kMinParallelWork) {
+    run(0, total);
+    return;
+  }
+  pool->ParallelFor(total, run, /*align=*/8);
+}
+
 int64_t WeightView::bytes_for(int64_t elements) const {
   switch (type) {
     case WeightType::kF32:

@@ -19,6 +19,7 @@
 #define KVD_KERNELS_CPU_GEMM_H_
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/cpu/packed_blocks.h"
 #include "kernels/cpu/thread_pool.h"
@@ -58,6 +59,22 @@ struct WeightView {
 // `pool` may be null (single-threaded).
 void Gemm(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
           int64_t ldy, ThreadPool* pool);
+
+// One output of GemmShared: y[i * ldy + j] = sum_k x[i * ldx + k] * w[j][k].
+struct GemmOutput {
+  WeightView w;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+
+// Several Gemms of one input x, each element exactly the bits Gemm gives:
+// projections that share their input (Q, K and V; the MLP's gate and up).
+// Where the weights agree on type, cols and bf16 handling, the activations
+// are prepared once and one parallel pass covers every output's rows, so a
+// call with few rows pays one fork-join instead of one per weight. Otherwise
+// the Gemms run one after another.
+void GemmShared(const float* x, int64_t m, int64_t ldx,
+                std::initializer_list<GemmOutput> outputs, ThreadPool* pool);
 
 // Gemm with k cut into `groups` equal contiguous slices, each element the
 // canonical dot of every slice added in slice order: the row-parallel

@@ -174,6 +174,97 @@ INSTANTIATE_TEST_SUITE_P(
         Case{GgmlType::kQ6_K, 5, 768, 3}),
     CaseName);
 
+// GemmShared (one input, several weights: Q/K/V, gate/up) gives each
+// output exactly the bits its own Gemm gives, whatever the weights' row
+// counts (not multiples of 8 here), block types (Gemma 3's K and V differ),
+// precision mode, batch height and thread count; weights that cannot share
+// their activations (another type) still get their Gemm's bits.
+TEST(GemmShared, EachOutputHasItsGemmsBits) {
+  struct Weight {
+    GgmlType type;
+    int64_t rows;
+  };
+  const std::vector<std::vector<Weight>> sets = {
+      {{GgmlType::kQ4_1, 37}, {GgmlType::kQ4_1, 19}, {GgmlType::kQ4_1, 19}},
+      {{GgmlType::kQ4_K, 21}, {GgmlType::kQ6_K, 13}},
+      {{GgmlType::kQ8_0, 64}, {GgmlType::kQ4_0, 64}},
+  };
+  enum Mode { kFp32, kBf16Weights, kBf16Pairs };
+  for (const std::vector<Weight>& set : sets) {
+    const int64_t k = set[0].type == GgmlType::kQ4_K ? 512 : 576;
+    std::vector<std::vector<uint8_t>> packed;
+    for (size_t i = 0; i < set.size(); ++i) {
+      packed.push_back(Packed(set[i].type,
+                              RandomBlocks(set[i].type, set[i].rows, k, 20 + i),
+                              set[i].rows, k));
+    }
+    for (const Mode mode : {kFp32, kBf16Weights, kBf16Pairs}) {
+      std::vector<WeightView> views;
+      for (size_t i = 0; i < set.size(); ++i) {
+        WeightView w{WeightType::kGgmlBlocks,
+                     packed[i].data(),
+                     set[i].rows,
+                     k,
+                     0,
+                     set[i].type};
+        w.round_to_bf16 = mode != kFp32;
+        w.bf16_pairs = mode == kBf16Pairs;
+        views.push_back(w);
+      }
+      for (const int64_t m : {1, 4, 5, 37}) {
+        const std::vector<float> x = RandomVector(m * k, 31 + m);
+        for (Isa isa : SupportedIsas()) {
+          IsaGuard guard(isa);
+          for (int threads : {1, 2, 3}) {
+            SCOPED_TRACE(std::string(GgmlTypeName(set[0].type)) + " " +
+                         IsaName(isa) + " mode " + std::to_string(mode) +
+                         " m=" + std::to_string(m) +
+                         " threads=" + std::to_string(threads));
+            ThreadPool pool(threads);
+            std::vector<std::vector<float>> want, got;
+            for (const WeightView& w : views) {
+              want.emplace_back(m * w.rows, std::nanf(""));
+              got.emplace_back(m * w.rows, std::nanf(""));
+              Gemm(x.data(), m, k, w, want.back().data(), w.rows, &pool);
+            }
+            if (views.size() == 3) {
+              GemmShared(x.data(), m, k,
+                         {{views[0], got[0].data(), views[0].rows},
+                          {views[1], got[1].data(), views[1].rows},
+                          {views[2], got[2].data(), views[2].rows}},
+                         &pool);
+            } else {
+              GemmShared(x.data(), m, k,
+                         {{views[0], got[0].data(), views[0].rows},
+                          {views[1], got[1].data(), views[1].rows}},
+                         &pool);
+            }
+            for (size_t i = 0; i < views.size(); ++i)
+              EXPECT_TRUE(SameBits(got[i], want[i])) << "output " << i;
+          }
+        }
+      }
+    }
+  }
+  // A weight of another type: each Gemm on its own, same bits.
+  const std::vector<uint8_t> q =
+      Packed(GgmlType::kQ4_1, RandomBlocks(GgmlType::kQ4_1, 9, 576, 3), 9, 576);
+  const std::vector<float> dense = RandomVector(11 * 576, 5);
+  const WeightView blocks{WeightType::kGgmlBlocks, q.data(), 9, 576, 0,
+                          GgmlType::kQ4_1};
+  const WeightView fp32{WeightType::kF32, dense.data(), 11, 576, 576};
+  const std::vector<float> x = RandomVector(6 * 576, 8);
+  ThreadPool pool(2);
+  std::vector<float> want_a(6 * 9), want_b(6 * 11), got_a(6 * 9, 1.0f),
+      got_b(6 * 11, 1.0f);
+  Gemm(x.data(), 6, 576, blocks, want_a.data(), 9, &pool);
+  Gemm(x.data(), 6, 576, fp32, want_b.data(), 11, &pool);
+  GemmShared(x.data(), 6, 576,
+             {{blocks, got_a.data(), 9}, {fp32, got_b.data(), 11}}, &pool);
+  EXPECT_TRUE(SameBits(got_a, want_a));
+  EXPECT_TRUE(SameBits(got_b, want_b));
+}
+
 TEST(GemmBlocksView, StridedRowsAndColumnSlices) {
   // A view over the middle 64 columns of 128-wide Q8_0 rows.
   const int64_t rows = 6, ld = 128, k = 64;

@@ -244,7 +244,7 @@ absl::Status Model::RunForwardLayers(KvCache* cache, int64_t position,
 
 void Model::KvProjection(int64_t l, const float* h, int64_t m,
                          const float* angles, float* x, float* k, float* v,
-                         cpu::ThreadPool* pool) const {
+                         cpu::ThreadPool* pool, float* q) const {
   const ModelConfig& c = config_;
   const LayerWeights& w = weights_.layers[l];
   const int64_t d = c.d_model, kvd = c.kv_dim(), hd = c.head_dim;
@@ -252,8 +252,16 @@ void Model::KvProjection(int64_t l, const float* h, int64_t m,
   ForRows(pool, m, [&](int64_t r) {
     cpu::RmsNorm(h + r * d, w.attn_norm.data(), c.rms_eps, d, x + r * d);
   });
-  cpu::Gemm(x, m, d, w.wk.view(), k, kvd, pool);
-  cpu::Gemm(x, m, d, w.wv.view(), v, kvd, pool);
+  if (q != nullptr) {
+    cpu::GemmShared(x, m, d,
+                    {{w.wq.view(), q, c.q_dim()},
+                     {w.wk.view(), k, kvd},
+                     {w.wv.view(), v, kvd}},
+                    pool);
+  } else {
+    cpu::GemmShared(x, m, d, {{w.wk.view(), k, kvd}, {w.wv.view(), v, kvd}},
+                    pool);
+  }
   ForRows(pool, m, [&](int64_t r) {
     float* kr = k + r * kvd;
     if (c.qkv_bias) {
@@ -322,8 +330,7 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
   const std::vector<float>& angles = ws.RopeTable(lc.rope_base);
   const int64_t half = c.rope_dim / 2;
   KvProjection(l, h.data(), m, angles.data(), x.data(), k.data(), v.data(),
-               pool);
-  cpu::Gemm(x.data(), m, d, w.wq.view(), q.data(), qd, pool);
+               pool, q.data());
   ForRows(pool, m, [&](int64_t r) {
     float* qr = q.data() + r * qd;
     const float* kr = k.data() + r * kvd;
@@ -432,8 +439,10 @@ void Model::Layer(int64_t l, absl::Span<const SequenceStep> batch,
                  x.data() + r * d);
   });
 
-  cpu::Gemm(x.data(), m, d, w.w_gate.view(), gate.data(), c.d_ff, pool);
-  cpu::Gemm(x.data(), m, d, w.w_up.view(), up.data(), c.d_ff, pool);
+  cpu::GemmShared(x.data(), m, d,
+                  {{w.w_gate.view(), gate.data(), c.d_ff},
+                   {w.w_up.view(), up.data(), c.d_ff}},
+                  pool);
   ForRows(pool, m, [&](int64_t r) {
     float* g = gate.data() + r * c.d_ff;
     const float* u = up.data() + r * c.d_ff;

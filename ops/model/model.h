@@ -174,9 +174,11 @@ class Model final : public ModelBackend {
   // RecomputeKv so the two cannot drift apart: x = RMSNorm_l(h),
   // k = RoPE(k_norm(x W_k + b_k)), v = x W_v + b_v, all fp32, m rows.
   // `angles` holds per row rope_dim / 2 cos then rope_dim / 2 sin values.
+  // `q`, if not null, also gets x W_q (Forward's query projection, before
+  // its bias, norm and RoPE) from the same pass over the weights.
   void KvProjection(int64_t l, const float* h, int64_t m, const float* angles,
                     float* x, float* k, float* v,
-                    kernels::cpu::ThreadPool* pool) const;
+                    kernels::cpu::ThreadPool* pool, float* q = nullptr) const;
   // RecomputeKv's body on caller-owned scratch: K/V rows of `n` residual rows
   // in the cache's dtype, at *k_rows / *v_rows (pointing into `s`).
   void RecomputeRows(int64_t layer, const float* residuals,

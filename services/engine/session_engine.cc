@@ -625,22 +625,25 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
     const Key& key, bool create_if_missing, TurnResult* result) {
   const auto& [tenant, session] = key;
   StreamedLoad load(store_, tenant, session);
-  std::shared_ptr<Active> streamed;
+  absl::StatusOr<std::shared_ptr<Active>> streamed = nullptr;
   if (const v1::SessionManifest* m = load.WaitManifest(); m != nullptr) {
     streamed = RestoreStreamed(*m, load);
   }
   absl::StatusOr<storage::TieredStore::Loaded> loaded = load.Finish();
-  if (streamed != nullptr && loaded.ok() &&
-      loaded->checkpoint->manifest().SerializeAsString() ==
-          streamed->committed.SerializeAsString()) {
+  if (streamed.ok() && *streamed != nullptr && loaded.ok() &&
+      loaded->observed) {
     result->path = StatePath::kRocksDb;
     absl::MutexLock lock(&mu_);
     stats_.restores_streamed++;
     return streamed;
   }
+  // A damaged chunk: the whole-checkpoint path below falls back to the
+  // token ids and says why. Other errors are what it would have met too.
+  if (!streamed.ok() && streamed.status().code() != absl::StatusCode::kDataLoss)
+    return streamed.status();
   // Not streamed, or the session changed while it was read (then what was
   // rebuilt is stale): the whole checkpoint decides.
-  streamed.reset();
+  streamed = nullptr;
   std::shared_ptr<const storage::SessionCheckpoint> checkpoint;
   storage::Tier tier = storage::Tier::kRocksDb;
   std::string fallback;  // why the residuals cannot be used, if they cannot
@@ -764,11 +767,12 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
   return active;
 }
 
-std::shared_ptr<SessionEngine::Active> SessionEngine::RestoreStreamed(
-    const v1::SessionManifest& m, StreamedLoad& load) {
+absl::StatusOr<std::shared_ptr<SessionEngine::Active>>
+SessionEngine::RestoreStreamed(const v1::SessionManifest& m,
+                               StreamedLoad& load) {
   // Only the plain case streams: residual rows of this node's numerics that
-  // it may commit to. Anything else goes the whole-checkpoint way, which
-  // knows the fallbacks and says why.
+  // it may commit to. Anything else goes the whole-checkpoint way (null),
+  // which knows the fallbacks and says why.
   absl::StatusOr<ops::CheckpointPolicy> policy =
       ops::ParseCheckpointPolicy(m.policy());
   if (!policy.ok() ||
@@ -782,11 +786,9 @@ std::shared_ptr<SessionEngine::Active> SessionEngine::RestoreStreamed(
   auto active = std::make_shared<Active>(model_, kv_pool_.get(), *policy,
                                          options_.hot_budget);
   active->committed = m;
-  absl::StatusOr<const StreamedLoad::Chunks*> tokens =
-      load.WaitStream(storage::kTokenLayer);
-  if (!tokens.ok() || !RestoreTokens(m, **tokens, &active->tokens).ok()) {
-    return nullptr;
-  }
+  KVD_ASSIGN_OR_RETURN(const StreamedLoad::Chunks* tokens,
+                       load.WaitStream(storage::kTokenLayer));
+  KVD_RETURN_IF_ERROR(RestoreTokens(m, *tokens, &active->tokens));
   ops::RebuildSpec spec;
   spec.policy = *policy;
   spec.tokens = absl::MakeConstSpan(active->tokens).first(m.length());
@@ -814,7 +816,7 @@ std::shared_ptr<SessionEngine::Active> SessionEngine::RestoreStreamed(
     rebuilt = ops::RebuildKv(model_, spec, &active->cache, /*cold=*/nullptr);
   } while (rebuilt.code() == absl::StatusCode::kResourceExhausted &&
            DemoteOneIdle());
-  if (!rebuilt.ok()) return nullptr;
+  KVD_RETURN_IF_ERROR(rebuilt);
   return active;
 }
 

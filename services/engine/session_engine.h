@@ -403,10 +403,11 @@ class SessionEngine {
                                                   TurnResult* result);
   // A residual policy's resume from RocksDB with reading and recomputing
   // overlapped: layer l's K/V are rebuilt while later layers are still
-  // being read. Null when the session is not such a case or anything fails:
-  // Restore's whole-checkpoint path then decides (and explains) what to do.
-  std::shared_ptr<Active> RestoreStreamed(const v1::SessionManifest& m,
-                                          StreamedLoad& load);
+  // being read. Null when the session is not such a case: Restore's
+  // whole-checkpoint path then decides (and explains) what to do, as it does
+  // after DATA_LOSS (a damaged chunk); other errors are the restore's.
+  absl::StatusOr<std::shared_ptr<Active>> RestoreStreamed(
+      const v1::SessionManifest& m, StreamedLoad& load);
   // OK if the session is stored nowhere; ALREADY_EXISTS (also for a damaged
   // one) if it is. Callers hold the session's lock.
   absl::Status CheckAbsent(const std::string& tenant,

@@ -181,7 +181,10 @@ class SessionEngineTest : public testing::EngineTest {
     FreshDir();
     OpenStore();
     NewEngine(v, identity_);
-    EXPECT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
+    // Labels: a manifest with a map, whose copies need not serialize alike.
+    EXPECT_TRUE(
+        engine_->CreateSession("acme", "chat-1", {{"app", "a"}, {"team", "t"}})
+            .ok());
     Transcript t;
     for (int turn = 0; turn < kTurns; ++turn) {
       if (turn > 0 && between) between();

@@ -14,7 +14,11 @@
 // A DRAM hit streams nothing (WaitManifest returns null) and Finish returns
 // the checkpoint, as TieredStore::Load would. What was streamed is what
 // storage read; if the session changed meanwhile, Finish returns the newer
-// copy (DramTier::GetOrLoad), so a caller compares manifests.
+// copy (DramTier::GetOrLoad) with Loaded::observed false.
+//
+// Until Finish the loader holds its RocksDB snapshot and every chunk read,
+// and the DRAM tier gets the checkpoint only then: another Load of the same
+// session meanwhile reads RocksDB again.
 //
 // Thread-safety: one caller thread, besides the loader. The streams stay
 // valid until Finish, which the destructor calls if the caller did not.

@@ -1,5 +1,6 @@
 #include "storage/checkpoint/session_checkpoint.h"
 
+#include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -90,15 +91,19 @@ void SessionCheckpoint::Reset(v1::SessionManifest manifest,
 
 void ReplayLoad(const SessionCheckpoint& checkpoint, LoadObserver* observer) {
   observer->OnManifest(checkpoint.manifest());
-  std::map<ChunkId, std::string> stream;
+  // Every stream handed over stays as it was until OnEnd returns.
+  std::deque<std::map<ChunkId, std::string>> streams;
   for (const auto& [id, value] : checkpoint.chunks()) {
-    if (!stream.empty() && stream.begin()->first.layer != id.layer) {
-      observer->OnStream(stream.begin()->first.layer, stream);
-      stream.clear();
+    if (!streams.empty() && streams.back().begin()->first.layer != id.layer) {
+      observer->OnStream(streams.back().begin()->first.layer, streams.back());
+      streams.emplace_back();
     }
-    stream.emplace(id, value);
+    if (streams.empty()) streams.emplace_back();
+    streams.back().emplace(id, value);
   }
-  if (!stream.empty()) observer->OnStream(stream.begin()->first.layer, stream);
+  if (!streams.empty() && !streams.back().empty()) {
+    observer->OnStream(streams.back().begin()->first.layer, streams.back());
+  }
   observer->OnEnd(absl::OkStatus());
 }
 

@@ -3,7 +3,10 @@
 // nothing.
 #include "storage/checkpoint/session_checkpoint.h"
 
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -87,6 +90,44 @@ TEST(SessionCheckpoint, ResetReplacesEverything) {
             5 + static_cast<int64_t>(Manifest("s", 4).ByteSizeLong()));
   cp.Reset(Manifest("s", 0), {});
   EXPECT_TRUE(cp.chunks().empty());
+}
+
+// ReplayLoad keeps LoadObserver's promise: every stream handed over still
+// holds its chunks, unchanged, when OnEnd is called.
+TEST(SessionCheckpoint, ReplayLoadKeepsEveryStreamUntilTheEnd) {
+  class Keeper : public LoadObserver {
+   public:
+    void OnManifest(const v1::SessionManifest& m) override {
+      events.push_back("manifest " + m.session_id());
+    }
+    void OnStream(int64_t layer,
+                  const std::map<ChunkId, std::string>& chunks) override {
+      events.push_back("stream " + std::to_string(layer));
+      held.emplace_back(layer, &chunks);
+      copies.push_back(chunks);
+    }
+    void OnEnd(const absl::Status& status) override {
+      events.push_back("end " + std::string(status.ok() ? "OK" : "error"));
+      for (size_t i = 0; i < held.size(); ++i) {
+        EXPECT_EQ(*held[i].second, copies[i]) << "stream " << held[i].first;
+        for (const auto& [id, value] : *held[i].second)
+          EXPECT_EQ(id.layer, held[i].first);
+      }
+    }
+    std::vector<std::string> events;
+    std::vector<std::pair<int64_t, const std::map<ChunkId, std::string>*>> held;
+    std::vector<std::map<ChunkId, std::string>> copies;
+  } keeper;
+  SessionCheckpoint cp;
+  cp.Reset(Manifest("s", 5), {{ChunkId{kTokenLayer, 0}, "t0"},
+                              {ChunkId{kTokenLayer, 1}, "t1"},
+                              {ChunkId{0, 0}, "a"},
+                              {ChunkId{0, 1}, "b"},
+                              {ChunkId{3, 0}, "c"}});
+  ReplayLoad(cp, &keeper);
+  EXPECT_THAT(keeper.events,
+              ::testing::ElementsAre("manifest s", "stream -1", "stream 0",
+                                     "stream 3", "end OK"));
 }
 
 }  // namespace

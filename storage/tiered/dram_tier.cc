@@ -256,14 +256,14 @@ absl::StatusOr<DramTier::Loaded> DramTier::GetOrLoad(absl::string_view tenant,
   if (!loaded.ok()) return loaded.status();
   if (!unchanged) {
     // Changed while we read it; what DRAM has now is newer than `loaded`.
-    if (Entry* e = FindLocked(key)) return Loaded{e->checkpoint, false};
+    if (Entry* e = FindLocked(key)) return Loaded{e->checkpoint, false, false};
   }
   auto cp = std::make_shared<SessionCheckpoint>(*std::move(loaded));
   if (unchanged && !entries_.contains(key) && !pending_.contains(key)) {
     InsertLocked(key, cp, /*dirty=*/false);
     EvictLocked(lock);
   }
-  return Loaded{std::move(cp), false};
+  return Loaded{std::move(cp), false, observer != nullptr};
 }
 
 void DramTier::Put(SessionCheckpoint checkpoint, bool dirty) {

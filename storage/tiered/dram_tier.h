@@ -94,12 +94,16 @@ class DramTier {
   struct Loaded {
     std::shared_ptr<const SessionCheckpoint> checkpoint;
     bool from_dram = false;  // false: loaded from the lower tier just now
+    // The checkpoint is the one GetOrLoad's observer saw streamed (not a
+    // newer copy that replaced it while it was read).
+    bool observed = false;
   };
   // Get, or on a miss a load from the lower tier whose result is kept
   // (clean). The lower tier's error otherwise (NOT_FOUND, DATA_LOSS, ...).
   // `observer` sees a load from the lower tier as it happens (LowerTier::Load)
   // and nothing on a hit. If the session changed while it was read, the
-  // newer copy is returned, not the one the observer saw.
+  // newer copy is returned, not the one the observer saw (`observed` says
+  // which).
   absl::StatusOr<Loaded> GetOrLoad(absl::string_view tenant,
                                    absl::string_view session,
                                    LoadObserver* observer = nullptr);

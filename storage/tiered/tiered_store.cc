@@ -153,7 +153,7 @@ absl::StatusOr<TieredStore::Loaded> TieredStore::Load(absl::string_view tenant,
   KVD_ASSIGN_OR_RETURN(DramTier::Loaded got,
                        dram_.GetOrLoad(tenant, session, observer));
   return Loaded{std::move(got.checkpoint),
-                got.from_dram ? Tier::kDram : Tier::kRocksDb};
+                got.from_dram ? Tier::kDram : Tier::kRocksDb, got.observed};
 }
 
 absl::StatusOr<v1::SessionManifest> TieredStore::GetManifest(

@@ -88,6 +88,9 @@ class TieredStore {
   struct Loaded {
     std::shared_ptr<const SessionCheckpoint> checkpoint;  // never null
     Tier tier = Tier::kDram;                              // where it came from
+    // The checkpoint is the one Load's observer saw streamed
+    // (DramTier::Loaded::observed).
+    bool observed = false;
   };
   // The session's checkpoint, from DRAM if cached, else from RocksDB (then
   // kept in DRAM). INVALID_ARGUMENT for a malformed name, NOT_FOUND,
