@@ -313,56 +313,6 @@ TEST_F(SessionDbTest, QuotaBytesFallsBackToTheDefault) {
   EXPECT_EQ(db_->TenantBytes("globex"), 0);
 }
 
-TEST_F(SessionDbTest, FlippedResidualByteIsReportedByChunk) {
-  SyntheticSession s;
-  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(7)).ok());
-  db_.reset();
-  {
-    RawDb raw(options_.path);
-    const std::string key = ChunkKey("acme", "chat-1", {2, 1});
-    std::string value;
-    ASSERT_TRUE(
-        raw.db()
-            ->Get(rocksdb::ReadOptions(), raw.cf("residuals"), key, &value)
-            .ok());
-    value[value.size() - 3] ^= 0x04;  // inside the payload
-    ASSERT_TRUE(
-        raw.db()
-            ->Put(rocksdb::WriteOptions(), raw.cf("residuals"), key, value)
-            .ok());
-  }
-  Reopen();
-  auto cp = db_->Load("acme", "chat-1");
-  ASSERT_FALSE(cp.ok());
-  EXPECT_EQ(cp.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(cp.status().message(), HasSubstr("session acme/chat-1"));
-  EXPECT_THAT(cp.status().message(), HasSubstr("layer 2 chunk 1"));
-  EXPECT_THAT(cp.status().message(), HasSubstr("CRC32C"));
-  // Tokens are intact, so the engine can re-prefill.
-  auto tokens =
-      db_->Load("acme", "chat-1", SessionDb::Parts::kManifestAndTokens);
-  ASSERT_TRUE(tokens.ok()) << tokens.status();
-  EXPECT_EQ(tokens->chunks().size(), 2u);
-}
-
-TEST_F(SessionDbTest, MissingChunkIsDataLoss) {
-  SyntheticSession s;
-  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(7)).ok());
-  db_.reset();
-  {
-    RawDb raw(options_.path);
-    auto* res = raw.cf("residuals");
-    ASSERT_TRUE(raw.db()
-                    ->Delete(rocksdb::WriteOptions(), res,
-                             ChunkKey("acme", "chat-1", {0, 1}))
-                    .ok());
-  }
-  Reopen();
-  absl::Status st = db_->Load("acme", "chat-1").status();
-  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(st.message(), HasSubstr("layer 0 chunk 1 is missing"));
-}
-
 // Records what a LoadObserver is told, in order, and checks each stream's
 // chunks while the load still holds them.
 class RecordingObserver : public LoadObserver {
@@ -385,6 +335,65 @@ class RecordingObserver : public LoadObserver {
   std::vector<std::string> events;
   std::map<ChunkId, std::string> streamed;
 };
+
+TEST_F(SessionDbTest, FlippedResidualByteIsReportedByChunk) {
+  SyntheticSession s;
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(7)).ok());
+  db_.reset();
+  {
+    RawDb raw(options_.path);
+    const std::string key = ChunkKey("acme", "chat-1", {2, 1});
+    std::string value;
+    ASSERT_TRUE(
+        raw.db()
+            ->Get(rocksdb::ReadOptions(), raw.cf("residuals"), key, &value)
+            .ok());
+    value[value.size() - 3] ^= 0x04;  // inside the payload
+    ASSERT_TRUE(
+        raw.db()
+            ->Put(rocksdb::WriteOptions(), raw.cf("residuals"), key, value)
+            .ok());
+  }
+  Reopen();
+  RecordingObserver seen;
+  auto cp = db_->Load("acme", "chat-1", SessionDb::Parts::kAll, &seen);
+  ASSERT_FALSE(cp.ok());
+  EXPECT_EQ(cp.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(cp.status().message(), HasSubstr("session acme/chat-1"));
+  EXPECT_THAT(cp.status().message(), HasSubstr("layer 2 chunk 1"));
+  EXPECT_THAT(cp.status().message(), HasSubstr("CRC32C"));
+  // An observer got the streams read before the bad chunk, then the error.
+  EXPECT_THAT(seen.events,
+              ::testing::ElementsAre("manifest chat-1", "stream -1 x2",
+                                     "stream 0 x2", "end DATA_LOSS"));
+  // Tokens are intact, so the engine can re-prefill.
+  RecordingObserver tokens_seen;
+  auto tokens = db_->Load("acme", "chat-1",
+                          SessionDb::Parts::kManifestAndTokens, &tokens_seen);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(tokens->chunks().size(), 2u);
+  EXPECT_THAT(
+      tokens_seen.events,
+      ::testing::ElementsAre("manifest chat-1", "stream -1 x2", "end OK"));
+}
+
+TEST_F(SessionDbTest, MissingChunkIsDataLoss) {
+  SyntheticSession s;
+  ASSERT_TRUE(db_->CommitTurn(s.AppendTurn(7)).ok());
+  db_.reset();
+  {
+    RawDb raw(options_.path);
+    auto* res = raw.cf("residuals");
+    ASSERT_TRUE(raw.db()
+                    ->Delete(rocksdb::WriteOptions(), res,
+                             ChunkKey("acme", "chat-1", {0, 1}))
+                    .ok());
+  }
+  Reopen();
+  absl::Status st = db_->Load("acme", "chat-1").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(st.message(), HasSubstr("layer 0 chunk 1 is missing"));
+}
 
 TEST_F(SessionDbTest, ObserverSeesEachStreamInOrderThenTheEnd) {
   SyntheticSession s(SyntheticSessionOptions{.layers = {0, 2, 5}});
