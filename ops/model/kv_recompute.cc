@@ -93,18 +93,9 @@ void Model::RecomputeRows(int64_t layer, const float* residuals,
   s.x.resize(n * c.d_model);
   s.k.resize(n * kvd);
   s.v.resize(n * kvd);
-  auto angles = [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      float* cos = s.angles.data() + r * 2 * half;
-      cpu::RopeAngles(positions[r], c.layers[layer].rope_base, c.rope_dim, cos,
-                      cos + half);
-    }
-  };
-  if (pool != nullptr && n >= 64) {
-    pool->ParallelFor(n, angles);
-  } else {
-    angles(0, n);
-  }
+  // RopeAngles's values, kept by position: every layer asks again.
+  rope_angles_.Angles(c.layers[layer].rope_base, c.rope_dim, positions, n,
+                      s.angles.data());
   KvProjection(layer, residuals, n, s.angles.data(), s.x.data(), s.k.data(),
                s.v.data(), pool);
   // The dtype conversion KvCache::WriteKey/WriteValue apply.

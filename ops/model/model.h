@@ -35,6 +35,7 @@
 #include "ops/model/kv_cache.h"
 #include "ops/model/model_backend.h"
 #include "ops/model/model_config.h"
+#include "ops/model/rope_angle_cache.h"
 #include "ops/model/shard_reducer.h"
 #include "ops/model/weights.h"
 
@@ -229,6 +230,9 @@ class Model final : public ModelBackend {
   // FAILED_PRECONDITION naming `what` once ReleaseWeights ran.
   absl::Status CheckWeights(const char* what) const;
   std::unique_ptr<kernels::cpu::ThreadPool> pool_;
+  // RoPE angles by position, kept across calls: RecomputeKv asks for the same
+  // positions at every layer.
+  mutable RopeAngleCache rope_angles_;
   // Tensor parallelism (ShardOf): groups of this shard; null reducer = the
   // whole model in one process.
   int64_t shard_index_ = 0;

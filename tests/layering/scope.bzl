@@ -186,6 +186,8 @@ SCOPE = [
     "//ops/model:model_test",
     "//ops/model:paged_kv_cache_test",
     "//ops/model:residual_patching_test",
+    "//ops/model:rope_angle_cache",
+    "//ops/model:rope_angle_cache_test",
     "//ops/model:shard_recompute_benchmark",
     "//ops/model:shard_test",
     "//ops/model:tiny_model",
