@@ -93,9 +93,18 @@ void Model::RecomputeRows(int64_t layer, const float* residuals,
   s.x.resize(n * c.d_model);
   s.k.resize(n * kvd);
   s.v.resize(n * kvd);
-  // RopeAngles's values, kept by position: every layer asks again.
-  rope_angles_.Angles(c.layers[layer].rope_base, c.rope_dim, positions, n,
-                      s.angles.data());
+  // RopeAngles's values, kept by position: every layer asks again. Rows
+  // past the table's cap are computed, so large calls still share them out.
+  auto angles = [&](int64_t begin, int64_t end) {
+    rope_angles_.Angles(c.layers[layer].rope_base, c.rope_dim,
+                        positions + begin, end - begin,
+                        s.angles.data() + begin * 2 * half);
+  };
+  if (pool != nullptr && n >= 64) {
+    pool->ParallelFor(n, angles);
+  } else {
+    angles(0, n);
+  }
   KvProjection(layer, residuals, n, s.angles.data(), s.x.data(), s.k.data(),
                s.v.data(), pool);
   // The dtype conversion KvCache::WriteKey/WriteValue apply.
