@@ -187,57 +187,19 @@ void Gemm(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
   GroupedGemm(x, m, ldx, w, /*groups=*/1, y, ldy, pool);
 }
 
-void GroupedGemm(const float* x, int64_t m, int64_t ldx, const WeightView& w,
-                 int64_t groups, float* y, int64_t ldy, ThreadPool* pool) {
-  assert(groups >= 1 && w.cols % groups == 0);
-  if (m <= 0 || w.rows <= 0) return;
-  const bool blocks = w.type == WeightType::kGgmlBlocks;
-  assert(!blocks || (IsGemmBlockType(w.blocks) &&
-                     w.cols % PackedBlockSize(w.blocks) == 0 &&
-                     w.stride() % PackedBlockSize(w.blocks) == 0));
-  internal::GemmArgs args{x,
-                          m,
-                          ldx,
-                          w.data,
-                          blocks ? w.row_stride_bytes() : w.stride(),
-                          w.cols,
-                          y,
-                          ldy,
-                          groups,
-                          w.blocks,
-                          w.round_to_bf16};
-  RangeFn fn = Pick(w.type, m);
-  if (w.bf16_pairs) {
-    assert(w.type == WeightType::kBf16 || (blocks && w.round_to_bf16));
-    const PairPath path = PickPairs(blocks, m);
-    thread_local PairActivations prepared;
-    PreparePairs(x, m, ldx, w.cols, groups, path.layout, pool, prepared, args);
-    fn = path.fn;
-  }
-  auto run = [&](int64_t begin, int64_t end) { fn(args, begin, end); };
-  if (pool == nullptr || pool->num_threads() == 1 ||
-      m * w.rows * w.cols < kMinParallelWork) {
-    run(0, w.rows);
-    return;
-  }
-  pool->ParallelFor(w.rows, run, /*align=*/8);
-}
+namespace {
 
-void GemmShared(const float* x, int64_t m, int64_t ldx,
-                std::initializer_list<GemmOutput> outputs, ThreadPool* pool) {
-  if (m <= 0 || outputs.size() == 0) return;
-  const WeightView& first = outputs.begin()->w;
-  bool shared = true;
-  for (const GemmOutput& o : outputs) {
-    const WeightView& w = o.w;
-    shared = shared && w.type == first.type && w.cols == first.cols &&
-             w.bf16_pairs == first.bf16_pairs &&
-             w.round_to_bf16 == first.round_to_bf16;
-  }
-  if (!shared) {
-    for (const GemmOutput& o : outputs) Gemm(x, m, ldx, o.w, o.y, o.ldy, pool);
-    return;
-  }
+// Outputs one shared pass takes (no allocation on the per-Gemm path).
+constexpr size_t kMaxSharedOutputs = 4;
+
+// The Gemms of one input over weights that agree on type, cols and bf16
+// handling: the activations prepared once, and one parallel pass over every
+// output's rows, each output at an offset rounded up to 8 in one index space
+// so the pool's aligned splits fall on 8-row boundaries of every output.
+void SharedPass(const float* x, int64_t m, int64_t ldx, int64_t groups,
+                const GemmOutput* outputs, size_t n_outputs, ThreadPool* pool) {
+  const WeightView& first = outputs[0].w;
+  assert(groups >= 1 && first.cols % groups == 0);
   const bool blocks = first.type == WeightType::kGgmlBlocks;
   internal::GemmArgs base{x,
                           m,
@@ -247,7 +209,7 @@ void GemmShared(const float* x, int64_t m, int64_t ldx,
                           first.cols,
                           nullptr,
                           0,
-                          /*groups=*/1,
+                          groups,
                           first.blocks,
                           first.round_to_bf16};
   RangeFn fn = Pick(first.type, m);
@@ -255,35 +217,35 @@ void GemmShared(const float* x, int64_t m, int64_t ldx,
     assert(first.type == WeightType::kBf16 || (blocks && first.round_to_bf16));
     const PairPath path = PickPairs(blocks, m);
     thread_local PairActivations prepared;
-    PreparePairs(x, m, ldx, first.cols, /*groups=*/1, path.layout, pool,
-                 prepared, base);
+    PreparePairs(x, m, ldx, first.cols, groups, path.layout, pool, prepared,
+                 base);
     fn = path.fn;
   }
-  // Each output's rows at an offset rounded up to 8 in one index space, so
-  // the pool's aligned splits fall on 8-row boundaries of every output.
   struct Part {
     internal::GemmArgs args;
     int64_t offset, rows;
   };
-  std::vector<Part> parts;
+  assert(n_outputs <= kMaxSharedOutputs);
+  Part parts[kMaxSharedOutputs];
   int64_t total = 0, work = 0;
-  for (const GemmOutput& o : outputs) {
-    const WeightView& w = o.w;
+  for (size_t o = 0; o < n_outputs; ++o) {
+    const WeightView& w = outputs[o].w;
     assert(!blocks || (IsGemmBlockType(w.blocks) &&
                        w.cols % PackedBlockSize(w.blocks) == 0 &&
                        w.stride() % PackedBlockSize(w.blocks) == 0));
     internal::GemmArgs a = base;
     a.w = w.data;
     a.ldw = blocks ? w.row_stride_bytes() : w.stride();
-    a.y = o.y;
-    a.ldy = o.ldy;
+    a.y = outputs[o].y;
+    a.ldy = outputs[o].ldy;
     a.blocks = w.blocks;
-    parts.push_back({a, total, w.rows});
+    parts[o] = {a, total, w.rows};
     total += (w.rows + 7) / 8 * 8;
     work += m * w.rows * w.cols;
   }
   auto run = [&](int64_t begin, int64_t end) {
-    for (const Part& p : parts) {
+    for (size_t o = 0; o < n_outputs; ++o) {
+      const Part& p = parts[o];
       const int64_t b = std::max<int64_t>(begin - p.offset, 0);
       const int64_t e = std::min<int64_t>(end - p.offset, p.rows);
       if (b < e) fn(p.args, b, e);
@@ -294,6 +256,32 @@ void GemmShared(const float* x, int64_t m, int64_t ldx,
     return;
   }
   pool->ParallelFor(total, run, /*align=*/8);
+}
+
+}  // namespace
+
+void GroupedGemm(const float* x, int64_t m, int64_t ldx, const WeightView& w,
+                 int64_t groups, float* y, int64_t ldy, ThreadPool* pool) {
+  if (m <= 0 || w.rows <= 0) return;
+  const GemmOutput output{w, y, ldy};
+  SharedPass(x, m, ldx, groups, &output, 1, pool);
+}
+
+void GemmShared(const float* x, int64_t m, int64_t ldx,
+                std::initializer_list<GemmOutput> outputs, ThreadPool* pool) {
+  if (m <= 0 || outputs.size() == 0) return;
+  const WeightView& first = outputs.begin()->w;
+  bool shared = true;
+  for (const GemmOutput& o : outputs) {
+    shared = shared && o.w.type == first.type && o.w.cols == first.cols &&
+             o.w.bf16_pairs == first.bf16_pairs &&
+             o.w.round_to_bf16 == first.round_to_bf16;
+  }
+  if (!shared || outputs.size() > kMaxSharedOutputs) {
+    for (const GemmOutput& o : outputs) Gemm(x, m, ldx, o.w, o.y, o.ldy, pool);
+    return;
+  }
+  SharedPass(x, m, ldx, /*groups=*/1, outputs.begin(), outputs.size(), pool);
 }
 
 int64_t WeightView::bytes_for(int64_t elements) const {

@@ -29,18 +29,36 @@ constexpr int kTurnTokens[] = {40, 35, 33};
 constexpr int kReplies[] = {60, 60, 64};
 constexpr int kCutTurns = 2;
 
-class Rebuild : public ::testing::TestWithParam<Case> {};
+class Rebuild : public ::testing::TestWithParam<Case> {
+ protected:
+  // The parameter's family with segments of stride:2 and stride:4 that do
+  // not divide the depth; gemma3 gets 5 local layers and a global one.
+  void SetUp() override {
+    testing::TinyModelSpec spec;
+    spec.family = GetParam().family;
+    spec.n_layers = spec.family == "gemma3" ? 6 : 5;
+    absl::StatusOr<std::unique_ptr<Model>> loaded =
+        testing::LoadTinyModel(spec, GetParam().precision);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    model_ = *std::move(loaded);
+  }
+
+  // `policy`'s checkpoint of one forward pass over `tokens` (sequence kSeq).
+  ResidualStore Checkpoint(const CheckpointPolicy& policy,
+                           const std::vector<int32_t>& tokens) const {
+    ResidualStore store = testing::NewStore(*model_, policy);
+    KvCache cache = model_->NewCache();
+    SequenceStep step{&cache, tokens, LogitsMode::kNone, kSeq};
+    ForwardOutput out;
+    EXPECT_TRUE(model_->Forward({&step, 1}, &out, &store).ok());
+    return store;
+  }
+
+  std::unique_ptr<Model> model_;
+};
 
 TEST_P(Rebuild, ContinuedDecodingIsBitIdenticalForEveryPolicyAndBudget) {
-  testing::TinyModelSpec spec;
-  spec.family = GetParam().family;
-  // Segments of stride:2 and stride:4 that do not divide the depth; gemma3
-  // gets 5 local layers and a global one.
-  spec.n_layers = spec.family == "gemma3" ? 6 : 5;
-  absl::StatusOr<std::unique_ptr<Model>> loaded =
-      testing::LoadTinyModel(spec, GetParam().precision);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  const Model& model = **loaded;
+  const Model& model = *model_;
   const ModelConfig& c = model.config();
 
   const std::vector<std::string> policies = {"kv-direct", "stride:2",
@@ -179,13 +197,7 @@ TEST_P(Rebuild, RejectsWhatCannotBeRebuilt) {
 // runs another sequence's forward pass at every pause, and the rebuilt K/V
 // rows and cold residuals equal those of a rebuild without a hook.
 TEST_P(Rebuild, PausingBetweenUnitsChangesNoByte) {
-  testing::TinyModelSpec spec;
-  spec.family = GetParam().family;
-  spec.n_layers = spec.family == "gemma3" ? 6 : 5;
-  absl::StatusOr<std::unique_ptr<Model>> loaded =
-      testing::LoadTinyModel(spec, GetParam().precision);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  const Model& model = **loaded;
+  const Model& model = *model_;
   const ModelConfig& c = model.config();
   const std::vector<int32_t> tokens =
       testing::RandomTokens(230, /*seed=*/7, c.vocab_size);
@@ -195,13 +207,7 @@ TEST_P(Rebuild, PausingBetweenUnitsChangesNoByte) {
 
   for (const std::string name : {"kv-direct", "stride:2", "tokens"}) {
     const CheckpointPolicy policy = *ParseCheckpointPolicy(name);
-    ResidualStore checkpoint = testing::NewStore(model, policy);
-    {
-      KvCache cache = model.NewCache();
-      SequenceStep step{&cache, tokens, LogitsMode::kNone, kSeq};
-      ForwardOutput out;
-      ASSERT_TRUE(model.Forward({&step, 1}, &out, &checkpoint).ok());
-    }
+    ResidualStore checkpoint = Checkpoint(policy, tokens);
     for (int64_t budget : {int64_t{40}, ResidualKvSource::kAll}) {
       SCOPED_TRACE(name + " budget " + std::to_string(budget));
       RebuildSpec rs;
@@ -245,7 +251,7 @@ TEST_P(Rebuild, PausingBetweenUnitsChangesNoByte) {
         EXPECT_EQ(pauses, blocks - 1);
       }
       if (name == "kv-direct" && budget == ResidualKvSource::kAll &&
-          spec.family != "gemma3") {
+          GetParam().family != "gemma3") {
         EXPECT_EQ(pauses, c.n_layers * blocks - 1);
       }
 
@@ -284,13 +290,7 @@ TEST_P(Rebuild, PausingBetweenUnitsChangesNoByte) {
 // A streamed resume: the checkpoint gets each layer only when the rebuild
 // asks for it (await_layer), and the rebuilt rows are the same bytes.
 TEST_P(Rebuild, ACheckpointFilledLayerByLayerGivesTheSameBytes) {
-  testing::TinyModelSpec spec;
-  spec.family = GetParam().family;
-  spec.n_layers = spec.family == "gemma3" ? 6 : 5;
-  absl::StatusOr<std::unique_ptr<Model>> loaded =
-      testing::LoadTinyModel(spec, GetParam().precision);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  const Model& model = **loaded;
+  const Model& model = *model_;
   const ModelConfig& c = model.config();
   const std::vector<int32_t> tokens =
       testing::RandomTokens(230, /*seed=*/9, c.vocab_size);
@@ -298,13 +298,7 @@ TEST_P(Rebuild, ACheckpointFilledLayerByLayerGivesTheSameBytes) {
 
   for (const std::string name : {"kv-direct", "stride:2", "stride:4"}) {
     const CheckpointPolicy policy = *ParseCheckpointPolicy(name);
-    ResidualStore whole = testing::NewStore(model, policy);
-    {
-      KvCache cache = model.NewCache();
-      SequenceStep step{&cache, tokens, LogitsMode::kNone, kSeq};
-      ForwardOutput out;
-      ASSERT_TRUE(model.Forward({&step, 1}, &out, &whole).ok());
-    }
+    ResidualStore whole = Checkpoint(policy, tokens);
     TrimToWindows(c, policy, kSeq, length, &whole);
     // The layers a rebuild reads, in order.
     std::vector<int64_t> reads;

@@ -10,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/checkpoint/testing/recording_observer.h"
 
 namespace kvd::storage {
 namespace {
@@ -92,42 +93,21 @@ TEST(SessionCheckpoint, ResetReplacesEverything) {
   EXPECT_TRUE(cp.chunks().empty());
 }
 
-// ReplayLoad keeps LoadObserver's promise: every stream handed over still
-// holds its chunks, unchanged, when OnEnd is called.
+// ReplayLoad keeps LoadObserver's promise (RecordingObserver checks at
+// OnEnd that every stream still holds its chunks).
 TEST(SessionCheckpoint, ReplayLoadKeepsEveryStreamUntilTheEnd) {
-  class Keeper : public LoadObserver {
-   public:
-    void OnManifest(const v1::SessionManifest& m) override {
-      events.push_back("manifest " + m.session_id());
-    }
-    void OnStream(int64_t layer,
-                  const std::map<ChunkId, std::string>& chunks) override {
-      events.push_back("stream " + std::to_string(layer));
-      held.emplace_back(layer, &chunks);
-      copies.push_back(chunks);
-    }
-    void OnEnd(const absl::Status& status) override {
-      events.push_back("end " + std::string(status.ok() ? "OK" : "error"));
-      for (size_t i = 0; i < held.size(); ++i) {
-        EXPECT_EQ(*held[i].second, copies[i]) << "stream " << held[i].first;
-        for (const auto& [id, value] : *held[i].second)
-          EXPECT_EQ(id.layer, held[i].first);
-      }
-    }
-    std::vector<std::string> events;
-    std::vector<std::pair<int64_t, const std::map<ChunkId, std::string>*>> held;
-    std::vector<std::map<ChunkId, std::string>> copies;
-  } keeper;
+  testing::RecordingObserver seen;
   SessionCheckpoint cp;
   cp.Reset(Manifest("s", 5), {{ChunkId{kTokenLayer, 0}, "t0"},
                               {ChunkId{kTokenLayer, 1}, "t1"},
                               {ChunkId{0, 0}, "a"},
                               {ChunkId{0, 1}, "b"},
                               {ChunkId{3, 0}, "c"}});
-  ReplayLoad(cp, &keeper);
-  EXPECT_THAT(keeper.events,
-              ::testing::ElementsAre("manifest s", "stream -1", "stream 0",
-                                     "stream 3", "end OK"));
+  ReplayLoad(cp, &seen);
+  EXPECT_THAT(seen.events,
+              ::testing::ElementsAre("manifest s", "stream -1 x2",
+                                     "stream 0 x2", "stream 3 x1", "end OK"));
+  EXPECT_EQ(seen.streamed, cp.chunks());
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "storage/checkpoint/codec.h"
 #include "storage/checkpoint/ownership.h"
 #include "storage/checkpoint/session_file.h"
+#include "storage/checkpoint/testing/recording_observer.h"
 #include "storage/rocksdb/disk_full.h"
 #include "storage/rocksdb/keys.h"
 #include "storage/rocksdb/session_db_test_util.h"
@@ -28,6 +29,7 @@
 namespace kvd::storage {
 namespace {
 
+using ::kvd::storage::testing::RecordingObserver;
 using ::kvd::storage::testing::SyntheticSession;
 using ::kvd::storage::testing::SyntheticSessionOptions;
 using ::testing::HasSubstr;
@@ -312,29 +314,6 @@ TEST_F(SessionDbTest, QuotaBytesFallsBackToTheDefault) {
   EXPECT_EQ(db_->QuotaBytes("globex"), 7000);
   EXPECT_EQ(db_->TenantBytes("globex"), 0);
 }
-
-// Records what a LoadObserver is told, in order, and checks each stream's
-// chunks while the load still holds them.
-class RecordingObserver : public LoadObserver {
- public:
-  void OnManifest(const v1::SessionManifest& manifest) override {
-    events.push_back("manifest " + manifest.session_id());
-  }
-  void OnStream(int64_t layer,
-                const std::map<ChunkId, std::string>& chunks) override {
-    events.push_back(absl::StrCat("stream ", layer, " x", chunks.size()));
-    for (const auto& [id, value] : chunks) {
-      EXPECT_EQ(id.layer, layer);
-      streamed[id] = value;
-    }
-  }
-  void OnEnd(const absl::Status& status) override {
-    events.push_back(
-        absl::StrCat("end ", absl::StatusCodeToString(status.code())));
-  }
-  std::vector<std::string> events;
-  std::map<ChunkId, std::string> streamed;
-};
 
 TEST_F(SessionDbTest, FlippedResidualByteIsReportedByChunk) {
   SyntheticSession s;

@@ -334,6 +334,7 @@ SCOPE = [
     "//storage/checkpoint:crc32c_test",
     "//storage/checkpoint:ownership",
     "//storage/checkpoint:ownership_test",
+    "//storage/checkpoint:recording_observer",
     "//storage/checkpoint:session_checkpoint",
     "//storage/checkpoint:session_checkpoint_test",
     "//storage/checkpoint:session_file",
