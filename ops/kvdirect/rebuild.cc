@@ -15,14 +15,15 @@ using Kind = CheckpointPolicy::Kind;
 // Calls the spec's between_units hook before every unit but the first.
 class Units {
  public:
-  explicit Units(const std::function<void()>& between) : between_(between) {}
-  void Next() {
-    if (started_ && between_) between_();
+  explicit Units(const std::function<void(const RebuildUnit&)>& between)
+      : between_(between) {}
+  void Next(const RebuildUnit& unit) {
+    if (started_ && between_) between_(unit);
     started_ = true;
   }
 
  private:
-  const std::function<void()>& between_;
+  const std::function<void(const RebuildUnit&)>& between_;
   bool started_ = false;
 };
 
@@ -101,8 +102,8 @@ absl::Status RecomputeHot(const ModelBackend& model, const RebuildSpec& spec,
     cache->DropBelow(l, first);
     KVD_RETURN_IF_ERROR(cache->ReserveLayer(l, length));
     for (int64_t p = first; p < length; p += spec.block) {
-      units.Next();
       const int64_t n = std::min(spec.block, length - p);
+      units.Next({.rows = n, .kv_layers = 1});
       h.resize(n * c.d_model);
       KVD_RETURN_IF_ERROR(
           spec.checkpoint->ReadRows(spec.sequence_id, l, p, n, h.data()));
@@ -149,8 +150,8 @@ absl::Status PrefillSegments(const ModelBackend& model, const RebuildSpec& spec,
     // from its own checkpoint, and the final residual feeds only logits.
     const int64_t tail = e - 1;
     for (int64_t p = start; p < length; p += spec.block) {
-      units.Next();
       const int64_t n = std::min(spec.block, length - p);
+      units.Next({.rows = n, .full_layers = e - s});
       h.resize(n * c.d_model);
       KVD_RETURN_IF_ERROR(
           spec.checkpoint->ReadRows(spec.sequence_id, s, p, n, h.data()));
@@ -179,8 +180,8 @@ absl::Status Prefill(const ModelBackend& model, const RebuildSpec& spec,
                      ResidualStore* cold, Units& units) {
   ForwardOutput out;
   for (int64_t p = 0; p < length; p += spec.block) {
-    units.Next();
     const int64_t n = std::min(spec.block, length - p);
+    units.Next({.rows = n, .full_layers = model.config().n_layers});
     const SequenceStep step{cache, spec.tokens.subspan(p, n), LogitsMode::kNone,
                             spec.sequence_id};
     KVD_RETURN_IF_ERROR(model.Forward({&step, 1}, &out, cold));
@@ -191,6 +192,14 @@ absl::Status Prefill(const ModelBackend& model, const RebuildSpec& spec,
 }
 
 }  // namespace
+
+double RebuildUnit::PromptTokens(const ModelConfig& c) const {
+  const double d = c.d_model;
+  const double kv = 2 * d * c.kv_dim();
+  const double layer = kv + 2 * d * c.q_dim() + 3 * d * c.d_ff;
+  if (c.n_layers <= 0 || layer <= 0) return 0;
+  return rows * (kv_layers * kv + full_layers * layer) / (c.n_layers * layer);
+}
 
 absl::Status RebuildKv(const ModelBackend& model, const RebuildSpec& spec,
                        KvCache* cache, ResidualStore* cold_residuals) {

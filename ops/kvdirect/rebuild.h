@@ -52,6 +52,19 @@
 
 namespace kvd::ops {
 
+// The work of one unit of a rebuild, for a caller that budgets it.
+struct RebuildUnit {
+  int64_t rows = 0;         // positions the unit runs
+  int64_t kv_layers = 0;    // layers whose K/V it only projects (kv-direct)
+  int64_t full_layers = 0;  // layers it runs in full (stride:k, tokens)
+
+  // The unit's multiply-adds in prompt tokens of a full forward pass (every
+  // layer's projections and MLP; attention and logits left out), the unit a
+  // scheduler's per-step prefill budget counts in. A kv-direct row of one
+  // SmolLM2-135M layer is about 1/340 of a prompt token.
+  double PromptTokens(const ModelConfig& config) const;
+};
+
 struct RebuildSpec {
   CheckpointPolicy policy;
   // Every token of the sequence, in order; the rebuilt cache's length.
@@ -67,13 +80,15 @@ struct RebuildSpec {
   // memory; the bits do not depend on it.
   int64_t block = 256;
   // Optional. Called on the calling thread between two units of work, never
-  // before the first or after the last. A unit is one block of `block`
-  // positions of one layer (kv-direct), of one segment's layers (stride:k)
-  // or of the whole model (tokens). The engine releases the model's mutex
-  // here so running sequences can take a step. The hook must not touch the
-  // cache or the stores being rebuilt; the bits never depend on it (units
-  // run in the same order with the same inputs whether or not it pauses).
-  std::function<void()> between_units;
+  // before the first or after the last, with the size of the unit about to
+  // run. A unit is one block of `block` positions of one layer (kv-direct),
+  // of one segment's layers (stride:k) or of the whole model (tokens). The
+  // engine's scheduler lets running sequences take a step here once the
+  // restore has spent its share of the step (RebuildUnit::PromptTokens).
+  // The hook must not touch the cache or the stores being rebuilt; the bits
+  // never depend on it (units run in the same order with the same inputs
+  // whether or not it pauses).
+  std::function<void(const RebuildUnit& next)> between_units;
   // Optional, for a checkpoint that fills in while the rebuild runs (a
   // streamed resume reads layer l + 1 from disk while layer l is rebuilt).
   // Called on the calling thread, once for each checkpointed layer the

@@ -229,7 +229,7 @@ TEST_P(Rebuild, PausingBetweenUnitsChangesNoByte) {
           testing::RandomTokens(64, /*seed=*/8, c.vocab_size);
       int64_t pauses = 0;
       absl::Status other_status;
-      rs.between_units = [&] {
+      rs.between_units = [&](const RebuildUnit&) {
         const SequenceStep s{&other,
                              absl::MakeConstSpan(other_tokens)
                                  .subspan(pauses % other_tokens.size(), 1),

@@ -84,18 +84,70 @@ SchedulerStats Scheduler::stats() const {
   return s;
 }
 
-void Scheduler::WaitForNextStep() const {
+struct Scheduler::Restore {
+  RestoreJob job;
+  bool done = false;  // guarded by the scheduler's mu_
+  absl::Status status;
+};
+
+absl::Status Scheduler::RunRestore(RestoreJob job) {
+  Restore restore{std::move(job)};
   absl::MutexLock lock(&mu_);
-  // A step that takes model_mu_ after this call: one already holding it (or
-  // past it) does not count, so the caller's release of model_mu_ really
-  // lets a new Forward run.
-  const int64_t target = steps_started_ + 1;
-  // Evaluated by the mutex whenever mu_ is released (every step's stats
-  // update, every finished sequence, stop), so no signal can be missed.
-  auto stepped = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_ || running_count_ == 0 || stats_.steps >= target;
-  };
-  mu_.Await(absl::Condition(&stepped));
+  if (stop_) {
+    return absl::UnavailableError(
+        "the engine is shutting down; retry on another node");
+  }
+  restores_.push_back(&restore);
+  work_cv_.Signal();
+  mu_.Await(absl::Condition(&restore.done));
+  return restore.status;
+}
+
+void Scheduler::RunRestoreJob(Restore& restore) {
+  // A job's first unit is not charged by BeforeUnit: jobs queued back to
+  // back still let the batch step once the budget is spent.
+  if (restore_spent_ >= options_.restore_tokens_per_step)
+    StepBatch(/*restore_pause=*/false);
+  RestoreContext context(this);
+  absl::Status status = restore.job(context);
+  absl::MutexLock lock(&mu_);
+  stats_.restores++;
+  restore.status = std::move(status);
+  restore.done = true;
+}
+
+void Scheduler::RestoreContext::BeforeUnit(double cost) {
+  Scheduler& s = *scheduler_;
+  if (s.restore_spent_ + cost > s.options_.restore_tokens_per_step)
+    s.StepBatch(/*restore_pause=*/true);
+  s.restore_spent_ += cost;
+  absl::MutexLock lock(&s.mu_);
+  s.stats_.restore_tokens += cost;
+}
+
+void Scheduler::RestoreContext::Idle(absl::Duration max_wait) {
+  Scheduler& s = *scheduler_;
+  if (s.StepBatch(/*restore_pause=*/true)) return;
+  absl::MutexLock lock(&s.mu_);
+  // Woken early by a new sequence (the next Idle admits it) or by stop.
+  s.work_cv_.WaitWithTimeout(&s.mu_, max_wait);
+}
+
+bool Scheduler::StepBatch(bool restore_pause) {
+  Admit(running_);
+  restore_spent_ = 0;
+  if (running_.empty()) return false;
+  if (restore_pause) {
+    // Counted before the step, so the step's callbacks see it.
+    absl::MutexLock lock(&mu_);
+    stats_.restore_pauses++;
+  }
+  Step(running_);
+  running_.erase(
+      std::remove_if(running_.begin(), running_.end(),
+                     [](const std::shared_ptr<Job>& j) { return j->closed; }),
+      running_.end());
+  return true;
 }
 
 absl::StatusOr<GenerateResult> Scheduler::Run(const ops::Tokenizer& tokenizer,
@@ -176,30 +228,44 @@ void Scheduler::FinishJob(Job& job, absl::Status status) {
 }
 
 void Scheduler::Loop() {
-  std::vector<std::shared_ptr<Job>> running;
+  std::deque<Restore*> unrun;
   while (true) {
+    Restore* restore = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      while (!stop_ && running.empty() && waiting_.empty()) work_cv_.Wait(&mu_);
+      while (!stop_ && running_.empty() && waiting_.empty() &&
+             restores_.empty()) {
+        work_cv_.Wait(&mu_);
+      }
       if (stop_) {
-        running.insert(running.end(), waiting_.begin(), waiting_.end());
+        running_.insert(running_.end(), waiting_.begin(), waiting_.end());
         waiting_.clear();
+        unrun.swap(restores_);
         break;
       }
+      if (!restores_.empty()) {
+        restore = restores_.front();
+        restores_.pop_front();
+      }
     }
-    Admit(running);
-    if (running.empty()) continue;  // a refused prompt; look again
-    Step(running);
-    running.erase(
-        std::remove_if(running.begin(), running.end(),
-                       [](const std::shared_ptr<Job>& j) { return j->closed; }),
-        running.end());
+    if (restore != nullptr) {
+      RunRestoreJob(*restore);
+    } else {
+      StepBatch(/*restore_pause=*/false);
+    }
   }
-  for (const std::shared_ptr<Job>& job : running) {
+  for (const std::shared_ptr<Job>& job : running_) {
     job->seq->Cancel();
     FinishJob(*job, absl::UnavailableError(
                         "the engine shut down before the request finished; "
                         "nothing of it was kept"));
+  }
+  running_.clear();
+  absl::MutexLock lock(&mu_);
+  for (Restore* restore : unrun) {
+    restore->status = absl::UnavailableError(
+        "the engine shut down before the session was restored");
+    restore->done = true;
   }
 }
 
@@ -331,14 +397,7 @@ void Scheduler::Step(std::vector<std::shared_ptr<Job>>& running) {
   if (!steps.empty()) {
     ops::ForwardOutput out;
     absl::Status status;
-    {
-      absl::MutexLock lock(&model_mu_);
-      {
-        absl::MutexLock stats_lock(&mu_);
-        steps_started_++;  // paired with stats_.steps below
-      }
-      status = model_.Forward(steps, &out, mux.any() ? &mux : nullptr);
-    }
+    status = model_.Forward(steps, &out, mux.any() ? &mux : nullptr);
     // A full pool: free idle blocks elsewhere, else fail the youngest member
     // (its cache emptied, so its blocks go back) and retry without it. The
     // refused Forward touched no cache, so the others' bits are unaffected.
@@ -360,7 +419,6 @@ void Scheduler::Step(std::vector<std::shared_ptr<Job>>& running) {
         mux.routes.pop_back();
         if (steps.empty()) break;
       }
-      absl::MutexLock lock(&model_mu_);
       status = model_.Forward(steps, &out, mux.any() ? &mux : nullptr);
     }
     if (steps.empty()) {
@@ -379,11 +437,8 @@ void Scheduler::Step(std::vector<std::shared_ptr<Job>>& running) {
         one.routes.push_back(mux.routes[i]);
         ops::SequenceStep step = steps[i];
         step.sequence_id = 0;
-        absl::Status s;
-        {
-          absl::MutexLock lock(&model_mu_);
-          s = model_.Forward({&step, 1}, &out, one.any() ? &one : nullptr);
-        }
+        const absl::Status s =
+            model_.Forward({&step, 1}, &out, one.any() ? &one : nullptr);
         if (!s.ok()) {
           FinishJob(*members[i], s);
           continue;

@@ -29,18 +29,29 @@
 //   KVD_ASSIGN_OR_RETURN(GenerateResult r,
 //                        scheduler.Run(tokenizer, request, &cache, on_delta));
 //
-// Threads: Run blocks its caller until the sequence finishes; `on_delta` is
-// called on the caller's thread (a slow client never stalls the batch), while
-// the request's `on_logits` and `cancelled` are called on the scheduler thread
-// and must be quick. Any other use of the model (restoring a session) must
-// hold model_mutex(), which the scheduler holds while Forward runs, only for a
-// bounded unit of work at a time: between units it releases the mutex and calls
-// WaitForNextStep(), so running sequences keep decoding while a long restore
-// proceeds:
-//   for (each unit) {
-//     { absl::MutexLock lock(scheduler.model_mutex()); RunUnit(); }
-//     scheduler.WaitForNextStep();
-//   }
+// Restores are scheduler work too: one thread drives the model. A session
+// coming back (K/V recomputed from residuals, a partial or full re-prefill)
+// is a job given to RunRestore; the scheduler thread runs it between
+// Forward steps, and the job reports each unit of work it is about to run
+// (RestoreContext::BeforeUnit, in prompt-token equivalents). Restore units
+// share a per-iteration budget (restore_tokens_per_step) like prefill
+// chunks do: once a job has spent it, the running sequences take one step
+// before the job goes on. A K/V recompute is cheap in those units (a 1,000-
+// token SmolLM2 session is about 90 prompt tokens of work), so a returning
+// user's restore usually finishes within one or two steps instead of being
+// paced at one unit per step:
+//   scheduler.RunRestore([&](Scheduler::RestoreContext& ctx) {
+//     spec.between_units = [&](const ops::RebuildUnit& u) {
+//       ctx.BeforeUnit(u.PromptTokens(model.config()));
+//     };
+//     return ops::RebuildKv(model, spec, &cache, nullptr);
+//   });
+//
+// Threads: Run and RunRestore block their caller until the work is done;
+// `on_delta` is called on the caller's thread (a slow client never stalls the
+// batch), while the request's `on_logits` and `cancelled`, and restore jobs,
+// run on the scheduler thread. Nothing else may use the model while the
+// scheduler exists.
 // All methods are thread-safe.
 #ifndef KVD_SERVICES_ENGINE_SCHEDULER_H_
 #define KVD_SERVICES_ENGINE_SCHEDULER_H_
@@ -57,6 +68,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "ops/model/model_backend.h"
 #include "ops/tokenizer/tokenizer.h"
@@ -91,6 +103,11 @@ struct SchedulerOptions {
   // Same thread and locking as reclaim_kv. Optional: without it reclaim_kv
   // is always tried.
   std::function<int64_t()> reclaimable_kv_blocks;
+  // Restore work (RunRestore) per iteration while sequences are running, in
+  // prompt-token equivalents (ops::RebuildUnit::PromptTokens), on top of
+  // prefill_tokens_per_step. A job always runs at least one unit between two
+  // steps, and runs unpaced when nothing else is running.
+  int64_t restore_tokens_per_step = 256;
 };
 
 struct SchedulerStats {
@@ -101,6 +118,10 @@ struct SchedulerStats {
   int64_t prefill_tokens = 0;       // prompt tokens run so far
   int64_t rejected = 0;             // Run calls refused with RESOURCE_EXHAUSTED
   int64_t max_batch_sequences = 0;  // largest batch so far
+  int64_t restores = 0;             // restore jobs run so far
+  // Steps the batch took in the middle of a restore job (its budget spent).
+  int64_t restore_pauses = 0;
+  double restore_tokens = 0;  // restore work run, prompt-token equivalents
 };
 
 class Scheduler {
@@ -139,22 +160,43 @@ class Scheduler {
   SchedulerStats stats() const;
   const SchedulerOptions& options() const { return options_; }
 
-  // Held by the scheduler thread while Forward runs; hold it for any other
-  // use of the model's thread pool (ThreadPool::ParallelFor is single-caller),
-  // one bounded unit of work at a time (see WaitForNextStep).
-  absl::Mutex* model_mutex() const { return &model_mu_; }
+  // Given to a restore job (RunRestore); valid while the job runs, on the
+  // scheduler thread only.
+  class RestoreContext {
+   public:
+    // Call before each unit of the job's work but the first, with its cost
+    // in prompt-token equivalents: when the unit would overrun the
+    // iteration's restore budget, the running sequences (and any waiting
+    // ones it can admit) take one step first.
+    void BeforeUnit(double cost);
+    // Call while the job waits for something outside the model (a
+    // checkpoint layer still being read): lets the batch take a step if any
+    // sequence is running, else waits up to `max_wait` for work to arrive.
+    void Idle(absl::Duration max_wait);
 
-  // Blocks until a Forward step that took model_mutex() after this call has
-  // finished, so work that shares the model (a restore between its units)
-  // lets the running sequences advance instead of stalling them. Returns at
-  // once when no sequence is running, and as soon as none is or the
-  // scheduler is stopping. The caller must not hold model_mutex() (the step
-  // needs it).
-  void WaitForNextStep() const;
+   private:
+    friend class Scheduler;
+    explicit RestoreContext(Scheduler* s) : scheduler_(s) {}
+    Scheduler* scheduler_;
+  };
+  using RestoreJob = std::function<absl::Status(RestoreContext&)>;
+  // Runs `job` on the scheduler thread, between Forward steps, and returns
+  // its status. Jobs run one at a time, in arrival order, ahead of waiting
+  // sequences (a returning user's turn waits for its restore). UNAVAILABLE
+  // if the scheduler is shutting down (the job did not run). The job may
+  // use the model freely but must not call Run or RunRestore.
+  absl::Status RunRestore(RestoreJob job);
 
  private:
   struct Job;
+  struct Restore;
   void Loop();
+  // Runs one restore job to its end (scheduler thread).
+  void RunRestoreJob(Restore& restore);
+  // Admits what it can and, if anything is running, takes one step
+  // (scheduler thread); true if a step ran. `restore_pause`: the step lets
+  // a restore job's batch go on (SchedulerStats::restore_pauses).
+  bool StepBatch(bool restore_pause);
   // Moves waiting jobs into `running` (FIFO) while there is room and, with a
   // pool, blocks for their prompts, demoting idle sessions only when that
   // can make room; fails a prompt that cannot fit even with nothing running
@@ -177,17 +219,17 @@ class Scheduler {
   const ops::ModelBackend& model_;
   const SchedulerOptions options_;
 
-  mutable absl::Mutex model_mu_;
   mutable absl::Mutex mu_;
-  absl::CondVar work_cv_;  // signalled when a job arrives or stop_ is set
+  absl::CondVar work_cv_;  // signalled when work arrives or stop_ is set
   std::deque<std::shared_ptr<Job>> waiting_ ABSL_GUARDED_BY(mu_);
+  std::deque<Restore*> restores_ ABSL_GUARDED_BY(mu_);
   int64_t running_count_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   SchedulerStats stats_ ABSL_GUARDED_BY(mu_);
-  // Steps whose first Forward took model_mu_; stats_.steps counts them again
-  // when they finish (WaitForNextStep waits for one that starts later).
-  // Lock order: model_mu_, then mu_.
-  int64_t steps_started_ ABSL_GUARDED_BY(mu_) = 0;
+  // Scheduler thread only: the batch, and the restore work run since its
+  // last step.
+  std::vector<std::shared_ptr<Job>> running_;
+  double restore_spent_ = 0;
   std::thread thread_;  // last: starts after everything above exists
 };
 

@@ -7,8 +7,8 @@
 // logits at every step, the same tokens and the same streamed text. Also:
 // cancelling one sequence mid-batch leaves the others' bits alone and commits
 // nothing; the queue bound refuses with RESOURCE_EXHAUSTED; the K/V byte
-// budget demotes least recently used sessions; WaitForNextStep returns only
-// after a step that started once the model mutex was released.
+// budget demotes least recently used sessions; restore jobs run on the
+// scheduler thread and let the batch step once per restore budget.
 #include "services/engine/scheduler.h"
 
 #include <atomic>
@@ -358,17 +358,39 @@ TEST_P(SchedulerTest, KvByteBudgetDemotesLeastRecentlyUsedSessions) {
   EXPECT_EQ(r->path, StatePath::kDram);
 }
 
-// WaitForNextStep (what a restore calls between its units) returns at once
-// with nothing running, and otherwise only after a step that took the model
-// mutex after the call: each pause of the holder lets the batch advance.
-TEST_P(SchedulerTest, WaitForNextStepWaitsForAFreshStep) {
+// A restore job runs on the scheduler thread, unpaced when nothing else
+// runs, and returns its own status.
+TEST_P(SchedulerTest, RestoreJobRunsAloneUnpaced) {
   Scheduler scheduler(*model_, {});
-  scheduler.WaitForNextStep();  // nothing running: must not block
-  EXPECT_EQ(scheduler.stats().steps, 0);
+  int units = 0;
+  absl::Status status =
+      scheduler.RunRestore([&](Scheduler::RestoreContext& context) {
+        for (int i = 0; i < 10; ++i) {
+          if (i > 0) context.BeforeUnit(1000);  // far over the budget
+          units++;
+        }
+        return absl::DataLossError("the job's own error");
+      });
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(units, 10);
+  const SchedulerStats stats = scheduler.stats();
+  EXPECT_EQ(stats.restores, 1);
+  EXPECT_EQ(stats.restore_pauses, 0);
+  EXPECT_EQ(stats.steps, 0);
+  EXPECT_EQ(stats.restore_tokens, 9000);
+}
 
+// With a sequence running, a job's units share each iteration's restore
+// budget: once a unit would overrun it, the batch takes exactly one step
+// first. Budget 10, units of 4 (the first one uncharged): a step before the
+// 3rd, 5th, ... charged unit, 14 in 30.
+TEST_P(SchedulerTest, RestoreJobLetsTheBatchStepOncePerBudget) {
+  SchedulerOptions o;
+  o.restore_tokens_per_step = 10;
+  Scheduler scheduler(*model_, o);
   std::atomic<bool> stop{false};
   GenerateRequest g = Request(0);
-  g.max_tokens = 3000;  // far more steps than the pauses below
+  g.max_tokens = 3000;  // far more steps than the job's pauses
   g.ignore_eos = true;
   g.cancelled = [&] { return stop.load(); };
   ops::KvCache cache = model_->NewCache();
@@ -377,21 +399,36 @@ TEST_P(SchedulerTest, WaitForNextStepWaitsForAFreshStep) {
     result = scheduler.Run(*tokenizer_, g, &cache, [](const GenerateDelta&) {});
   });
   while (scheduler.stats().steps < 1) absl::SleepFor(absl::Milliseconds(1));
-  for (int pause = 0; pause < 20; ++pause) {
-    int64_t before = 0;
-    {
-      // A unit of someone else's work: no step can start meanwhile.
-      absl::MutexLock lock(scheduler.model_mutex());
-      before = scheduler.stats().steps;
-    }
-    scheduler.WaitForNextStep();
-    EXPECT_GE(scheduler.stats().steps, before + 1) << "pause " << pause;
-  }
+  int64_t steps_before = 0, steps_after = 0;
+  ASSERT_TRUE(scheduler
+                  .RunRestore([&](Scheduler::RestoreContext& context) {
+                    steps_before = scheduler.stats().steps;
+                    for (int i = 0; i < 30; ++i) context.BeforeUnit(4);
+                    steps_after = scheduler.stats().steps;
+                    return absl::OkStatus();
+                  })
+                  .ok());
   stop = true;
   t.join();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->finish_reason, FinishReason::kCancelled);
-  scheduler.WaitForNextStep();  // finished: returns at once again
+  EXPECT_EQ(steps_after - steps_before, 14);
+  EXPECT_EQ(scheduler.stats().restore_pauses, 14);
+}
+
+// Idle with nothing running waits (up to its bound) instead of spinning;
+// with a sequence running it lets the batch step.
+TEST_P(SchedulerTest, RestoreJobIdleStepsTheBatchOrWaits) {
+  Scheduler scheduler(*model_, {});
+  ASSERT_TRUE(scheduler
+                  .RunRestore([&](Scheduler::RestoreContext& context) {
+                    const absl::Time start = absl::Now();
+                    context.Idle(absl::Milliseconds(20));
+                    EXPECT_GE(absl::Now() - start, absl::Milliseconds(15));
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  EXPECT_EQ(scheduler.stats().steps, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, SchedulerTest,

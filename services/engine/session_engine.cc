@@ -735,16 +735,19 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
       spec.tokens = absl::MakeConstSpan(active->tokens).first(m.length());
       spec.checkpoint = &active->store;
       spec.budget = active->budget();
-      spec.between_units = [this] { PauseRestore(); };
-      absl::Status rebuilt;
-      do {  // a full pool: idle sessions make room first
-        // Held per unit of the rebuild only (PauseRestore releases it).
-        absl::MutexLock model_lock(scheduler_->model_mutex());
-        rebuilt =
-            ops::RebuildKv(model_, spec, &active->cache, /*cold=*/nullptr);
-      } while (rebuilt.code() == absl::StatusCode::kResourceExhausted &&
-               DemoteOneIdle());
-      KVD_RETURN_IF_ERROR(rebuilt);
+      KVD_RETURN_IF_ERROR(
+          scheduler_->RunRestore([&](Scheduler::RestoreContext& context) {
+            spec.between_units = [&](const ops::RebuildUnit& unit) {
+              context.BeforeUnit(unit.PromptTokens(model_.config()));
+            };
+            absl::Status rebuilt;
+            do {  // a full pool: idle sessions make room first
+              rebuilt = ops::RebuildKv(model_, spec, &active->cache,
+                                       /*cold=*/nullptr);
+            } while (rebuilt.code() == absl::StatusCode::kResourceExhausted &&
+                     DemoteOneIdle());
+            return rebuilt;
+          }));
       return active;
     }
     if (restored.code() != absl::StatusCode::kDataLoss) return restored;
@@ -794,73 +797,65 @@ SessionEngine::RestoreStreamed(const v1::SessionManifest& m,
   spec.tokens = absl::MakeConstSpan(active->tokens).first(m.length());
   spec.checkpoint = &active->store;
   spec.budget = active->budget();
-  spec.between_units = [this] { PauseRestore(); };
   int64_t restored_through = -1;  // a retried rebuild asks again
-  spec.await_layer = [&](int64_t layer) -> absl::Status {
-    if (layer <= restored_through) return absl::OkStatus();
-    // Waiting for the disk needs no model: running sequences go on.
-    absl::Mutex* model_mu = scheduler_->model_mutex();
-    model_mu->Unlock();
-    absl::StatusOr<const StreamedLoad::Chunks*> stream = load.WaitStream(layer);
-    absl::Status restored =
-        stream.ok()
-            ? RestoreResidualLayer(m, **stream, layer, &active->store, 0)
-            : stream.status();
-    model_mu->Lock();
-    if (restored.ok()) restored_through = layer;
-    return restored;
-  };
-  absl::Status rebuilt;
-  do {  // a full pool: idle sessions make room first
-    absl::MutexLock model_lock(scheduler_->model_mutex());
-    rebuilt = ops::RebuildKv(model_, spec, &active->cache, /*cold=*/nullptr);
-  } while (rebuilt.code() == absl::StatusCode::kResourceExhausted &&
-           DemoteOneIdle());
-  KVD_RETURN_IF_ERROR(rebuilt);
+  KVD_RETURN_IF_ERROR(
+      scheduler_->RunRestore([&](Scheduler::RestoreContext& context) {
+        spec.between_units = [&](const ops::RebuildUnit& unit) {
+          context.BeforeUnit(unit.PromptTokens(model_.config()));
+        };
+        spec.await_layer = [&](int64_t layer) -> absl::Status {
+          if (layer <= restored_through) return absl::OkStatus();
+          // Waiting for the disk needs no model: running sequences go on.
+          while (!load.Arrived(layer)) context.Idle(absl::Milliseconds(1));
+          absl::StatusOr<const StreamedLoad::Chunks*> stream =
+              load.WaitStream(layer);
+          KVD_RETURN_IF_ERROR(stream.status());
+          KVD_RETURN_IF_ERROR(
+              RestoreResidualLayer(m, **stream, layer, &active->store, 0));
+          restored_through = layer;
+          return absl::OkStatus();
+        };
+        absl::Status rebuilt;
+        do {  // a full pool: idle sessions make room first
+          rebuilt =
+              ops::RebuildKv(model_, spec, &active->cache, /*cold=*/nullptr);
+        } while (rebuilt.code() == absl::StatusCode::kResourceExhausted &&
+                 DemoteOneIdle());
+        return rebuilt;
+      }));
   return active;
 }
 
 absl::Status SessionEngine::Reprefill(Active& active) {
-  absl::Status status = ReprefillOnce(active);
-  // A full pool: idle sessions make room, as for RebuildKv. The failed
-  // attempt may have filled part of the cache and shown the observer a
-  // prefix of residuals, so each retry starts from nothing.
-  while (status.code() == absl::StatusCode::kResourceExhausted &&
-         DemoteOneIdle()) {
-    active.cache.Reset(0);
-    active.store.Erase(0);
-    status = ReprefillOnce(active);
-  }
-  return status;
+  return scheduler_->RunRestore([&](Scheduler::RestoreContext& context) {
+    absl::Status status = ReprefillOnce(active, context);
+    // A full pool: idle sessions make room, as for RebuildKv. The failed
+    // attempt may have filled part of the cache and shown the observer a
+    // prefix of residuals, so each retry starts from nothing.
+    while (status.code() == absl::StatusCode::kResourceExhausted &&
+           DemoteOneIdle()) {
+      active.cache.Reset(0);
+      active.store.Erase(0);
+      status = ReprefillOnce(active, context);
+    }
+    return status;
+  });
 }
 
-absl::Status SessionEngine::ReprefillOnce(Active& active) {
+absl::Status SessionEngine::ReprefillOnce(Active& active,
+                                          Scheduler::RestoreContext& context) {
   const int64_t length = active.committed.length();
   ops::ForwardOutput out;
-  // Held per block only (PauseRestore releases it between blocks).
-  absl::MutexLock model_lock(scheduler_->model_mutex());
   for (int64_t at = 0; at < length; at += kReprefillBlock) {
-    if (at > 0) PauseRestore();
     const int64_t n = std::min(kReprefillBlock, length - at);
+    // Prompt tokens in full: the budget's own unit.
+    if (at > 0) context.BeforeUnit(n);
     ops::SequenceStep step{&active.cache,
                            absl::MakeConstSpan(active.tokens).subspan(at, n),
                            ops::LogitsMode::kNone, 0, active.source.get()};
     KVD_RETURN_IF_ERROR(model_.Forward({&step, 1}, &out, &active.store));
   }
   return active.store.status();
-}
-
-void SessionEngine::PauseRestore() {
-  {
-    absl::MutexLock lock(&mu_);
-    stats_.restore_pauses++;
-  }
-  // The caller holds the model mutex through a MutexLock; it is released and
-  // taken back here so that lock still owns it when the restore ends.
-  absl::Mutex* model_mu = scheduler_->model_mutex();
-  model_mu->Unlock();
-  scheduler_->WaitForNextStep();
-  model_mu->Lock();
 }
 
 absl::StatusOr<TurnResult> SessionEngine::RunTurn(
@@ -1400,6 +1395,7 @@ EngineStats SessionEngine::stats() const {
   absl::MutexLock lock(&mu_);
   EngineStats s = stats_;
   s.scheduler = scheduler_->stats();
+  s.restore_pauses = s.scheduler.restore_pauses;
   const ops::KvBlockPool::Stats pool = kv_pool_->stats();
   s.kv_pool_blocks_used = pool.blocks_in_use;
   s.kv_pool_blocks_total = pool.capacity_blocks;

@@ -28,9 +28,11 @@
 // together: each one becomes a sequence of the engine's Scheduler
 // (scheduler.h), which batches every running sequence into one Forward step
 // (continuous batching). Their outputs are bit-identical to running them one
-// at a time. A restore runs on the turn's thread in bounded units (a block
-// of one layer, a re-prefill block) and lets the batch take a step between
-// units, so a long session coming back does not stall running ones. Beyond
+// at a time. A restore reads its checkpoint on the turn's thread, then
+// rebuilds the K/V as a job of the scheduler (Scheduler::RunRestore): the
+// scheduler thread runs its units (a block of one layer, a re-prefill
+// block) between Forward steps under a per-step budget, so a session coming
+// back neither stalls running ones nor waits a whole step per unit. Beyond
 // options.scheduler's queue bound RunTurn and Complete return
 // RESOURCE_EXHAUSTED at once, before restoring anything; front ends may also
 // ask Saturated() (or stats().scheduler) to shed load earlier.
@@ -190,8 +192,8 @@ struct EngineStats {
   int64_t kv_pool_blocks_peak = 0;
   int64_t kv_pool_block_bytes = 0;
   int64_t sessions_demoted_for_kv = 0;  // of those, to free pool blocks
-  // Times a restore (rebuild or re-prefill) released the model between two
-  // units of work so running sequences could take a step.
+  // Times a restore (rebuild or re-prefill) had spent its share of a step
+  // and let running sequences take one (SchedulerStats::restore_pauses).
   int64_t restore_pauses = 0;
   // Restores from RocksDB that rebuilt each layer as soon as it was read.
   int64_t restores_streamed = 0;
@@ -417,16 +419,12 @@ class SessionEngine {
       const std::string& tenant, const std::string& session,
       const std::map<std::string, std::string>& labels) const;
   // Runs the model over every committed token, refilling residuals, into an
-  // empty cache and store; a full pool demotes idle sessions and retries.
+  // empty cache and store, as a restore job of the scheduler; a full pool
+  // demotes idle sessions and retries.
   absl::Status Reprefill(Active& active);
-  // One attempt of Reprefill.
-  absl::Status ReprefillOnce(Active& active);
-  // Called with the model mutex held between two units of a restore (a
-  // rebuild block, a re-prefill block): releases it until the batch, if
-  // anything is running, has taken one step, then takes it back. Restores
-  // thus cost running sequences one unit per step instead of the whole
-  // restore; the bits do not change (RebuildSpec::between_units).
-  void PauseRestore();
+  // One attempt of Reprefill, on the scheduler thread.
+  absl::Status ReprefillOnce(Active& active,
+                             Scheduler::RestoreContext& context);
   // Marks the session idle and most recently used, then demotes LRU idle
   // sessions beyond max_hot_sessions / max_hot_kv_bytes.
   void MakeHot(const Key& key, std::shared_ptr<Active> active);

@@ -54,6 +54,11 @@ absl::StatusOr<const StreamedLoad::Chunks*> StreamedLoad::WaitStream(
   return kNone;
 }
 
+bool StreamedLoad::Arrived(int64_t layer) {
+  absl::MutexLock lock(&mu_);
+  return ended_ || (!streams_.empty() && streams_.rbegin()->first >= layer);
+}
+
 absl::StatusOr<storage::TieredStore::Loaded> StreamedLoad::Finish() {
   {
     absl::MutexLock lock(&mu_);

@@ -58,6 +58,9 @@ class StreamedLoad final : private storage::LoadObserver {
   // needs none of them, valid until Finish. The load's error if it failed
   // first (DATA_LOSS naming the chunk, ...).
   absl::StatusOr<const Chunks*> WaitStream(int64_t layer);
+  // Whether WaitStream(layer) would return at once (the stream arrived, or
+  // the load ended): a caller with other work polls instead of blocking.
+  bool Arrived(int64_t layer);
   // Lets go of the streams and waits for the load to end: what
   // TieredStore::Load returned. Once.
   absl::StatusOr<storage::TieredStore::Loaded> Finish();
