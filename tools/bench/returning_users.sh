@@ -21,6 +21,8 @@
 #   tools/bench/returning_users.sh [out_dir]
 #   USERS=16 DURATION=120 LLAMA_SERVER=/tmp/llama.cpp-server/bin/llama-server \
 #     tools/bench/returning_users.sh /tmp/ru
+#   RUNS="kvd llama-server" tools/bench/returning_users.sh /tmp/ru   # a subset of the runs
+#   KVD_FLAGS="--policy kv-direct" RUNS=kvd tools/bench/returning_users.sh /tmp/ru-kvdirect
 # All servers share this machine's cores: 3 nodes on 2 cores have no more compute than one.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -107,10 +109,11 @@ stop_server() {
   : > "$PIDFILE"
 }
 
-kvd_serve() {  # kvd_serve NAME PORT: one node with the defaults a user gets
+kvd_serve() {  # kvd_serve NAME PORT: one node with the defaults a user gets (plus KVD_FLAGS)
   rm -rf "$OUT/$1-data"
+  # shellcheck disable=SC2086  # KVD_FLAGS is a list of flags
   start_server "$1" "$2" "$KVD" serve --model smollm2 --http-port "$2" --grpc-port -1 \
-    --data-dir "$OUT/$1-data"
+    --data-dir "$OUT/$1-data" ${KVD_FLAGS:-}
 }
 llama_serve() {  # llama_serve NAME PORT
   start_server "$1" "$2" "$LLAMA_SERVER" -m "$MODEL_FILE" --host 127.0.0.1 --port "$2" \

@@ -11,6 +11,7 @@ namespace {
 Args Parsed(const std::vector<std::string>& argv) {
   Args a("kvd test", "backend flags");
   DeclareBackendFlag(a);
+  DeclarePrecisionFlag(a);
   const absl::Status st = a.Parse(argv);
   EXPECT_TRUE(st.ok()) << st;
   return a;
@@ -35,6 +36,39 @@ TEST(BackendFlag, TensorParallelSizeAndSimulation) {
   ASSERT_TRUE(tp.ok()) << tp.status();
   EXPECT_EQ(tp->degree, 4);
   EXPECT_TRUE(tp->simulate);
+}
+
+TEST(PrecisionFlag, AutoFollowsTheHardware) {
+  EXPECT_EQ(AutoPrecision(ops::BackendRequest::kAuto, false).precision,
+            ops::Precision::kF32);
+  EXPECT_EQ(AutoPrecision(ops::BackendRequest::kCpu, true).precision,
+            ops::Precision::kBf16);
+  EXPECT_EQ(AutoPrecision(ops::BackendRequest::kCuda, false).precision,
+            ops::Precision::kBf16);
+  // The log says it was chosen, and why.
+  EXPECT_NE(AutoPrecision(ops::BackendRequest::kCpu, false).why.find(
+                "AVX512-BF16"),
+            std::string::npos);
+  const absl::StatusOr<PrecisionChoice> dflt =
+      PrecisionFromFlag(Parsed({}), ops::BackendRequest::kAuto);
+  ASSERT_TRUE(dflt.ok()) << dflt.status();
+  EXPECT_NE(dflt->why.find("auto"), std::string::npos);
+}
+
+TEST(PrecisionFlag, GivenValuesWinAndBadOnesNameTheFlag) {
+  for (const auto& [flag, want] :
+       {std::pair{"fp32", ops::Precision::kF32},
+        std::pair{"bf16", ops::Precision::kBf16}}) {
+    const absl::StatusOr<PrecisionChoice> got = PrecisionFromFlag(
+        Parsed({"--precision", flag}), ops::BackendRequest::kCuda);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->precision, want);
+    EXPECT_NE(got->why.find("--precision"), std::string::npos);
+  }
+  const absl::StatusOr<PrecisionChoice> bad = PrecisionFromFlag(
+      Parsed({"--precision", "fp16"}), ops::BackendRequest::kAuto);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--precision"), std::string::npos);
 }
 
 TEST(BackendFlag, BadSizesNameTheFlag) {

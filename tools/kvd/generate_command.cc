@@ -31,8 +31,7 @@ void DeclareFlags(Args& a) {
   a.Flag("prompt", "",
          "raw prompt text instead of a chat message (no chat template)");
   a.Flag("system", "", "system message for the chat template");
-  a.Flag("precision", "bf16",
-         "fp32 (reference) or bf16 (half the memory traffic)");
+  DeclarePrecisionFlag(a);
   a.Flag("threads", "0", "worker threads; 0 = all cores");
   DeclareBackendFlag(a);
   a.Flag("isa", "",
@@ -48,8 +47,6 @@ absl::Status Run(const Args& args) {
                          kernels::cpu::ParseIsa(args.Get("isa")));
     KVD_RETURN_IF_ERROR(kernels::cpu::SetIsa(isa));
   }
-  KVD_ASSIGN_OR_RETURN(const ops::Precision precision,
-                       ops::ParsePrecision(args.Get("precision")));
   const bool quiet = args.Has("quiet");
   KVD_ASSIGN_OR_RETURN(std::string path, ResolveModel(args.Get("model")));
   KVD_ASSIGN_OR_RETURN(const ops::BackendRequest backend_request,
@@ -57,6 +54,10 @@ absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(const ops::TensorParallelRequest tensor_parallel,
                        TensorParallelFromFlags(args));
   KVD_RETURN_IF_ERROR(ops::PrecheckBackend(backend_request, tensor_parallel));
+  KVD_ASSIGN_OR_RETURN(
+      const PrecisionChoice chosen,
+      PrecisionFromFlags(args));
+  const ops::Precision precision = chosen.precision;
   KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetIntIn("threads", 0, 1024));
 
   KVD_ASSIGN_OR_RETURN(engine::GenerateRequest req, SamplingFromFlags(args));

@@ -29,6 +29,7 @@
 #include "services/node/grpc_service.h"
 #include "services/node/http_server.h"
 #include "services/transport/ucx_transport.h"
+#include "tools/kvd/backend_flag.h"
 #include "tools/kvd/commands.h"
 #include "tools/kvd/session_runtime.h"
 
@@ -486,6 +487,15 @@ absl::Status Run(const Args& args) {
                "%s/sessions\n",
                rt->model_id().c_str(), rt->model_path().c_str(),
                rt->backend().backend_name(), args.Get("data-dir").c_str());
+  if (absl::StatusOr<PrecisionChoice> precision = PrecisionFromFlags(args);
+      precision.ok()) {
+    std::fprintf(stderr, "  precision   %s\n", precision->why.c_str());
+  }
+  std::fprintf(stderr, "  policy      %s (%s)\n", rt->policy().Name().c_str(),
+               args.Get("policy") == "auto"
+                   ? "auto: the planner's choice for this machine, "
+                     "docs/PLANNER.md"
+                   : "--policy");
   if (http) {
     std::fprintf(stderr, "  OpenAI API  %s://%s:%d/v1  (metrics: /metrics%s)\n",
                  args.Has("tls-cert") ? "https" : "http", host.c_str(),

@@ -24,8 +24,7 @@ std::string DefaultDataDir() {
 void DeclareModelFlags(Args& a) {
   a.Flag("model", "smollm2",
          "GGUF file, or a cached model name: smollm2, gemma3");
-  a.Flag("precision", "bf16",
-         "fp32 (reference) or bf16 (half the memory traffic)");
+  DeclarePrecisionFlag(a);
   a.Flag("threads", "0", "worker threads; 0 = all cores");
   DeclareBackendFlag(a);
 }
@@ -44,21 +43,30 @@ void DeclareStoreFlags(Args& a) {
 }
 
 void DeclareSessionFlags(Args& a) {
-  a.Flag("policy", "kv-direct",
-         "what new sessions checkpoint: kv-direct (residual at every layer), "
-         "stride:K (every K-th layer), kv (the K/V rows themselves: no "
-         "compute to resume, smaller than residuals on GQA models), tokens "
-         "(token ids only: resume re-prefills), or auto (the planner picks "
-         "the fastest to resume from this machine's measured rates, measured "
-         "once into DATA_DIR/calibration.json; docs/PLANNER.md)");
+  a.Flag("policy", "auto",
+         "what new sessions checkpoint: auto (default: the planner picks the "
+         "fastest to resume from this machine's measured rates, measured "
+         "once, in about 2 s, into DATA_DIR/calibration.json; "
+         "docs/PLANNER.md; kv for both models kvd ships), kv-direct "
+         "(residual at every layer: moves between tensor-parallel degrees, "
+         "and a bounded --hot-budget keeps memory flat), stride:K (every "
+         "K-th layer), kv (the K/V rows themselves: no compute to resume, "
+         "smaller than residuals on GQA models), or tokens (token ids only: "
+         "resume re-prefills)");
   a.Flag("hot-budget", "all",
          "K/V rows kept in memory per kv-direct session; older ones are "
          "recomputed from residuals. 'all' keeps every row");
   a.Flag("chunk-tokens", "64", "positions per stored chunk");
-  a.Flag("kv-pool-mb", "512",
-         "K/V block pool shared by every running and hot session (MiB); a "
-         "full pool demotes idle sessions to their checkpoints, then refuses "
-         "work with RESOURCE_EXHAUSTED / 429. 0 = no limit");
+  a.Flag("kv-pool-mb", "1024",
+         "K/V block pool shared by every running and hot session (MiB, "
+         "taken as sessions need it): sessions stay hot between turns while "
+         "it has room (SmolLM2: ~45k positions in bf16, ~23k in fp32), and "
+         "a full pool demotes the least recently used idle ones to their "
+         "checkpoints, then refuses work with RESOURCE_EXHAUSTED / 429. 0 = "
+         "no limit");
+  a.Flag("max-hot-sessions", "1024",
+         "idle sessions whose K/V stay in memory between turns, least "
+         "recently used demoted first; the pool's bytes bound them too");
   a.Flag("node-id", "",
          "this node's name as the owner of the sessions it commits (a "
          "cluster sets it); empty = a standalone node. A session owned by "
@@ -92,7 +100,6 @@ absl::StatusOr<node::NodeOptions> NodeOptionsFromFlags(const Args& args) {
 namespace {
 
 absl::Status AddModelAndSessionFlags(const Args& args, node::NodeOptions& o) {
-  KVD_ASSIGN_OR_RETURN(o.precision, ops::ParsePrecision(args.Get("precision")));
   KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));
   if (threads < 0 || threads > 1024)
     return absl::InvalidArgumentError("--threads must be between 0 and 1024");
@@ -116,6 +123,8 @@ absl::Status AddModelAndSessionFlags(const Args& args, node::NodeOptions& o) {
         "--kv-pool-mb must be between 0 and 16777216");
   }
   o.engine.kv_pool_bytes = pool_mb << 20;
+  KVD_ASSIGN_OR_RETURN(o.engine.max_hot_sessions,
+                       args.GetIntIn("max-hot-sessions", 0, 1 << 20));
   KVD_ASSIGN_OR_RETURN(o.engine.chunk_tokens, args.GetInt("chunk-tokens"));
   if (o.engine.chunk_tokens < 1 || o.engine.chunk_tokens > 65536) {
     return absl::InvalidArgumentError(
@@ -153,6 +162,10 @@ absl::StatusOr<std::unique_ptr<node::NodeRuntime>> OpenSessionRuntime(
   KVD_RETURN_IF_ERROR(AddModelAndSessionFlags(args, o));
   KVD_ASSIGN_OR_RETURN(o.backend, BackendRequestFromFlag(args));
   KVD_ASSIGN_OR_RETURN(o.tensor_parallel, TensorParallelFromFlags(args));
+  KVD_ASSIGN_OR_RETURN(
+      const PrecisionChoice precision,
+      PrecisionFromFlags(args));
+  o.precision = precision.precision;
   KVD_RETURN_IF_ERROR(ops::PrecheckBackend(o.backend, o.tensor_parallel));
   ProgressBar bar("loading " + o.model_path, show_progress);
   KVD_ASSIGN_OR_RETURN(std::unique_ptr<node::NodeRuntime> rt,
