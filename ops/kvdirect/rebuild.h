@@ -61,7 +61,7 @@ struct RebuildUnit {
   // The unit's multiply-adds in prompt tokens of a full forward pass (every
   // layer's projections and MLP; attention and logits left out), the unit a
   // scheduler's per-step prefill budget counts in. A kv-direct row of one
-  // SmolLM2-135M layer is about 1/340 of a prompt token.
+  // SmolLM2-135M layer is 1/480 of a prompt token.
   double PromptTokens(const ModelConfig& config) const;
 };
 

@@ -57,6 +57,28 @@ class Rebuild : public ::testing::TestWithParam<Case> {
   std::unique_ptr<Model> model_;
 };
 
+// A unit's cost in prompt tokens, by hand for SmolLM2-135M's shape (d 576,
+// 9 query heads and 3 K/V heads of 64, d_ff 1536, 30 layers): a layer's
+// multiply-adds per token are 2*576*192 (K, V) + 2*576*576 (Q, O) +
+// 3*576*1536 (MLP) = 3,538,944, the K/V projection 221,184 of them, so 480
+// rows of one layer's K/V are one prompt token of the whole model.
+TEST(RebuildUnit, PromptTokensCountsMultiplyAdds) {
+  ModelConfig c;
+  c.n_layers = 30;
+  c.d_model = 576;
+  c.n_heads = 9;
+  c.n_kv_heads = 3;
+  c.head_dim = 64;
+  c.d_ff = 1536;
+  EXPECT_DOUBLE_EQ((RebuildUnit{.rows = 480, .kv_layers = 1}).PromptTokens(c),
+                   1.0);
+  EXPECT_DOUBLE_EQ(
+      (RebuildUnit{.rows = 256, .full_layers = 30}).PromptTokens(c), 256.0);
+  EXPECT_DOUBLE_EQ((RebuildUnit{.rows = 10, .full_layers = 3}).PromptTokens(c),
+                   1.0);
+  EXPECT_EQ(RebuildUnit{}.PromptTokens(ModelConfig{}), 0);
+}
+
 TEST_P(Rebuild, ContinuedDecodingIsBitIdenticalForEveryPolicyAndBudget) {
   const Model& model = *model_;
   const ModelConfig& c = model.config();

@@ -37,7 +37,7 @@
 // share a per-iteration budget (restore_tokens_per_step) like prefill
 // chunks do: once a job has spent it, the running sequences take one step
 // before the job goes on. A K/V recompute is cheap in those units (a 1,000-
-// token SmolLM2 session is about 90 prompt tokens of work), so a returning
+// token SmolLM2 session is about 60 prompt tokens of work), so a returning
 // user's restore usually finishes within one or two steps instead of being
 // paced at one unit per step:
 //   scheduler.RunRestore([&](Scheduler::RestoreContext& ctx) {

@@ -350,6 +350,15 @@ TEST_F(HttpServerTest, SessionTurnsMatchAnUninterruptedEngineSession) {
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.Json()["tokens"], ref->token_count());
   EXPECT_EQ(r.Json()["turns"], 2);
+  // Where its state is: still in memory after its turn, then demoted.
+  EXPECT_EQ(r.Json()["hot"], true);
+  EXPECT_EQ(r.Json()["next_turn_restore"], "hot");
+  smol_->engine().Suspend("local", "web-1");
+  r = Send(server->port(), "GET", "/v1/sessions/web-1");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Json()["hot"], false);
+  EXPECT_EQ(r.Json()["policy"], "kv-direct");  // the engine's default
+  EXPECT_EQ(r.Json()["next_turn_restore"], "recompute");
   r = Send(server->port(), "GET", "/v1/sessions?limit=10");
   ASSERT_EQ(r.status, 200) << r.body;
   r = Send(server->port(), "GET", "/v1/sessions/web-1/export");

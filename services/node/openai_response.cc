@@ -183,8 +183,18 @@ json SessionObject(const v1::SessionManifest& m) {
 }
 }  // namespace
 
-std::string SessionJson(const v1::SessionManifest& manifest) {
-  return Dump(SessionObject(manifest));
+std::string SessionJson(const v1::SessionManifest& manifest,
+                        std::optional<bool> hot) {
+  json j = SessionObject(manifest);
+  if (hot.has_value()) {
+    j["hot"] = *hot;
+    const std::string& policy = manifest.policy();
+    j["next_turn_restore"] = *hot                 ? "hot"
+                             : policy == "kv"     ? "copy"
+                             : policy == "tokens" ? "reprefill"
+                                                  : "recompute";
+  }
+  return Dump(j);
 }
 
 std::string SessionListJson(const std::vector<v1::SessionManifest>& sessions,

@@ -82,8 +82,13 @@ std::string CompletionChunkJson(const ResponseMeta& meta,
 // {"object": "list", "data": [{"id", "object": "model", "created",
 // "owned_by": "kvd"}]}
 std::string ModelsJson(const std::string& model_id, int64_t created_unix_s);
-// A session as GET /v1/sessions/{id} shows it.
-std::string SessionJson(const v1::SessionManifest& manifest);
+// A session as GET /v1/sessions/{id} shows it. With `hot` (the session's
+// K/V are in this node's memory, or not) it also says how its next turn
+// gets its state: "hot" (nothing to do), "copy" (policy kv: its stored K/V
+// rows copied back), "recompute" (kv-direct, stride:k: K/V rebuilt from its
+// residuals) or "reprefill" (tokens: the model runs over its token ids).
+std::string SessionJson(const v1::SessionManifest& manifest,
+                        std::optional<bool> hot = std::nullopt);
 std::string SessionListJson(const std::vector<v1::SessionManifest>& sessions,
                             const std::string& next_page_token);
 

@@ -13,8 +13,9 @@
 #   migration    3 nodes and a router (tools/cluster/up.sh); at EVENT_AT s node n1 is drained:
 #                its sessions move to the other two
 #   failover     the same with --replicas 2 --replication sync; at EVENT_AT s n2 gets SIGKILL
-#   capacity     USER_STEPS users for CAPACITY_S s each: one node, the router to 3, llama-server;
-#                the most users that keep p95 TTFT under 2 s
+#   capacity     USER_STEPS users for CAPACITY_S s each: one node, the router to 3, llama-server
+#                (CAPACITY_SERVERS picks among kvd, llama, router); the most users that keep p95
+#                TTFT under 2 s
 # Each run's table and JSON land in OUT; summary.md and returning_users.png sum them up.
 #
 #   tools/bench/build_llama_server.sh          # once: llama-server from the pinned sources
@@ -34,7 +35,8 @@ DURATION="${DURATION:-120}"
 EVENT_AT="${EVENT_AT:-60}"
 THINK="${THINK:-3}"
 MAX_TOKENS="${MAX_TOKENS:-32}"
-USER_STEPS="${USER_STEPS:-4 8 16 32}"
+USER_STEPS="${USER_STEPS:-4 8 12 16 24 32}"
+CAPACITY_SERVERS="${CAPACITY_SERVERS:-kvd llama router}"  # which servers the capacity run steps
 CAPACITY_S="${CAPACITY_S:-60}"
 RUNS="${RUNS:-kvd reprefill llama-server migration failover capacity}"
 MODEL_FILE="${MODEL_FILE:-$HOME/.cache/kvd/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
@@ -173,17 +175,21 @@ EOF
       saved="$DURATION"
       DURATION="$CAPACITY_S"
       for u in $USER_STEPS; do
-        kvd_serve "cap-kvd-$u" "$PORT"
-        USERS="$u" bench "cap-kvd-$u" "http://127.0.0.1:$PORT"
-        stop_server
-        if [[ -x "$LLAMA_SERVER" ]]; then
+        if [[ " $CAPACITY_SERVERS " == *" kvd "* ]]; then
+          kvd_serve "cap-kvd-$u" "$PORT"
+          USERS="$u" bench "cap-kvd-$u" "http://127.0.0.1:$PORT"
+          stop_server
+        fi
+        if [[ -x "$LLAMA_SERVER" && " $CAPACITY_SERVERS " == *" llama "* ]]; then
           llama_serve "cap-llama-$u" "$PORT"
           USERS="$u" bench "cap-llama-$u" "http://127.0.0.1:$PORT" --stateless
           stop_server
         fi
-        cluster_up "cap-router-$u"
-        USERS="$u" bench "cap-router-$u" "http://127.0.0.1:$PORT"
-        cluster_down
+        if [[ " $CAPACITY_SERVERS " == *" router "* ]]; then
+          cluster_up "cap-router-$u"
+          USERS="$u" bench "cap-router-$u" "http://127.0.0.1:$PORT"
+          cluster_down
+        fi
       done
       DURATION="$saved" ;;
     *) echo "unknown run $run" >&2; exit 2 ;;

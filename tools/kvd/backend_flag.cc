@@ -45,21 +45,21 @@ PrecisionChoice AutoPrecision(ops::BackendRequest backend,
           "be emulated; fp32 over the file's blocks is faster here)"};
 }
 
-absl::StatusOr<PrecisionChoice> PrecisionFromFlag(
-    const Args& args, ops::BackendRequest backend) {
+absl::StatusOr<PrecisionChoice> PrecisionFromFlag(const Args& args,
+                                                  ops::BackendRequest backend) {
   const std::string flag = args.Get("precision");
   if (flag == "auto") {
-    return AutoPrecision(backend, kernels::cpu::BestIsa() ==
-                                          kernels::cpu::Isa::kAvx512 &&
-                                      kernels::cpu::HasAvx512Bf16());
+    return AutoPrecision(
+        backend, kernels::cpu::BestIsa() == kernels::cpu::Isa::kAvx512 &&
+                     kernels::cpu::HasAvx512Bf16());
   }
   absl::StatusOr<ops::Precision> p = ops::ParsePrecision(flag);
   if (!p.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--precision must be auto, fp32 or bf16, not '", flag, "'"));
   }
-  return PrecisionChoice{*p, absl::StrCat(ops::PrecisionName(*p),
-                                          " (--precision)")};
+  return PrecisionChoice{
+      *p, absl::StrCat(ops::PrecisionName(*p), " (--precision)")};
 }
 
 absl::StatusOr<PrecisionChoice> PrecisionFromFlags(const Args& args) {

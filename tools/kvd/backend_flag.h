@@ -41,8 +41,8 @@ struct PrecisionChoice {
 // The --precision a command runs at: as given, or for auto the exact mode
 // that is fastest where it runs (AutoPrecision). INVALID_ARGUMENT naming
 // the flag for anything but auto, fp32 or bf16.
-absl::StatusOr<PrecisionChoice> PrecisionFromFlag(
-    const Args& args, ops::BackendRequest backend);
+absl::StatusOr<PrecisionChoice> PrecisionFromFlag(const Args& args,
+                                                  ops::BackendRequest backend);
 // The same for a command with the backend flags: the backend is the one
 // --backend and --tensor-parallel-size ask for.
 absl::StatusOr<PrecisionChoice> PrecisionFromFlags(const Args& args);

@@ -46,9 +46,9 @@ TEST(PrecisionFlag, AutoFollowsTheHardware) {
   EXPECT_EQ(AutoPrecision(ops::BackendRequest::kCuda, false).precision,
             ops::Precision::kBf16);
   // The log says it was chosen, and why.
-  EXPECT_NE(AutoPrecision(ops::BackendRequest::kCpu, false).why.find(
-                "AVX512-BF16"),
-            std::string::npos);
+  EXPECT_NE(
+      AutoPrecision(ops::BackendRequest::kCpu, false).why.find("AVX512-BF16"),
+      std::string::npos);
   const absl::StatusOr<PrecisionChoice> dflt =
       PrecisionFromFlag(Parsed({}), ops::BackendRequest::kAuto);
   ASSERT_TRUE(dflt.ok()) << dflt.status();
@@ -56,9 +56,8 @@ TEST(PrecisionFlag, AutoFollowsTheHardware) {
 }
 
 TEST(PrecisionFlag, GivenValuesWinAndBadOnesNameTheFlag) {
-  for (const auto& [flag, want] :
-       {std::pair{"fp32", ops::Precision::kF32},
-        std::pair{"bf16", ops::Precision::kBf16}}) {
+  for (const auto& [flag, want] : {std::pair{"fp32", ops::Precision::kF32},
+                                   std::pair{"bf16", ops::Precision::kBf16}}) {
     const absl::StatusOr<PrecisionChoice> got = PrecisionFromFlag(
         Parsed({"--precision", flag}), ops::BackendRequest::kCuda);
     ASSERT_TRUE(got.ok()) << got.status();

@@ -54,9 +54,7 @@ absl::Status Run(const Args& args) {
   KVD_ASSIGN_OR_RETURN(const ops::TensorParallelRequest tensor_parallel,
                        TensorParallelFromFlags(args));
   KVD_RETURN_IF_ERROR(ops::PrecheckBackend(backend_request, tensor_parallel));
-  KVD_ASSIGN_OR_RETURN(
-      const PrecisionChoice chosen,
-      PrecisionFromFlags(args));
+  KVD_ASSIGN_OR_RETURN(const PrecisionChoice chosen, PrecisionFromFlags(args));
   const ops::Precision precision = chosen.precision;
   KVD_ASSIGN_OR_RETURN(int64_t threads, args.GetIntIn("threads", 0, 1024));
 

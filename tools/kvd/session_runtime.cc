@@ -162,9 +162,8 @@ absl::StatusOr<std::unique_ptr<node::NodeRuntime>> OpenSessionRuntime(
   KVD_RETURN_IF_ERROR(AddModelAndSessionFlags(args, o));
   KVD_ASSIGN_OR_RETURN(o.backend, BackendRequestFromFlag(args));
   KVD_ASSIGN_OR_RETURN(o.tensor_parallel, TensorParallelFromFlags(args));
-  KVD_ASSIGN_OR_RETURN(
-      const PrecisionChoice precision,
-      PrecisionFromFlags(args));
+  KVD_ASSIGN_OR_RETURN(const PrecisionChoice precision,
+                       PrecisionFromFlags(args));
   o.precision = precision.precision;
   KVD_RETURN_IF_ERROR(ops::PrecheckBackend(o.backend, o.tensor_parallel));
   ProgressBar bar("loading " + o.model_path, show_progress);
