@@ -26,8 +26,8 @@ void DeclareNodeMetrics(Metrics& m) {
                  "of kvd_kv_pool_block_bytes each.");
   m.DeclareGauge("kvd_kv_pool_block_bytes", "Bytes per K/V pool block.");
   m.DeclareCounter("kvd_session_restore_pauses_total",
-                   "Times a session restore released the model so the "
-                   "running batch could take a step.");
+                   "Times a session restore had spent its share of a "
+                   "scheduler step and let the running batch take one.");
   m.DeclareCounter("kvd_session_restores_streamed_total",
                    "Restores from RocksDB that rebuilt each layer's K/V as "
                    "soon as it was read, while later layers were still "
