@@ -735,19 +735,7 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
       spec.tokens = absl::MakeConstSpan(active->tokens).first(m.length());
       spec.checkpoint = &active->store;
       spec.budget = active->budget();
-      KVD_RETURN_IF_ERROR(
-          scheduler_->RunRestore([&](Scheduler::RestoreContext& context) {
-            spec.between_units = [&](const ops::RebuildUnit& unit) {
-              context.BeforeUnit(unit.PromptTokens(model_.config()));
-            };
-            absl::Status rebuilt;
-            do {  // a full pool: idle sessions make room first
-              rebuilt = ops::RebuildKv(model_, spec, &active->cache,
-                                       /*cold=*/nullptr);
-            } while (rebuilt.code() == absl::StatusCode::kResourceExhausted &&
-                     DemoteOneIdle());
-            return rebuilt;
-          }));
+      KVD_RETURN_IF_ERROR(RebuildOnScheduler(spec, *active));
       return active;
     }
     if (restored.code() != absl::StatusCode::kDataLoss) return restored;
@@ -798,11 +786,8 @@ SessionEngine::RestoreStreamed(const v1::SessionManifest& m,
   spec.checkpoint = &active->store;
   spec.budget = active->budget();
   int64_t restored_through = -1;  // a retried rebuild asks again
-  KVD_RETURN_IF_ERROR(
-      scheduler_->RunRestore([&](Scheduler::RestoreContext& context) {
-        spec.between_units = [&](const ops::RebuildUnit& unit) {
-          context.BeforeUnit(unit.PromptTokens(model_.config()));
-        };
+  KVD_RETURN_IF_ERROR(RebuildOnScheduler(
+      spec, *active, [&](Scheduler::RestoreContext& context) {
         spec.await_layer = [&](int64_t layer) -> absl::Status {
           if (layer <= restored_through) return absl::OkStatus();
           // Waiting for the disk needs no model: running sequences go on.
@@ -815,15 +800,25 @@ SessionEngine::RestoreStreamed(const v1::SessionManifest& m,
           restored_through = layer;
           return absl::OkStatus();
         };
-        absl::Status rebuilt;
-        do {  // a full pool: idle sessions make room first
-          rebuilt =
-              ops::RebuildKv(model_, spec, &active->cache, /*cold=*/nullptr);
-        } while (rebuilt.code() == absl::StatusCode::kResourceExhausted &&
-                 DemoteOneIdle());
-        return rebuilt;
       }));
   return active;
+}
+
+absl::Status SessionEngine::RebuildOnScheduler(
+    ops::RebuildSpec& spec, Active& active,
+    const std::function<void(Scheduler::RestoreContext&)>& prepare) {
+  return scheduler_->RunRestore([&](Scheduler::RestoreContext& context) {
+    spec.between_units = [&](const ops::RebuildUnit& unit) {
+      context.BeforeUnit(unit.PromptTokens(model_.config()));
+    };
+    if (prepare) prepare(context);
+    absl::Status rebuilt;
+    do {  // a full pool: idle sessions make room first
+      rebuilt = ops::RebuildKv(model_, spec, &active.cache, /*cold=*/nullptr);
+    } while (rebuilt.code() == absl::StatusCode::kResourceExhausted &&
+             DemoteOneIdle());
+    return rebuilt;
+  });
 }
 
 absl::Status SessionEngine::Reprefill(Active& active) {

@@ -56,6 +56,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ops/kvdirect/checkpoint_policy.h"
+#include "ops/kvdirect/rebuild.h"
 #include "ops/kvdirect/residual_kv_source.h"
 #include "ops/model/model_backend.h"
 #include "ops/tokenizer/tokenizer.h"
@@ -418,6 +419,13 @@ class SessionEngine {
   absl::StatusOr<v1::SessionManifest> NewManifest(
       const std::string& tenant, const std::string& session,
       const std::map<std::string, std::string>& labels) const;
+  // Runs ops::RebuildKv(spec) into `active`'s cache as a restore job of the
+  // scheduler, its units charged to the per-step restore budget; a full
+  // pool demotes idle sessions and retries. `prepare`, if set, runs first on
+  // the scheduler thread (hooks that need the job's context).
+  absl::Status RebuildOnScheduler(
+      ops::RebuildSpec& spec, Active& active,
+      const std::function<void(Scheduler::RestoreContext&)>& prepare = {});
   // Runs the model over every committed token, refilling residuals, into an
   // empty cache and store, as a restore job of the scheduler; a full pool
   // demotes idle sessions and retries.
