@@ -50,7 +50,7 @@ absl::StatusOr<PrecisionChoice> PrecisionFromFlag(const Args& args,
   const std::string flag = args.Get("precision");
   if (flag == "auto") {
     return AutoPrecision(
-        backend, kernels::cpu::BestIsa() == kernels::cpu::Isa::kAvx512 &&
+        backend, kernels::cpu::ActiveIsa() == kernels::cpu::Isa::kAvx512 &&
                      kernels::cpu::HasAvx512Bf16());
   }
   absl::StatusOr<ops::Precision> p = ops::ParsePrecision(flag);
