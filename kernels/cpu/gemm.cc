@@ -84,7 +84,7 @@ PairPath PickPairs(bool blocks, int64_t m) {
   switch (ActiveIsa()) {
     case Isa::kAvx512:
       if (HasAvx512Bf16()) {
-        if (blocks && m <= 4)
+        if (blocks && m <= internal::kDirectPairsMaxRows)
           return {BlocksDirectAvx512Bf16, PairLayout::kBf16};
         if (blocks) {
           return {BlocksPanels<internal::GemmPairsAvx512Bf16,

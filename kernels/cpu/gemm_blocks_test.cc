@@ -119,7 +119,8 @@ TEST_P(GemmBlocks, EqualsTheContractOverRowsDequantizedAtLoad) {
         WeightType::kGgmlBlocks, packed.data(), c.rows, c.cols, 0, c.type};
     w.round_to_bf16 = bf16;
     w.bf16_pairs = mode == kBf16Pairs;
-    for (const int64_t m : {1, 2, 3, 4, 5, 37}) {
+    // 8 and 13: the in-register path's tiles of 8 (and 4 and 1) rows.
+    for (const int64_t m : {1, 2, 3, 4, 5, 8, 13, 37}) {
       const std::vector<float> x = RandomVector(m * k, 11 + m);
       std::vector<float> want(m * c.rows);
       for (int64_t i = 0; i < m; ++i)
@@ -211,7 +212,7 @@ TEST(GemmShared, EachOutputHasItsGemmsBits) {
         w.bf16_pairs = mode == kBf16Pairs;
         views.push_back(w);
       }
-      for (const int64_t m : {1, 4, 5, 37}) {
+      for (const int64_t m : {1, 4, 5, 8, 37}) {
         const std::vector<float> x = RandomVector(m * k, 31 + m);
         for (Isa isa : SupportedIsas()) {
           IsaGuard guard(isa);

@@ -125,28 +125,32 @@ void DirectRows(const GemmArgs& a, const uint16_t* x, float* y, int64_t n_begin,
 
 bool GemmBlocksPairsAvx512Bf16(const GemmArgs& a, int64_t n_begin,
                                int64_t n_end) {
-  if (a.m > kDirectMaxRows) return false;
+  if (a.m > kDirectPairsMaxRows) return false;
   FlushDenormals flush;
   return VisitBlockType(a.blocks, [&](auto tag) {
     using T = decltype(tag);
     const int64_t slice = a.k / a.groups;
     if (slice % T::kBlock != 0 || slice % kPairRun != 0) return false;
     const auto* x = static_cast<const uint16_t*>(a.xp);
-    switch (a.m) {
-      case 1:
-        DirectRows<T, 1, 2>(a, x, a.y, n_begin, n_end);
-        break;
-      case 2:
-        DirectRows<T, 2, 1>(a, x, a.y, n_begin, n_end);
-        break;
-      case 4:
-        DirectRows<T, 4, 1>(a, x, a.y, n_begin, n_end);
-        break;
-      default:  // 3: one row at a time
-        for (int64_t i = 0; i < a.m; ++i)
-          DirectRows<T, 1, 2>(a, x + i * a.ldxp, a.y + i * a.ldy, n_begin,
-                              n_end);
-        break;
+    // Tiles of 8, 4, 2 and 1 rows: each block is decoded once per tile, and
+    // every output element gets the same operations whatever its tile.
+    for (int64_t i = 0; i < a.m;) {
+      const uint16_t* xi = x + i * a.ldxp;
+      float* yi = a.y + i * a.ldy;
+      const int64_t left = a.m - i;
+      if (left >= 8) {
+        DirectRows<T, 8, 1>(a, xi, yi, n_begin, n_end);
+        i += 8;
+      } else if (left >= 4) {
+        DirectRows<T, 4, 1>(a, xi, yi, n_begin, n_end);
+        i += 4;
+      } else if (left >= 2) {
+        DirectRows<T, 2, 1>(a, xi, yi, n_begin, n_end);
+        i += 2;
+      } else {
+        DirectRows<T, 1, 2>(a, xi, yi, n_begin, n_end);
+        i += 1;
+      }
     }
     return true;
   });
