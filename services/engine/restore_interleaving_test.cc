@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -84,97 +85,100 @@ TEST_P(RestoreInterleavingTest, BatchKeepsSteppingWhileALongSessionRestores) {
   const std::vector<int32_t> history =
       ops::testing::RandomTokens(kHistoryTokens, 3, vocab);
   const std::vector<int32_t> next = ops::testing::RandomTokens(20, 4, vocab);
+  // Budget 0: a step between every two units; 256: the default.
+  std::vector<std::pair<int64_t, Variant>> cases;
   for (const int64_t restore_budget : {int64_t{0}, int64_t{256}})
-    for (const Variant& v : kVariants) {
-      SCOPED_TRACE(v.policy + " hot budget " + std::to_string(v.hot_budget) +
-                   " restore budget " + std::to_string(restore_budget));
-      SessionEngineOptions o;
-      o.scheduler.restore_tokens_per_step = restore_budget;
-      o.policy = *ops::ParseCheckpointPolicy(v.policy);
-      o.hot_budget = v.hot_budget;
-      o.chunk_tokens = 64;
-      OpenEngine(o);
+    for (const Variant& v : kVariants) cases.emplace_back(restore_budget, v);
+  for (const auto& [restore_budget, v] : cases) {
+    SCOPED_TRACE(v.policy + " hot budget " + std::to_string(v.hot_budget) +
+                 " restore budget " + std::to_string(restore_budget));
+    SessionEngineOptions o;
+    o.scheduler.restore_tokens_per_step = restore_budget;
+    o.policy = *ops::ParseCheckpointPolicy(v.policy);
+    o.hot_budget = v.hot_budget;
+    o.chunk_tokens = 64;
+    OpenEngine(o);
 
-      // The reference: a session that stays hot for both turns.
-      std::vector<std::vector<float>> want, scratch;
-      ASSERT_TRUE(engine_->CreateSession("acme", "ref", {}).ok());
-      ASSERT_TRUE(Turn("ref", history, &scratch).ok());
-      absl::StatusOr<TurnResult> ref = Turn("ref", next, &want);
-      ASSERT_TRUE(ref.ok()) << ref.status();
-      ASSERT_EQ(ref->path, StatePath::kHot);
+    // The reference: a session that stays hot for both turns.
+    std::vector<std::vector<float>> want, scratch;
+    ASSERT_TRUE(engine_->CreateSession("acme", "ref", {}).ok());
+    ASSERT_TRUE(Turn("ref", history, &scratch).ok());
+    absl::StatusOr<TurnResult> ref = Turn("ref", next, &want);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    ASSERT_EQ(ref->path, StatePath::kHot);
 
-      // The same first turn in "long", then demoted to its checkpoint.
-      ASSERT_TRUE(engine_->CreateSession("acme", "long", {}).ok());
-      ASSERT_TRUE(Turn("long", history, &scratch).ok());
-      engine_->Suspend("acme", "long");
-      ASSERT_FALSE(engine_->IsHot("acme", "long"));
+    // The same first turn in "long", then demoted to its checkpoint.
+    ASSERT_TRUE(engine_->CreateSession("acme", "long", {}).ok());
+    ASSERT_TRUE(Turn("long", history, &scratch).ok());
+    engine_->Suspend("acme", "long");
+    ASSERT_FALSE(engine_->IsHot("acme", "long"));
 
-      // A long generation in the batch, stopped once the restored turn ended.
-      std::atomic<bool> restored{false}, stop{false}, gen_done{false};
-      std::atomic<int64_t> gen_steps{0};
-      absl::Mutex seen_mu;
-      std::set<int64_t> pauses_seen;  // restore_pauses seen by batch steps
-      int64_t steps_during_restore = 0;
-      GenerateRequest g;
-      g.prompt = ops::testing::RandomTokens(8, 5, vocab);
-      g.max_tokens = 3000;  // far more steps than the restore has units
-      g.ignore_eos = true;
-      g.sampling.temperature = 0;
-      g.on_logits = [&](const float*, int64_t) {
-        // Before the restore finished (make_tokens runs right after it).
-        if (!restored.load()) {
-          const int64_t pauses = engine_->stats().restore_pauses;
-          absl::MutexLock lock(&seen_mu);
-          if (pauses > 0) {
-            pauses_seen.insert(pauses);
-            steps_during_restore++;
-          }
+    // A long generation in the batch, stopped once the restored turn ended.
+    std::atomic<bool> restored{false}, stop{false}, gen_done{false};
+    std::atomic<int64_t> gen_steps{0};
+    absl::Mutex seen_mu;
+    std::set<int64_t> pauses_seen;  // restore_pauses seen by batch steps
+    int64_t steps_during_restore = 0;
+    GenerateRequest g;
+    g.prompt = ops::testing::RandomTokens(8, 5, vocab);
+    g.max_tokens = 3000;  // far more steps than the restore has units
+    g.ignore_eos = true;
+    g.sampling.temperature = 0;
+    g.on_logits = [&](const float*, int64_t) {
+      // Before the restore finished (make_tokens runs right after it).
+      if (!restored.load()) {
+        const int64_t pauses = engine_->stats().restore_pauses;
+        absl::MutexLock lock(&seen_mu);
+        if (pauses > 0) {
+          pauses_seen.insert(pauses);
+          steps_during_restore++;
         }
-        gen_steps++;
-      };
-      g.cancelled = [&] { return stop.load(); };
-      absl::StatusOr<GenerateResult> gen;
-      std::thread gen_thread([&] {
-        gen = engine_->Complete(g, *tokenizer_, nullptr);
-        gen_done = true;
-      });
-      while (gen_steps.load() < 2 && !gen_done.load())
-        absl::SleepFor(absl::Milliseconds(1));
-      ASSERT_EQ(engine_->stats().restore_pauses, 0);
-
-      std::vector<std::vector<float>> got;
-      absl::StatusOr<TurnResult> r =
-          Turn("long", next, &got, [&] { restored = true; });
-      stop = true;
-      gen_thread.join();
-      ASSERT_TRUE(r.ok()) << r.status();
-      // Still running when the restored turn ended (so stopped, CANCELLED): it
-      // ran through the restore.
-      ASSERT_EQ(gen.status().code(), absl::StatusCode::kCancelled)
-          << gen.status();
-
-      EXPECT_EQ(r->path, v.policy == "tokens" ? StatePath::kReprefill
-                                              : StatePath::kDram);
-      const int64_t pauses = engine_->stats().restore_pauses;
-      const int64_t blocks =
-          (kHistoryTokens + kReplyTokens + kUnitTokens - 1) / kUnitTokens;
-      if (restore_budget == 0) {
-        // At least one pause between any two of the session's blocks.
-        EXPECT_GE(pauses, blocks - 1);
-      } else if (v.policy == "kv-direct" &&
-                 v.hot_budget == ops::ResidualKvSource::kAll) {
-        // Projections of a few hundred rows: far fewer pauses than units.
-        EXPECT_LT(pauses, blocks * model_->config().n_layers - 1);
       }
-      // Every pause let a batch step run before the restore went on.
-      for (int64_t k = 1; k <= pauses; ++k)
-        EXPECT_EQ(pauses_seen.count(k), 1u) << "pause " << k;
-      EXPECT_GE(steps_during_restore, pauses);
+      gen_steps++;
+    };
+    g.cancelled = [&] { return stop.load(); };
+    absl::StatusOr<GenerateResult> gen;
+    std::thread gen_thread([&] {
+      gen = engine_->Complete(g, *tokenizer_, nullptr);
+      gen_done = true;
+    });
+    while (gen_steps.load() < 2 && !gen_done.load())
+      absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_EQ(engine_->stats().restore_pauses, 0);
 
-      // The restored session continues bit-identically.
-      EXPECT_TRUE(testing::LogitsBitIdentical(want, got));
-      EXPECT_EQ(r->generation.tokens, ref->generation.tokens);
+    std::vector<std::vector<float>> got;
+    absl::StatusOr<TurnResult> r =
+        Turn("long", next, &got, [&] { restored = true; });
+    stop = true;
+    gen_thread.join();
+    ASSERT_TRUE(r.ok()) << r.status();
+    // Still running when the restored turn ended (so stopped, CANCELLED): it
+    // ran through the restore.
+    ASSERT_EQ(gen.status().code(), absl::StatusCode::kCancelled)
+        << gen.status();
+
+    EXPECT_EQ(r->path,
+              v.policy == "tokens" ? StatePath::kReprefill : StatePath::kDram);
+    const int64_t pauses = engine_->stats().restore_pauses;
+    const int64_t blocks =
+        (kHistoryTokens + kReplyTokens + kUnitTokens - 1) / kUnitTokens;
+    if (restore_budget == 0) {
+      // At least one pause between any two of the session's blocks.
+      EXPECT_GE(pauses, blocks - 1);
+    } else if (v.policy == "kv-direct" &&
+               v.hot_budget == ops::ResidualKvSource::kAll) {
+      // Projections of a few hundred rows: far fewer pauses than units.
+      EXPECT_LT(pauses, blocks * model_->config().n_layers - 1);
     }
+    // Every pause let a batch step run before the restore went on.
+    for (int64_t k = 1; k <= pauses; ++k)
+      EXPECT_EQ(pauses_seen.count(k), 1u) << "pause " << k;
+    EXPECT_GE(steps_during_restore, pauses);
+
+    // The restored session continues bit-identically.
+    EXPECT_TRUE(testing::LogitsBitIdentical(want, got));
+    EXPECT_EQ(r->generation.tokens, ref->generation.tokens);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, RestoreInterleavingTest,

@@ -36,16 +36,13 @@ const v1::SessionManifest* StreamedLoad::WaitManifest() {
 absl::StatusOr<const StreamedLoad::Chunks*> StreamedLoad::WaitStream(
     int64_t layer) {
   absl::MutexLock lock(&mu_);
-  // Streams come in ascending order: one past `layer` means it had nothing.
   struct Wait {
     StreamedLoad* load;
     int64_t layer;
   } wait{this, layer};
   mu_.Await(absl::Condition(
       +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return w->load->ended_ ||
-               (!w->load->streams_.empty() &&
-                w->load->streams_.rbegin()->first >= w->layer);
+        return w->load->ArrivedLocked(w->layer);
       },
       &wait));
   if (auto it = streams_.find(layer); it != streams_.end()) return it->second;
@@ -56,6 +53,11 @@ absl::StatusOr<const StreamedLoad::Chunks*> StreamedLoad::WaitStream(
 
 bool StreamedLoad::Arrived(int64_t layer) {
   absl::MutexLock lock(&mu_);
+  return ArrivedLocked(layer);
+}
+
+bool StreamedLoad::ArrivedLocked(int64_t layer) const {
+  // Streams come in ascending order: one past `layer` means it had nothing.
   return ended_ || (!streams_.empty() && streams_.rbegin()->first >= layer);
 }
 

@@ -72,6 +72,7 @@ class StreamedLoad final : private storage::LoadObserver {
   void OnManifest(const v1::SessionManifest& manifest) override;
   void OnStream(int64_t layer, const Chunks& chunks) override;
   void OnEnd(const absl::Status& status) override;
+  bool ArrivedLocked(int64_t layer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   bool has_manifest_ ABSL_GUARDED_BY(mu_) = false;

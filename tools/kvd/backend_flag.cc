@@ -45,24 +45,17 @@ PrecisionChoice AutoPrecision(ops::BackendRequest backend,
           "be emulated; fp32 over the file's blocks is faster here)"};
 }
 
-absl::StatusOr<PrecisionChoice> PrecisionFromFlag(const Args& args,
-                                                  ops::BackendRequest backend) {
-  const std::string flag = args.Get("precision");
-  if (flag == "auto") {
-    return AutoPrecision(
-        backend, kernels::cpu::ActiveIsa() == kernels::cpu::Isa::kAvx512 &&
-                     kernels::cpu::HasAvx512Bf16());
-  }
-  absl::StatusOr<ops::Precision> p = ops::ParsePrecision(flag);
-  if (!p.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--precision must be auto, fp32 or bf16, not '", flag, "'"));
-  }
-  return PrecisionChoice{
-      *p, absl::StrCat(ops::PrecisionName(*p), " (--precision)")};
-}
-
 absl::StatusOr<PrecisionChoice> PrecisionFromFlags(const Args& args) {
+  const std::string flag = args.Get("precision");
+  if (flag != "auto") {
+    absl::StatusOr<ops::Precision> p = ops::ParsePrecision(flag);
+    if (!p.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--precision must be auto, fp32 or bf16, not '", flag, "'"));
+    }
+    return PrecisionChoice{
+        *p, absl::StrCat(ops::PrecisionName(*p), " (--precision)")};
+  }
   absl::StatusOr<ops::BackendRequest> backend = BackendRequestFromFlag(args);
   if (!backend.ok()) return backend.status();
   absl::StatusOr<ops::TensorParallelRequest> tp = TensorParallelFromFlags(args);
@@ -70,7 +63,9 @@ absl::StatusOr<PrecisionChoice> PrecisionFromFlags(const Args& args) {
   // Several shards without --backend cpu mean GPUs (DeclareBackendFlag).
   if (tp->degree > 1 && *backend != ops::BackendRequest::kCpu)
     backend = ops::BackendRequest::kCuda;
-  return PrecisionFromFlag(args, *backend);
+  return AutoPrecision(
+      *backend, kernels::cpu::ActiveIsa() == kernels::cpu::Isa::kAvx512 &&
+                    kernels::cpu::HasAvx512Bf16());
 }
 
 absl::StatusOr<ops::BackendRequest> BackendRequestFromFlag(const Args& args) {

@@ -39,12 +39,9 @@ struct PrecisionChoice {
   std::string why;
 };
 // The --precision a command runs at: as given, or for auto the exact mode
-// that is fastest where it runs (AutoPrecision). INVALID_ARGUMENT naming
-// the flag for anything but auto, fp32 or bf16.
-absl::StatusOr<PrecisionChoice> PrecisionFromFlag(const Args& args,
-                                                  ops::BackendRequest backend);
-// The same for a command with the backend flags: the backend is the one
-// --backend and --tensor-parallel-size ask for.
+// that is fastest where it runs (AutoPrecision) for the backend --backend
+// and --tensor-parallel-size ask for. INVALID_ARGUMENT naming the flag for
+// anything but auto, fp32 or bf16 (and the backend flags' own errors).
 absl::StatusOr<PrecisionChoice> PrecisionFromFlags(const Args& args);
 
 // --precision auto's rule: bf16 for the CUDA backend (its only mode); on

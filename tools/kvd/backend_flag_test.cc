@@ -49,8 +49,7 @@ TEST(PrecisionFlag, AutoFollowsTheHardware) {
   EXPECT_NE(
       AutoPrecision(ops::BackendRequest::kCpu, false).why.find("AVX512-BF16"),
       std::string::npos);
-  const absl::StatusOr<PrecisionChoice> dflt =
-      PrecisionFromFlag(Parsed({}), ops::BackendRequest::kAuto);
+  const absl::StatusOr<PrecisionChoice> dflt = PrecisionFromFlags(Parsed({}));
   ASSERT_TRUE(dflt.ok()) << dflt.status();
   EXPECT_NE(dflt->why.find("auto"), std::string::npos);
 }
@@ -58,14 +57,14 @@ TEST(PrecisionFlag, AutoFollowsTheHardware) {
 TEST(PrecisionFlag, GivenValuesWinAndBadOnesNameTheFlag) {
   for (const auto& [flag, want] : {std::pair{"fp32", ops::Precision::kF32},
                                    std::pair{"bf16", ops::Precision::kBf16}}) {
-    const absl::StatusOr<PrecisionChoice> got = PrecisionFromFlag(
-        Parsed({"--precision", flag}), ops::BackendRequest::kCuda);
+    const absl::StatusOr<PrecisionChoice> got =
+        PrecisionFromFlags(Parsed({"--precision", flag, "--backend", "cuda"}));
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(got->precision, want);
     EXPECT_NE(got->why.find("--precision"), std::string::npos);
   }
-  const absl::StatusOr<PrecisionChoice> bad = PrecisionFromFlag(
-      Parsed({"--precision", "fp16"}), ops::BackendRequest::kAuto);
+  const absl::StatusOr<PrecisionChoice> bad =
+      PrecisionFromFlags(Parsed({"--precision", "fp16"}));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("--precision"), std::string::npos);
 }
