@@ -33,7 +33,9 @@ std::string EncodeNodeInfo(const NodeInfo& n) {
                 {"hot_sessions", n.load.hot_sessions},
                 {"kv_pool_free_bytes", n.load.kv_pool_free_bytes},
                 {"dram_tier_bytes", n.load.dram_tier_bytes},
-                {"turns_committed", n.load.turns_committed}}}}
+                {"turns_committed", n.load.turns_committed},
+                {"writable", n.load.not_writable.empty()},
+                {"not_writable", n.load.not_writable}}}}
       .dump();
 }
 
@@ -80,6 +82,7 @@ absl::StatusOr<NodeInfo> DecodeNodeInfo(const std::string& text) {
   n.load.kv_pool_free_bytes = num("load", "kv_pool_free_bytes", -1);
   n.load.dram_tier_bytes = num("load", "dram_tier_bytes", 0);
   n.load.turns_committed = num("load", "turns_committed", 0);
+  n.load.not_writable = str("load", "not_writable");
   return n;
 }
 

@@ -27,6 +27,9 @@ struct NodeLoad {
   int64_t kv_pool_free_bytes = -1;  // -1: unlimited pool
   int64_t dram_tier_bytes = 0;      // residual checkpoints held in DRAM
   int64_t turns_committed = 0;      // since the process started
+  // Why the node cannot commit a typical turn now (a full disk, a damaged
+  // database file); empty when it can. Such a node gets no new sessions.
+  std::string not_writable;
 };
 
 struct NodeInfo {

@@ -17,11 +17,12 @@ TEST(NodeInfoTest, RoundTripsEveryField) {
   n.numerics_version = 3;
   n.max_inflight = 4;
   n.max_queue = 12;
-  n.load = {2, 1, 5, 1024, 4096, 77};
+  n.load = {2, 1, 5, 1024, 4096, 77, "the disk is full"};
   absl::StatusOr<NodeInfo> back = DecodeNodeInfo(EncodeNodeInfo(n));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(EncodeNodeInfo(*back), EncodeNodeInfo(n));
   EXPECT_EQ(back->load.turns_committed, 77);
+  EXPECT_EQ(back->load.not_writable, "the disk is full");
   EXPECT_DOUBLE_EQ(back->Utilization(), 3.0 / 16.0);
 }
 

@@ -143,6 +143,10 @@ absl::Status ClusterMember::Join(NodeRuntime* runtime,
                   s.kv_pool_block_bytes;
     info.load.dram_tier_bytes = runtime->store().dram_stats().bytes;
     info.load.turns_committed = s.turns_committed;
+    // The database's own judgement, not the engine's: that one also asks
+    // the cluster fence, which waits for the registration this runs inside.
+    const absl::Status writable = runtime->store().db().WriteHealth();
+    info.load.not_writable = std::string(writable.message());
     return cluster::EncodeNodeInfo(info);
   };
   o.on_lost = [id = options_.node_id] {

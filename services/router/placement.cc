@@ -16,20 +16,31 @@ double Placement::Score(const cluster::NodeInfo& n) {
 
 absl::StatusOr<std::string> Placement::Pick(
     const std::vector<cluster::NodeInfo>& nodes, const std::string& model,
-    const std::set<std::string>& drained) {
+    const std::set<std::string>& drained, bool commits) {
   std::vector<const cluster::NodeInfo*> serving, open;
   std::set<std::string> models;
+  const cluster::NodeInfo* unwritable = nullptr;  // one, for the message
   for (const cluster::NodeInfo& n : nodes) {
     models.insert(n.model_id);
     if (n.model_id != model || n.http_url.empty()) continue;
     serving.push_back(&n);
-    if (drained.count(n.id) == 0) open.push_back(&n);
+    if (drained.count(n.id) != 0) continue;
+    if (commits && !n.load.not_writable.empty()) {
+      unwritable = &n;
+      continue;
+    }
+    open.push_back(&n);
   }
   if (serving.empty()) {
     return absl::NotFoundError(absl::StrCat(
         "no live node serves model '", model, "'; the cluster serves: ",
         models.empty() ? std::string("nothing (no live nodes)")
                        : absl::StrJoin(models, ", ")));
+  }
+  if (open.empty() && unwritable != nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "no node serving model '", model, "' can commit turns now; node '",
+        unwritable->id, "' reports: ", unwritable->load.not_writable));
   }
   if (open.empty()) {
     return absl::UnavailableError(absl::StrCat(

@@ -35,11 +35,15 @@ class Placement {
  public:
   explicit Placement(uint64_t seed = std::random_device{}()) : rng_(seed) {}
 
-  // A node for `model`. NOT_FOUND naming the served models when no live
-  // node serves it; UNAVAILABLE when all that do are draining.
+  // A node for `model`. `commits`: the request will commit turns (a new
+  // session), so nodes that report they cannot (NodeLoad::not_writable: a
+  // full disk) are left out. NOT_FOUND naming the served models when no
+  // live node serves it; UNAVAILABLE when all that do are draining or, for
+  // `commits`, cannot commit (with one node's reason).
   absl::StatusOr<std::string> Pick(const std::vector<cluster::NodeInfo>& nodes,
                                    const std::string& model,
-                                   const std::set<std::string>& drained);
+                                   const std::set<std::string>& drained,
+                                   bool commits = true);
 
   // This router's own traffic to `node`, counted in its load.
   void Placed(const std::string& node);

@@ -52,6 +52,27 @@ TEST(PlacementTest, NeverPicksANodeOfAnotherModelOrADrainingOne) {
             absl::StatusCode::kUnavailable);
 }
 
+// A node that reports it cannot commit (a full disk) gets no new sessions,
+// still gets stateless requests, and when no node can commit the error says
+// why.
+TEST(PlacementTest, NewSessionsAvoidANodeThatCannotCommit) {
+  Placement p(/*seed=*/5);
+  std::vector<cluster::NodeInfo> nodes = {Node("full", "m"), Node("ok", "m")};
+  nodes[0].load.not_writable = "the disk holding /d has 1 MiB free";
+  std::map<std::string, int> stateless;
+  for (int i = 0; i < 40; ++i) {
+    EXPECT_EQ(*p.Pick(nodes, "m", {}, /*commits=*/true), "ok");
+    stateless[*p.Pick(nodes, "m", {}, /*commits=*/false)]++;
+  }
+  EXPECT_GT(stateless["full"], 0);
+  const absl::Status none =
+      p.Pick(nodes, "m", {"ok"}, /*commits=*/true).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(none.message().find("node 'full' reports: the disk holding /d"),
+            std::string::npos)
+      << none;
+}
+
 TEST(PlacementTest, PrefersTheLessLoadedOfTwo) {
   Placement p(/*seed=*/3);
   const std::vector<cluster::NodeInfo> nodes = {Node("busy", "m", 4),

@@ -97,8 +97,9 @@ absl::StatusOr<Target> Routing::Owner(const std::string& tenant,
   return absl::UnavailableError(absl::StrCat(
       "session '", session, "' lives on node '", (*e)->owner,
       "', which is not live (stopped, restarting or cut off from etcd); "
-      "retry after a while: the session comes back with its node (failover "
-      "to a replica is not built yet)"));
+      "retry after a while: a replica of it is promoted once the node's "
+      "lease ends (sessions kept with --replicas 2 or more), otherwise it "
+      "comes back with its node"));
 }
 
 absl::StatusOr<Target> Routing::Place(const std::string& tenant,
@@ -108,7 +109,8 @@ absl::StatusOr<Target> Routing::Place(const std::string& tenant,
     absl::StatusOr<Target> owner = Owner(tenant, session, model, nullptr);
     if (owner.status().code() != absl::StatusCode::kNotFound) return owner;
     const std::vector<cluster::NodeInfo> live = LiveNodes();
-    absl::StatusOr<std::string> id = placement_.Pick(live, model, Drained());
+    absl::StatusOr<std::string> id =
+        placement_.Pick(live, model, Drained(), /*commits=*/true);
     if (!id.ok()) {
       metrics_.Add("kvd_router_errors_total", {{"kind", "no_node"}});
       return id.status();
@@ -136,7 +138,8 @@ absl::StatusOr<Target> Routing::Stateless(const std::string& model,
   for (cluster::NodeInfo& n : live) {
     if (skip.count(n.id) == 0) usable.push_back(std::move(n));
   }
-  absl::StatusOr<std::string> id = placement_.Pick(usable, model, Drained());
+  absl::StatusOr<std::string> id =
+      placement_.Pick(usable, model, Drained(), /*commits=*/false);
   if (!id.ok()) {
     metrics_.Add("kvd_router_errors_total", {{"kind", "no_node"}});
     return id.status();

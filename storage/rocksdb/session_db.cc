@@ -1,6 +1,7 @@
 #include "storage/rocksdb/session_db.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <deque>
 #include <filesystem>
 #include <limits>
@@ -9,6 +10,7 @@
 #include <set>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -97,6 +99,35 @@ struct SessionDb::Impl {
   // Why writes stopped, while RocksDB refuses them after finding a damaged
   // file (cleared by the next write that succeeds).
   absl::Status write_failure ABSL_GUARDED_BY(mu);
+  // The batch sizes of the last kRecentTurns turn commits, refused ones
+  // included (a ring): readiness asks whether a typical one still fits.
+  static constexpr int kRecentTurns = 16;
+  std::vector<int64_t> recent_turn_bytes ABSL_GUARDED_BY(mu);
+  int next_turn_slot ABSL_GUARDED_BY(mu) = 0;
+
+  void RecordTurnBytes(int64_t bytes) {
+    absl::MutexLock lock(&mu);
+    if (recent_turn_bytes.size() < kRecentTurns) {
+      recent_turn_bytes.push_back(bytes);
+    } else {
+      recent_turn_bytes[next_turn_slot] = bytes;
+    }
+    next_turn_slot = (next_turn_slot + 1) % kRecentTurns;
+  }
+
+  // The median of the recent turn commits (0 before the first): what a
+  // typical turn on this node writes.
+  int64_t TypicalTurnBytes() const {
+    std::vector<int64_t> sizes;
+    {
+      absl::MutexLock lock(&mu);
+      sizes = recent_turn_bytes;
+    }
+    if (sizes.empty()) return 0;
+    auto mid = sizes.begin() + static_cast<ptrdiff_t>(sizes.size() / 2);
+    std::nth_element(sizes.begin(), mid, sizes.end());
+    return *mid;
+  }
 
   // Load's reading of the chunks `needed`, one stream (token ids, then each
   // layer) per map of `streams`, each handed to `observer` once complete.
@@ -204,8 +235,10 @@ struct SessionDb::Impl {
 
   // RESOURCE_EXHAUSTED (a full disk) if writing `write_bytes` would leave
   // less than the reserve free. OK when the free space cannot be read:
-  // RocksDB then reports a full disk itself.
-  absl::Status CheckRoom(int64_t write_bytes, absl::string_view what) const {
+  // RocksDB then reports a full disk itself. `typical`: `write_bytes` is a
+  // typical turn's size (a readiness check), not one write's.
+  absl::Status CheckRoom(int64_t write_bytes, absl::string_view what,
+                         bool typical = false) const {
     absl::StatusOr<DiskSpace> space = Space();
     if (!space.ok() || space->available_bytes - write_bytes >= reserve_bytes) {
       return absl::OkStatus();
@@ -217,9 +250,11 @@ struct SessionDb::Impl {
         ReadableBytes(reserve_bytes),
         " free so that deleting sessions and the database's own upkeep "
         "still work",
-        write_bytes > 0 ? absl::StrCat(" (this write needs ",
-                                       ReadableBytes(write_bytes), ")")
-                        : "",
+        write_bytes <= 0 ? ""
+        : typical        ? absl::StrCat(" (a typical turn here writes ",
+                                        ReadableBytes(write_bytes), ")")
+                         : absl::StrCat(" (this write needs ",
+                                        ReadableBytes(write_bytes), ")"),
         ". Delete sessions (HTTP DELETE /v1/sessions/ID or gRPC "
         "DeleteSession, sent to this node directly since it reports not "
         "ready meanwhile; or 'kvd sessions rm' while no kvd runs on this "
@@ -623,6 +658,11 @@ absl::Status SessionDb::CommitTurn(const TurnUpdate& update) {
   // of owner goes through the same lock there, so the stored manifest read
   // here is the one this batch replaces.
   if (old) KVD_RETURN_IF_ERROR(CheckFence(*old, update));
+  // A turn that stores tokens: not a session's creation, which stores none,
+  // nor an ownership change.
+  if (!update.put.empty() && !update.ownership_change) {
+    impl_->RecordTurnBytes(static_cast<int64_t>(batch.GetDataSize()));
+  }
   return impl_->CommitBatch(
       m, old ? old->stored_bytes() : 0, &batch,
       update.ownership_change ? "changing the owner" : "committing a turn");
@@ -1076,7 +1116,9 @@ absl::Status SessionDb::WriteHealth() {
     if (!impl_->write_failure.ok()) return impl_->write_failure;
   }
   KVD_RETURN_IF_ERROR(impl_->MaybeResume());
-  return impl_->CheckRoom(0, "");
+  // Not merely above the reserve: a node that would refuse its next typical
+  // turn is not ready for session traffic.
+  return impl_->CheckRoom(impl_->TypicalTurnBytes(), "", /*typical=*/true);
 }
 
 int64_t SessionDb::DiskBytes() const {

@@ -193,8 +193,10 @@ class SessionDb {
   // Why turns cannot commit now, with what to do; OK when they can.
   // DATA_LOSS while RocksDB refuses writes because it found a damaged file
   // (as the last commit reported); RESOURCE_EXHAUSTED marked MarkDiskFull
-  // while the disk is below its reserve or RocksDB is recovering from a full
-  // disk. Readiness checks use it: such a node can serve reads, not turns.
+  // while a typical turn (the median batch of the last 16 commits that stored
+  // tokens, refused ones included) would take the disk below its reserve, or
+  // RocksDB is recovering from a full disk. Readiness checks use it: such a
+  // node can serve reads, not turns.
   absl::Status WriteHealth();
 
   SessionDb(const SessionDb&) = delete;

@@ -842,6 +842,51 @@ TEST_F(SessionDbTest, FullDiskRefusesTurnsNotDeletesAndResumesByItself) {
   EXPECT_EQ(db_->GetManifest("acme", "chat-1")->token_count(), 8);
 }
 
+// Above the reserve is not ready enough: a node whose next typical turn
+// would be refused reports not ready, sized by the turns it has committed,
+// and ready again once a typical turn fits.
+TEST_F(SessionDbTest, NotReadyWhileATypicalTurnWouldNotFit) {
+  constexpr int64_t kTotal = 24 << 20;  // a 24 MiB disk
+  auto available = std::make_shared<std::atomic<int64_t>>(20 << 20);
+  options_.disk_space =
+      [available](const std::string&) -> absl::StatusOr<DiskSpace> {
+    return DiskSpace{kTotal, *available};
+  };
+  options_.reserve_free_bytes = 3 << 20;
+  Reopen();
+  SyntheticSessionOptions o;
+  o.row_bytes = 4096;
+  std::vector<TurnUpdate> turns;
+  int64_t turn_bytes = 0;
+  for (int i = 0; i < 3; ++i) {
+    o.session = absl::StrCat("s", i);
+    SyntheticSession s(o);
+    turns.push_back(s.AppendTurn(64));
+    turn_bytes = std::max(turn_bytes, s.manifest().stored_bytes());
+    ASSERT_TRUE(db_->CommitTurn(turns.back()).ok());
+  }
+  EXPECT_TRUE(db_->WriteHealth().ok());
+
+  // Above the reserve, below the reserve and a typical turn: the turn is
+  // refused, and readiness says so before the next one is.
+  *available = (3 << 20) + turn_bytes / 2;
+  const TurnUpdate next = [&] {
+    o.session = "next";
+    return SyntheticSession(o).AppendTurn(64);
+  }();
+  const absl::Status refused = db_->CommitTurn(next);
+  EXPECT_TRUE(IsDiskFull(refused)) << refused;
+  const absl::Status health = db_->WriteHealth();
+  EXPECT_EQ(health.code(), absl::StatusCode::kResourceExhausted) << health;
+  EXPECT_TRUE(IsDiskFull(health));
+  EXPECT_THAT(health.message(), HasSubstr("a typical turn here writes"));
+
+  // Room for a typical turn again: ready, and the turn commits.
+  *available = (3 << 20) + 2 * turn_bytes;
+  EXPECT_TRUE(db_->WriteHealth().ok());
+  EXPECT_TRUE(db_->CommitTurn(next).ok());
+}
+
 // RocksDB's create_if_missing would start an empty database in a directory
 // whose CURRENT file is gone, and its next open would delete the old tables
 // and blob files as obsolete: every committed session lost. Open must refuse,
