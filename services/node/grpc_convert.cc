@@ -179,7 +179,7 @@ void SetLogprobs(const ops::Tokenizer& tokenizer,
   auto set = [&tokenizer](const ops::TokenLogProb& t, v1::TokenLogprob* p) {
     p->set_token_id(t.token);
     p->set_logprob(t.logprob);
-    p->set_token(tokenizer.TokenToPiece(t.token));
+    p->set_token(tokenizer.TokenToPiece(t.token, /*special=*/true));
   };
   for (const ops::LogProbs& lp : logprobs) {
     v1::TokenLogprobs* m = out->Add();

@@ -777,6 +777,40 @@ TEST_F(HttpServerTest, StreamedLogprobsEqualTheJsonOnes) {
   }
 }
 
+// A special token in logprobs carries its text ("<|im_end|>") and bytes, as
+// vLLM's and llama-server's do, while the reply's text leaves it out.
+TEST_F(HttpServerTest, LogprobsGiveSpecialTokensTheirText) {
+  auto server = Start(smol_);
+  const Reply r = Post(server->port(), "/v1/chat/completions",
+                       {{"model", smol_->model_id()},
+                        {"messages", {{{"role", "user"}, {"content", "Hi!"}}}},
+                        {"max_tokens", 48},
+                        {"temperature", 0},
+                        {"ignore_eos", true},
+                        {"logprobs", true},
+                        {"top_logprobs", 5}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = r.Json();
+  const std::string im_end = "<|im_end|>";
+  int seen = 0;
+  auto check = [&](const json& entry) {
+    const std::string token = entry["token"];
+    EXPECT_FALSE(token.empty()) << entry.dump();
+    json bytes = json::array();
+    for (unsigned char c : token) bytes.push_back(static_cast<int>(c));
+    EXPECT_EQ(entry["bytes"], bytes) << entry.dump();
+    if (token == im_end) seen++;
+  };
+  for (const json& t : j["choices"][0]["logprobs"]["content"]) {
+    check(t);
+    for (const json& top : t["top_logprobs"]) check(top);
+  }
+  EXPECT_GT(seen, 0) << "no <|im_end|> among the chosen or top tokens";
+  EXPECT_EQ(
+      j["choices"][0]["message"]["content"].get<std::string>().find(im_end),
+      std::string::npos);
+}
+
 // A non-streaming request writes nothing until it is done, so only its
 // socket shows that the client left: the generation stops within moments
 // instead of running its 2000 tokens for nobody.

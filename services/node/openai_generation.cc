@@ -113,10 +113,13 @@ std::vector<TokenLogProbText> LogprobsText(
   for (size_t i = 0; i < n; ++i) {
     const int32_t id = tokens[i];
     if (!job.common.ignore_eos && tokenizer.IsEog(id)) continue;
-    TokenLogProbText t{
-        tokenizer.TokenToPiece(id), logprobs[i].chosen.logprob, {}};
+    TokenLogProbText t{tokenizer.TokenToPiece(id, /*special=*/true),
+                       logprobs[i].chosen.logprob,
+                       {},
+                       static_cast<int64_t>(tokenizer.TokenToPiece(id).size())};
     for (const ops::TokenLogProb& top : logprobs[i].top) {
-      t.top.emplace_back(tokenizer.TokenToPiece(top.token), top.logprob);
+      t.top.emplace_back(tokenizer.TokenToPiece(top.token, /*special=*/true),
+                         top.logprob);
     }
     out.push_back(std::move(t));
   }

@@ -63,7 +63,7 @@ json CompletionLogprobs(const std::vector<TokenLogProbText>& lps,
     for (const auto& [tok, lp] : t.top) m[tok] = lp;
     top.push_back(m);
     offsets.push_back(offset);
-    offset += static_cast<int64_t>(t.token.size());
+    offset += t.text_bytes;
   }
   return {{"tokens", tokens},
           {"token_logprobs", token_logprobs},

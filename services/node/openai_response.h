@@ -47,9 +47,14 @@ struct Usage {
 
 // One generated token's log-probabilities, with the text of each token.
 struct TokenLogProbText {
-  std::string token;  // the token's bytes (may be part of a UTF-8 char)
+  // The token's bytes (may be part of a UTF-8 char); a special token's text
+  // ("<|im_end|>"), as vLLM and llama-server give it.
+  std::string token;
   float logprob = 0;
   std::vector<std::pair<std::string, float>> top;
+  // Bytes the token adds to the response's text: `token`'s size, 0 for a
+  // special token (its text is not part of the reply).
+  int64_t text_bytes = 0;
 };
 
 struct ChoiceOutput {
