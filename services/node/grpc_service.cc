@@ -15,6 +15,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "services/node/grpc_call_log.h"
 #include "services/node/grpc_convert.h"
+#include "services/node/grpc_reflection_v1.h"
 #include "storage/checkpoint/codec.h"
 #include "storage/checkpoint/session_file.h"
 #include "storage/rocksdb/disk_full.h"
@@ -562,9 +563,11 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
       [runtime] { return runtime->engine().WriteHealth().ok(); },
       std::set<std::string>{"kvd.v1.Sessions", "kvd.v1.Health"});
   // Server reflection (grpcurl, grpc_cli, Postman) lists the services and
-  // their messages; the plugin registers itself with every builder.
+  // their messages: v1alpha from gRPC (its plugin registers itself with every
+  // builder), v1 from kvd.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  AddReflectionV1(builder);
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;

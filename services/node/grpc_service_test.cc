@@ -3,6 +3,7 @@
 // stub.
 #include "services/node/grpc_service.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -12,10 +13,13 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/descriptor.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "ops/model/testing/tiny_model.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
+#include "proto/grpc/reflection/v1/reflection.grpc.pb.h"
 #include "proto/kvd/v1/health.grpc.pb.h"
 #include "proto/kvd/v1/sessions.grpc.pb.h"
 #include "services/node/grpc_convert.h"
@@ -763,6 +767,115 @@ TEST_F(GrpcServiceTest, CallsAreCountedPerMethodAndCode) {
   EXPECT_THAT(m.Render(),
               HasSubstr("kvd_grpc_request_seconds_count{method=\"/kvd.v1."
                         "Sessions/Generate\"} 1"));
+}
+
+// A node whose next typical turn would not fit on its disk, though the disk
+// is above its reserve, reports NOT_SERVING on both health services (the
+// turn itself is refused), and SERVING again once there is room.
+TEST_F(GrpcServiceTest, HealthSaysNotServingWhileATypicalTurnWouldNotFit) {
+  // kvd keeps its memtable budget free, a sixteenth of a small disk: 4 MiB.
+  constexpr int64_t kTotal = 64 << 20;
+  constexpr int64_t kReserve = 4 << 20;
+  auto available = std::make_shared<std::atomic<int64_t>>(48 << 20);
+  Start(KeyStore(), {}, [available](NodeOptions& node) {
+    node.disk_space_for_test =
+        [available](const std::string&) -> absl::StatusOr<storage::DiskSpace> {
+      return storage::DiskSpace{kTotal, *available};
+    };
+  });
+  auto serving = [this] {
+    auto kvd_health = v1::Health::NewStub(channel_);
+    grpc::ClientContext a;
+    v1::HealthResponse kvd_resp;
+    EXPECT_TRUE(kvd_health->Check(&a, v1::HealthRequest(), &kvd_resp).ok());
+    auto std_health = grpc::health::v1::Health::NewStub(channel_);
+    grpc::ClientContext b;
+    grpc::health::v1::HealthCheckResponse std_resp;
+    EXPECT_TRUE(
+        std_health->Check(&b, grpc::health::v1::HealthCheckRequest(), &std_resp)
+            .ok());
+    const bool kvd_serving = kvd_resp.status() == v1::HealthResponse::SERVING;
+    EXPECT_EQ(kvd_serving, std_resp.status() ==
+                               grpc::health::v1::HealthCheckResponse::SERVING);
+    return kvd_serving;
+  };
+  for (const char* session : {"a", "b", "c", "d"}) {
+    ASSERT_TRUE(Create(session).ok()) << session;
+  }
+  for (const char* session : {"a", "b", "c"}) {
+    ASSERT_TRUE(
+        Generate(Raw(session, "a prompt of a few words", 4)).status.ok())
+        << session;
+  }
+  EXPECT_TRUE(serving());
+  const int64_t typical =
+      runtime_->engine().GetSession("local", "a")->stored_bytes();
+  ASSERT_GT(typical, 0);
+
+  *available = kReserve + typical / 2;  // above the reserve, not by a turn
+  EXPECT_FALSE(serving());
+  const Reply refused = Generate(Raw("d", "a prompt of a few words", 4));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.status.error_message();
+
+  *available = 48 << 20;
+  EXPECT_TRUE(serving());
+  EXPECT_TRUE(Generate(Raw("d", "a prompt of a few words", 4)).status.ok());
+}
+
+// Reflection v1, as current grpcurl asks it: the service list (both
+// reflection versions included), a service's file with every file it
+// imports, and a clear NOT_FOUND.
+TEST_F(GrpcServiceTest, ReflectionV1ListsServicesAndDescribesThem) {
+  namespace refl = grpc::reflection::v1;
+  Start(KeyStore());
+  auto stub = refl::ServerReflection::NewStub(channel_);
+  grpc::ClientContext ctx;
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  refl::ServerReflectionRequest req;
+  refl::ServerReflectionResponse resp;
+
+  req.set_list_services("");
+  ASSERT_TRUE(stream->Write(req));
+  ASSERT_TRUE(stream->Read(&resp));
+  std::vector<std::string> names;
+  for (const auto& s : resp.list_services_response().service()) {
+    names.push_back(s.name());
+  }
+  EXPECT_THAT(names,
+              ::testing::IsSupersetOf(
+                  {"kvd.v1.Sessions", "kvd.v1.Health", "grpc.health.v1.Health",
+                   "grpc.reflection.v1.ServerReflection",
+                   "grpc.reflection.v1alpha.ServerReflection"}));
+
+  req.set_file_containing_symbol("kvd.v1.Sessions.Generate");
+  ASSERT_TRUE(stream->Write(req));
+  ASSERT_TRUE(stream->Read(&resp));
+  ASSERT_TRUE(resp.has_file_descriptor_response()) << resp.DebugString();
+  google::protobuf::DescriptorPool pool;
+  std::vector<google::protobuf::FileDescriptorProto> files;
+  for (const std::string& bytes :
+       resp.file_descriptor_response().file_descriptor_proto()) {
+    files.emplace_back();
+    ASSERT_TRUE(files.back().ParseFromString(bytes));
+  }
+  ASSERT_FALSE(files.empty());
+  // Dependencies first, as a client builds them.
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    ASSERT_NE(pool.BuildFile(*it), nullptr) << it->name();
+  }
+  const google::protobuf::ServiceDescriptor* sessions =
+      pool.FindServiceByName("kvd.v1.Sessions");
+  ASSERT_NE(sessions, nullptr);
+  EXPECT_NE(sessions->FindMethodByName("Generate"), nullptr);
+
+  req.set_file_containing_symbol("no.such.Symbol");
+  ASSERT_TRUE(stream->Write(req));
+  ASSERT_TRUE(stream->Read(&resp));
+  EXPECT_EQ(resp.error_response().error_code(),
+            static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 // The standard health protocol, as Kubernetes' gRPC probe asks it.
