@@ -37,6 +37,9 @@ PACKAGES=(
 # the official `grpcio` client, from a virtualenv (Debian 12 refuses system-wide pip installs).
 # ... and the cluster tests run a real etcd.
 if ((TEST_TOOLS)); then PACKAGES+=(python3-venv etcd-server); fi
+# ... and CI's ThreadSanitizer run builds abseil from Debian's source with cmake
+# (tools/build/tsan_absl.sh).
+if ((TEST_TOOLS)); then PACKAGES+=(cmake); fi
 
 SUDO=""
 if [[ "$(id -u)" != 0 ]]; then

@@ -1,5 +1,7 @@
 #include "kernels/cpu/cpu_features.h"
 
+#include <cpuid.h>
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +13,20 @@ namespace kvd::kernels::cpu {
 namespace {
 
 std::atomic<int> g_active{-1};
+
+// CPUID feature bits read directly: GCC's and Clang's __builtin_cpu_supports
+// know different feature names (Clang 14 has neither "f16c" nor
+// "avx512bf16"). Both callers check the wider ISA (and so the OS's register
+// support) first.
+bool HasF16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+
+bool HasAvx512Bf16Bit() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && (a & (1u << 5)) != 0;
+}
 
 int InitialIsa() {
   const char* env = std::getenv("KVD_ISA");
@@ -32,7 +48,7 @@ bool IsaSupported(Isa isa) {
       return true;
     case Isa::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+             HasF16c();
     case Isa::kAvx512:
       return IsaSupported(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") &&
@@ -43,8 +59,7 @@ bool IsaSupported(Isa isa) {
 }
 
 bool HasAvx512Bf16() {
-  static const bool has =
-      IsaSupported(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
+  static const bool has = IsaSupported(Isa::kAvx512) && HasAvx512Bf16Bit();
   return has;
 }
 

@@ -24,19 +24,25 @@ __global__ void Bf16ToFloatKernel(const uint16_t* src, float* dst, int64_t n) {
 
 constexpr int kThreads = 256;
 
-unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+unsigned Blocks(int64_t n) {
+  return static_cast<unsigned>((n + kThreads - 1) / kThreads);
+}
 
 }  // namespace
 
-int LaunchFloatToBf16(const float* src, uint16_t* dst, int64_t n, void* stream) {
+int LaunchFloatToBf16(const float* src, uint16_t* dst, int64_t n,
+                      void* stream) {
   if (n <= 0) return 0;
-  FloatToBf16Kernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(src, dst, n);
+  FloatToBf16Kernel<<<Blocks(n), kThreads, 0,
+                      static_cast<cudaStream_t>(stream)>>>(src, dst, n);
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchBf16ToFloat(const uint16_t* src, float* dst, int64_t n, void* stream) {
+int LaunchBf16ToFloat(const uint16_t* src, float* dst, int64_t n,
+                      void* stream) {
   if (n <= 0) return 0;
-  Bf16ToFloatKernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(src, dst, n);
+  Bf16ToFloatKernel<<<Blocks(n), kThreads, 0,
+                      static_cast<cudaStream_t>(stream)>>>(src, dst, n);
   return static_cast<int>(cudaGetLastError());
 }
 

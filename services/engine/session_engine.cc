@@ -1239,7 +1239,7 @@ void SessionEngine::MakeHot(const Key& key, std::shared_ptr<Active> active) {
   lru_.push_front(key);
   int64_t kv_bytes = 0;
   for (const auto& [k, a] : hot_) kv_bytes += a->kv_bytes;
-  auto over = [&] {
+  auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return static_cast<int64_t>(lru_.size()) >
                std::max<int64_t>(0, options_.max_hot_sessions) ||
            (options_.max_hot_kv_bytes > 0 &&

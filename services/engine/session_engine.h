@@ -449,9 +449,10 @@ class SessionEngine {
   std::shared_ptr<absl::Mutex> SessionMutex(const Key& key);
   // Takes the session's mutex for a turn once the session is not frozen
   // (waiting up to frozen_turn_wait); ABORTED when busy and `fail_if_busy`,
-  // or still frozen.
+  // or still frozen. Holds `session_mu` on return exactly when OK, which
+  // the thread-safety analysis has no annotation for.
   absl::Status LockForTurn(const Key& key, absl::Mutex* session_mu,
-                           bool fail_if_busy);
+                           bool fail_if_busy) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // ABORTED (nothing done) unless `stored` lets this node commit turns:
   // a primary at the epoch and owner this engine would write.
   absl::Status CheckMayCommit(const v1::SessionManifest& stored) const;

@@ -125,11 +125,7 @@ class Outbox {
   // fails this and every later call.
   absl::Status Push(std::shared_ptr<const std::string> bytes) {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](Outbox* o) {
-          return o->queue_.size() < kMaxQueued || !o->failed_.ok();
-        },
-        this));
+    mu_.Await(absl::Condition(this, &Outbox::HasRoomOrFailed));
     if (!failed_.ok()) return failed_;
     queue_.push_back(std::move(bytes));
     return absl::OkStatus();
@@ -140,12 +136,7 @@ class Outbox {
   absl::Status Drain(absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     const bool done = mu_.AwaitWithDeadline(
-        absl::Condition(
-            +[](Outbox* o) {
-              return (o->queue_.empty() && !o->sending_) || !o->failed_.ok();
-            },
-            this),
-        deadline);
+        absl::Condition(this, &Outbox::SentAllOrFailed), deadline);
     if (!failed_.ok()) return failed_;
     return done ? absl::OkStatus()
                 : absl::DeadlineExceededError("it took no command");
@@ -154,13 +145,23 @@ class Outbox {
  private:
   static constexpr size_t kMaxQueued = 4;
 
+  // Await conditions, as members so the thread-safety analysis sees mu_ held.
+  bool HasRoomOrFailed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.size() < kMaxQueued || !failed_.ok();
+  }
+  bool SentAllOrFailed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return (queue_.empty() && !sending_) || !failed_.ok();
+  }
+  bool StoppedOrQueued() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || !queue_.empty();
+  }
+
   void Loop() {
     while (true) {
       std::shared_ptr<const std::string> next;
       {
         absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](Outbox* o) { return o->stop_ || !o->queue_.empty(); }, this));
+        mu_.Await(absl::Condition(this, &Outbox::StoppedOrQueued));
         if (stop_ || !failed_.ok()) return;
         next = std::move(queue_.front());
         queue_.pop_front();
