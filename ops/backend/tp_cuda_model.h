@@ -1,4 +1,4 @@
-// The tensor-parallel CUDA forward pass (issue 6): CudaModel's llama-family
+// The tensor-parallel CUDA forward pass: CudaModel's llama-family
 // layer (cuda_model.h), with attention heads and MLP columns split over S
 // shards by a TensorParallelPlan, and the partial outputs of W_o and W_down
 // completed by an AllReduce (all_reduce.h).

@@ -4,7 +4,7 @@
 // from checkpoints and match an engine with an unlimited pool bit for bit),
 // and a pool too small for the running sequences stops the youngest with
 // RESOURCE_EXHAUSTED while the others finish exactly as they would alone.
-// Also (code review, issue 5): a waiting prompt demotes idle sessions only
+// Also: a waiting prompt demotes idle sessions only
 // when that can make room; a re-prefill restore demotes them like a rebuild;
 // a prompt larger than the pool is OUT_OF_RANGE, not a retryable 429; a
 // foreign pool's exhaustion is not blamed on the engine's pool; bad pool

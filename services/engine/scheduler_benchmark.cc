@@ -1,5 +1,5 @@
 // Aggregate decode throughput of the continuous-batching Scheduler with 1, 8
-// and 16 concurrent sequences on SmolLM2-135M (issue 5). Each sequence is a
+// and 16 concurrent sequences on SmolLM2-135M. Each sequence is a
 // thread calling Scheduler::Run with its own short random prompt and 64
 // greedy tokens (EOG ignored); the figure is every generated token divided
 // by the wall time from the first Run to the last return, so it includes the

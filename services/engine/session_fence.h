@@ -1,8 +1,8 @@
 // A cluster's say over which sessions a node may serve and commit (DESIGN.md
 // section 7: ownership is a fencing token). The engine asks it before every
 // turn and again right before the turn's commit; a standalone node has
-// none. The node implements it over etcd (services/node/cluster_fence.h);
-// the engine sees only this interface.
+// none. The node implements it over etcd and its lease
+// (services/node/cluster_member.cc); the engine sees only this interface.
 //
 // Thread-safety: implementations must allow concurrent calls.
 #ifndef KVD_SERVICES_ENGINE_SESSION_FENCE_H_

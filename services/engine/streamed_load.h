@@ -1,7 +1,7 @@
 // Reads a session's checkpoint on a thread of its own and hands the caller
 // each stream (the token ids, then layer by layer) as soon as storage has
 // read and checked it, so a resume from disk can rebuild layer 0's K/V while
-// later layers are still being read (issue 18, item 5: reading and
+// later layers are still being read (reading and
 // recomputing overlap instead of following each other).
 //
 //   StreamedLoad load(store, "acme", "chat-1");

@@ -1,4 +1,4 @@
-// Moving a session of 1k, 4k and 8k tokens between two nodes (issue 16):
+// Moving a session of 1k, 4k and 8k tokens between two nodes:
 // SmolLM2-135M, two engines in one process, each with its own RocksDB +
 // DRAM store, a real etcd directory, the kvd.v1.Migration gRPC service and
 // UCX (TCP by default) on loopback. For each size it reports, side by side:

@@ -1,5 +1,5 @@
 // Decode throughput of KV-Direct bounded-memory decoding vs the plain K/V
-// cache over context length, SmolLM2-135M (issue 3; docs/BENCHMARKS.md
+// cache over context length, SmolLM2-135M (docs/BENCHMARKS.md
 // "KV-Direct decode vs plain K/V over context length").
 //
 // One benchmark per (precision, context T). It prefills T random tokens once

@@ -1,5 +1,5 @@
 // Per-operation latency of KV-Direct's two ways to bring one layer's old K/V
-// into attention, on SmolLM2-135M (issue 3; docs/BENCHMARKS.md "Recompute vs
+// into attention, on SmolLM2-135M (docs/BENCHMARKS.md "Recompute vs
 // read"):
 //   BM_Recompute  — read the residual rows from a cold DRAM pool (in the
 //                   mode's dtype, widened to fp32 as ResidualStore does) and

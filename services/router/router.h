@@ -6,8 +6,9 @@
 //     is placed first (placement.h), by a transaction, so two routers racing
 //     to place it agree on one node;
 //   - a request without one goes to the least-loaded node serving its model;
-//   - a session whose owner is not live gets 503 with Retry-After (failover
-//     is not built yet: docs/CLUSTER.md).
+//   - a session whose owner is not live gets 503 with Retry-After until the
+//     failover controller has promoted a replica (services/migration/
+//     failover.h) or the owner is back (docs/CLUSTER.md).
 // Routers keep nothing about sessions in memory: membership is followed by
 // an etcd watch and the directory is read per request, so any number of
 // routers agree and a restarted router has lost nothing.
