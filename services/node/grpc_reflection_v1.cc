@@ -70,6 +70,7 @@ class ReflectionV1Option final : public grpc::ServerBuilderOption {
 }  // namespace
 
 void GrpcReflectionV1::SetServices(std::vector<std::string> services) {
+  absl::MutexLock lock(&mu_);
   services_ = std::move(services);
 }
 
@@ -85,11 +86,13 @@ grpc::Status GrpcReflectionV1::ServerReflectionInfo(
     response.set_valid_host(request.host());
     *response.mutable_original_request() = request;
     switch (request.message_request_case()) {
-      case ServerReflectionRequest::kListServices:
+      case ServerReflectionRequest::kListServices: {
+        absl::MutexLock lock(&mu_);
         for (const std::string& s : services_) {
           response.mutable_list_services_response()->add_service()->set_name(s);
         }
         break;
+      }
       case ServerReflectionRequest::kFileByFilename: {
         const FileDescriptor* f =
             pool->FindFileByName(request.file_by_filename());

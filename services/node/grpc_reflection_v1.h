@@ -8,13 +8,15 @@
 //   AddReflectionV1(builder);  // before BuildAndStart
 //
 // Thread-safety: each stream runs on one of gRPC's threads; streams share
-// only the service list, fixed before the server starts.
+// only the service list, set as BuildAndStart finishes (under a mutex, since
+// the server may already take calls then).
 #ifndef KVD_SERVICES_NODE_GRPC_REFLECTION_V1_H_
 #define KVD_SERVICES_NODE_GRPC_REFLECTION_V1_H_
 
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/server_builder.h"
 #include "proto/grpc/reflection/v1/reflection.grpc.pb.h"
 
@@ -33,7 +35,8 @@ class GrpcReflectionV1 final
           stream) override;
 
  private:
-  std::vector<std::string> services_;
+  absl::Mutex mu_;
+  std::vector<std::string> services_ ABSL_GUARDED_BY(mu_);
 };
 
 // Registers reflection v1 with `builder`; list_services then names every
