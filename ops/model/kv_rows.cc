@@ -25,8 +25,12 @@ absl::Status CheckRows(const char* what, const ModelConfig& config,
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": the cache lives in memory the host cannot touch"));
   }
-  if (layer < 0 || layer >= config.n_layers || n < 0 ||
-      position < cache->first_kept(layer) || position + n > end) {
+  if (layer < 0 || layer >= config.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": layer ", layer, " is not one of the model's ",
+                     config.n_layers, " layers"));
+  }
+  if (n < 0 || position < cache->first_kept(layer) || position + n > end) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": layer ", layer, " positions [", position, ", ",
                      position + n, ") are not rows the cache holds (it keeps [",
