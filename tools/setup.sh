@@ -40,6 +40,9 @@ if ((TEST_TOOLS)); then PACKAGES+=(python3-venv etcd-server); fi
 # ... and CI's ThreadSanitizer run builds abseil from Debian's source with cmake
 # (tools/build/tsan_absl.sh).
 if ((TEST_TOOLS)); then PACKAGES+=(cmake); fi
+# ... and the fault harness puts hosts in network namespaces (iproute2),
+# cuts links between them (iptables) and fills disks (util-linux's fallocate).
+if ((TEST_TOOLS)); then PACKAGES+=(iproute2 iptables util-linux); fi
 
 SUDO=""
 if [[ "$(id -u)" != 0 ]]; then

@@ -1,11 +1,17 @@
 #include "services/cluster/etcd_client.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <chrono>
 #include <random>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 
@@ -14,10 +20,52 @@ namespace {
 
 // After etcd restarts, reconnect within seconds, not gRPC's default of up
 // to two minutes of backoff: leases and watches are waiting.
-grpc::ChannelArguments ChannelArgs() {
+grpc::ChannelArguments ChannelArgs(bool several_members) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  if (several_members) {
+    args.SetLoadBalancingPolicyName("round_robin");
+    // A member cut off without a reset (a partition) is noticed within
+    // seconds and skipped; 5 s is the least etcd accepts
+    // (--grpc-keepalive-min-time).
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  }
   return args;
+}
+
+// One endpoint ("http://" and a trailing "/" dropped), or "" if malformed.
+std::string CleanEndpoint(absl::string_view endpoint) {
+  endpoint = absl::StripAsciiWhitespace(endpoint);
+  absl::ConsumePrefix(&endpoint, "http://");
+  absl::ConsumeSuffix(&endpoint, "/");
+  return std::string(endpoint);
+}
+
+// "a.b.c.d:port": what gRPC's ipv4: scheme takes in a list.
+bool IsIpv4AndPort(absl::string_view endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == absl::string_view::npos) return false;
+  in_addr addr;
+  int port = 0;
+  return inet_pton(AF_INET, std::string(endpoint.substr(0, colon)).c_str(),
+                   &addr) == 1 &&
+         absl::SimpleAtoi(endpoint.substr(colon + 1), &port) && port > 0 &&
+         port < 65536;
+}
+
+// The gRPC target of `endpoint` (one host:port, or a list of members).
+std::string ChannelTarget(const std::string& endpoint) {
+  if (endpoint.find(',') == std::string::npos) return endpoint;
+  return absl::StrCat("ipv4:", endpoint);
+}
+
+// Asks etcd to refuse the call at once (UNAVAILABLE, "no leader") on a
+// member that has lost its leader, i.e. one cut off in a minority, instead
+// of holding it until the deadline: the retry then goes to another member
+// (etcd's own client does the same with WithRequireLeader).
+void RequireLeader(grpc::ClientContext* ctx) {
+  ctx->AddMetadata("hasleader", "true");
 }
 
 }  // namespace
@@ -40,9 +88,9 @@ std::string PrefixRangeEnd(std::string prefix) {
 
 EtcdClient::EtcdClient(EtcdClientOptions options)
     : options_(std::move(options)),
-      channel_(grpc::CreateCustomChannel(options_.endpoint,
-                                         grpc::InsecureChannelCredentials(),
-                                         ChannelArgs())),
+      channel_(grpc::CreateCustomChannel(
+          ChannelTarget(options_.endpoint), grpc::InsecureChannelCredentials(),
+          ChannelArgs(options_.endpoint.find(',') != std::string::npos))),
       kv_(etcdserverpb::KV::NewStub(channel_)),
       lease_(etcdserverpb::Lease::NewStub(channel_)),
       watch_(etcdserverpb::Watch::NewStub(channel_)) {}
@@ -66,13 +114,24 @@ T EtcdClient::Retrying(const std::function<T()>& call) const {
 
 absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
     EtcdClientOptions options) {
-  absl::string_view endpoint = options.endpoint;
-  absl::ConsumePrefix(&endpoint, "http://");
-  absl::ConsumeSuffix(&endpoint, "/");
-  options.endpoint = std::string(endpoint);
-  if (options.endpoint.empty()) {
+  std::vector<std::string> members;
+  for (absl::string_view e : absl::StrSplit(options.endpoint, ',')) {
+    members.push_back(CleanEndpoint(e));
+  }
+  options.endpoint = absl::StrJoin(members, ",");
+  if (members.size() == 1 && members[0].empty()) {
     return absl::InvalidArgumentError(
         "no etcd endpoint given (host:port of an etcd client URL)");
+  }
+  if (members.size() > 1) {
+    for (const std::string& m : members) {
+      if (!IsIpv4AndPort(m)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "etcd endpoint list '", options.endpoint, "': '", m,
+            "' is not an IPv4 address:port; list the members by address "
+            "(e.g. 10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379)"));
+      }
+    }
   }
   std::unique_ptr<EtcdClient> client(new EtcdClient(std::move(options)));
   // One read proves the endpoint is an etcd that answers.
@@ -82,9 +141,12 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
   return client;
 }
 
-std::unique_ptr<grpc::ClientContext> EtcdClient::Context() const {
+std::unique_ptr<grpc::ClientContext> EtcdClient::Context(
+    absl::Duration timeout) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  ctx->set_deadline(
+      absl::ToChronoTime(absl::Now() + std::min(timeout, options_.timeout)));
+  RequireLeader(ctx.get());
   return ctx;
 }
 
@@ -109,14 +171,15 @@ absl::Status EtcdClient::FromGrpc(const grpc::Status& s,
 }
 
 absl::StatusOr<int64_t> EtcdClient::Put(const std::string& key,
-                                        const std::string& value,
-                                        int64_t lease) {
+                                        const std::string& value, int64_t lease,
+                                        absl::Duration timeout) {
   etcdserverpb::PutRequest req;
   req.set_key(key);
   req.set_value(value);
   req.set_lease(lease);
   etcdserverpb::PutResponse resp;
-  const absl::Status s = FromGrpc(kv_->Put(Context().get(), req, &resp), "put");
+  const absl::Status s =
+      FromGrpc(kv_->Put(Context(timeout).get(), req, &resp), "put");
   if (!s.ok()) return s;
   return resp.header().revision();
 }
@@ -220,8 +283,9 @@ absl::StatusOr<int64_t> EtcdClient::GrantLeaseOnce(absl::Duration ttl) {
   return resp.id();
 }
 
-absl::StatusOr<absl::Duration> EtcdClient::KeepAliveOnce(int64_t lease) {
-  auto ctx = Context();
+absl::StatusOr<absl::Duration> EtcdClient::KeepAliveOnce(
+    int64_t lease, absl::Duration timeout) {
+  auto ctx = Context(timeout);
   std::unique_ptr<
       grpc::ClientReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
                                etcdserverpb::LeaseKeepAliveResponse>>
@@ -260,6 +324,7 @@ absl::Status EtcdClient::Compact(int64_t revision) {
 std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::WatchRequest,
                                          etcdserverpb::WatchResponse>>
 EtcdClient::OpenWatch(grpc::ClientContext* ctx) {
+  RequireLeader(ctx);
   return watch_->Watch(ctx);
 }
 

@@ -34,7 +34,11 @@ namespace kvd::cluster {
 
 struct EtcdClientOptions {
   // host:port of an etcd client URL (plain gRPC); an "http://" prefix and
-  // a trailing "/" are accepted and dropped.
+  // a trailing "/" are accepted and dropped. Several members of one etcd
+  // cluster: a comma-separated list of IPv4 address:port, over which calls
+  // are spread (gRPC round robin), so a member that is down or cut off is
+  // skipped once its connection fails, and a call a member answers with
+  // UNAVAILABLE (no leader: it is in a minority) is retried on the next.
   std::string endpoint;
   absl::Duration timeout = absl::Seconds(5);  // per call
   // Idempotent calls (reads and lease grants) are retried with jittered
@@ -68,9 +72,10 @@ class EtcdClient {
       EtcdClientOptions options);
 
   // Writes `key` (attached to `lease` unless 0); the store's revision after
-  // it.
-  absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value,
-                              int64_t lease = 0);
+  // it. `timeout` (if shorter) replaces the options' per-call timeout.
+  absl::StatusOr<int64_t> Put(
+      const std::string& key, const std::string& value, int64_t lease = 0,
+      absl::Duration timeout = absl::InfiniteDuration());
   // The key, or nullopt if it does not exist.
   absl::StatusOr<std::optional<EtcdKeyValue>> Get(const std::string& key);
   // Every key starting with `prefix`, in key order; `revision` (if not
@@ -96,8 +101,12 @@ class EtcdClient {
   // it expires or is revoked.
   absl::StatusOr<int64_t> GrantLease(absl::Duration ttl);
   // Renews the lease once; its remaining TTL. NOT_FOUND once it expired:
-  // the caller lost whatever it held under it.
-  absl::StatusOr<absl::Duration> KeepAliveOnce(int64_t lease);
+  // the caller lost whatever it held under it. `timeout` (if shorter)
+  // replaces the options' per-call timeout: a renewal must give up well
+  // within the TTL to be retried on another member in time (a member in an
+  // etcd minority holds the call until it times out).
+  absl::StatusOr<absl::Duration> KeepAliveOnce(
+      int64_t lease, absl::Duration timeout = absl::InfiniteDuration());
   absl::Status RevokeLease(int64_t lease);
 
   // Discards history older than `revision` (watches from before it then
@@ -125,7 +134,10 @@ class EtcdClient {
                                      etcdserverpb::RequestOp op);
   absl::StatusOr<int64_t> GrantLeaseOnce(absl::Duration ttl);
   explicit EtcdClient(EtcdClientOptions options);
-  std::unique_ptr<grpc::ClientContext> Context() const;
+  // A call's context, its deadline the shorter of `timeout` and the
+  // options' timeout from now.
+  std::unique_ptr<grpc::ClientContext> Context(
+      absl::Duration timeout = absl::InfiniteDuration()) const;
   absl::Status FromGrpc(const grpc::Status& s, const char* what) const;
 
   const EtcdClientOptions options_;

@@ -86,6 +86,30 @@ TEST_F(EtcdClientTest, LeasedKeysVanishWithTheirLease) {
   EXPECT_FALSE(client_->Get("/kvd/v1/nodes/n2")->has_value());
 }
 
+// A list of members: calls go to those that answer, so a member that is
+// down (here: nothing listens at 127.0.0.1:1) costs nothing but its share of
+// failed connection attempts, which the client skips.
+TEST_F(EtcdClientTest, AListOfMembersSkipsOneThatIsDown) {
+  absl::StatusOr<std::unique_ptr<EtcdClient>> listed = EtcdClient::Connect(
+      {.endpoint = "127.0.0.1:1, http://" + etcd_->endpoint() + "/"});
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ((*listed)->endpoint(), "127.0.0.1:1," + etcd_->endpoint());
+  for (int i = 0; i < 10; ++i) {
+    const std::string key = "/kvd/v1/k" + std::to_string(i);
+    ASSERT_TRUE((*listed)->Put(key, "v").ok()) << i;
+    absl::StatusOr<std::optional<EtcdKeyValue>> got = client_->Get(key);
+    ASSERT_TRUE(got.ok() && got->has_value()) << i;
+  }
+}
+
+TEST(EtcdClientConnectTest, AListNamesMembersByAddress) {
+  absl::StatusOr<std::unique_ptr<EtcdClient>> c =
+      EtcdClient::Connect({.endpoint = "10.0.0.1:2379,etcd-2:2379"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("'etcd-2:2379'"));
+}
+
 TEST(EtcdClientConnectTest, NoEtcdThereIsUnavailableNamingTheEndpoint) {
   absl::StatusOr<std::unique_ptr<EtcdClient>> c = EtcdClient::Connect(
       {.endpoint = "127.0.0.1:1", .timeout = absl::Milliseconds(300)});

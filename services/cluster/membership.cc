@@ -97,13 +97,17 @@ void NodeRegistration::Loop() {
     wait = std::min(every, absl::Milliseconds(500));
     if (registered_.load()) {
       const int64_t asked = MonotonicNanos();
-      absl::StatusOr<absl::Duration> kept = etcd_->KeepAliveOnce(lease_.load());
+      // Each call gives up within a third of the TTL, so that one held by
+      // an etcd member without quorum still leaves time to renew through
+      // another before the lease ends.
+      absl::StatusOr<absl::Duration> kept =
+          etcd_->KeepAliveOnce(lease_.load(), every);
       if (kept.ok()) {
         wait = every;
         live_until_ns_.store(LiveUntil(asked, *kept));
         // The description carries the node's load: rewritten each round.
         if (options_.describe) {
-          (void)etcd_->Put(key_, options_.describe(), lease_.load());
+          (void)etcd_->Put(key_, options_.describe(), lease_.load(), every);
         }
         continue;
       }

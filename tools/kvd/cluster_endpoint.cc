@@ -16,7 +16,8 @@ std::string RecordedEtcdPath() {
 
 void DeclareEtcdFlag(Args& args) {
   args.Flag("etcd", "",
-            "the cluster's etcd endpoint (host:port); default: $KVD_ETCD, "
+            "the cluster's etcd endpoint (host:port, or its members' "
+            "address:port, comma-separated); default: $KVD_ETCD, "
             "else the cluster tools/cluster/up.sh started last, else "
             "127.0.0.1:2379");
 }

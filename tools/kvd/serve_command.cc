@@ -77,7 +77,8 @@ void DeclareFlags(Args& a) {
          "explicit: it is 404 until the session is created (gRPC "
          "CreateSession), as a node in a cluster does");
   a.Flag("cluster", "",
-         "etcd endpoint (host:port) of the cluster to join: the node "
+         "etcd endpoint (host:port, or a comma-separated list of its members' "
+         "IPv4 address:port) of the cluster to join: the node "
          "registers as --node-id, serves only sessions the directory gives "
          "it, and takes requests only from routers (--router-token); empty "
          "= a standalone node");

@@ -18,6 +18,7 @@
 #include "base/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
+#include "services/engine/session_chunks.h"
 #include "storage/checkpoint/codec.h"
 #include "storage/checkpoint/ownership.h"
 #include "storage/checkpoint/session_file.h"
@@ -93,17 +94,31 @@ absl::Status List(storage::TieredStore& store, const std::string& tenant) {
   return absl::OkStatus();
 }
 
+// The manifest as JSON; with `tokens`, also the committed token ids (what a
+// checker compares against a replay: tests/cluster/nemesis.py).
 absl::Status Show(storage::TieredStore& store, const std::string& tenant,
-                  const std::string& name) {
+                  const std::string& name, bool tokens) {
   KVD_ASSIGN_OR_RETURN(v1::SessionManifest m,
                        store.db().GetManifest(tenant, name));
   std::string json;
   google::protobuf::util::JsonPrintOptions opts;
-  opts.add_whitespace = true;
+  opts.add_whitespace = !tokens;
   opts.preserve_proto_field_names = true;
   if (!google::protobuf::util::MessageToJsonString(m, &json, opts).ok())
     return absl::InternalError("cannot print the manifest as JSON");
-  std::cout << json;
+  if (!tokens) {
+    std::cout << json;
+    return absl::OkStatus();
+  }
+  KVD_ASSIGN_OR_RETURN(
+      storage::SessionCheckpoint checkpoint,
+      store.db().Load(tenant, name,
+                      storage::SessionDb::Parts::kManifestAndTokens));
+  std::vector<int32_t> ids;
+  KVD_RETURN_IF_ERROR(engine::RestoreTokens(checkpoint, &ids));
+  nlohmann::json j = nlohmann::json::parse(json);
+  j["token_ids"] = ids;
+  std::cout << j.dump(2) << "\n";
   return absl::OkStatus();
 }
 
@@ -360,7 +375,7 @@ absl::Status Run(const Args& args) {
   if (action == "ls") return List(*store, tenant);
   if (action == "show") {
     KVD_RETURN_IF_ERROR(need(1, "kvd sessions show NAME"));
-    return Show(*store, tenant, p[1]);
+    return Show(*store, tenant, p[1], args.Has("tokens"));
   }
   if (action == "rm") {
     KVD_RETURN_IF_ERROR(need(1, "kvd sessions rm NAME"));
@@ -434,6 +449,9 @@ int SessionsCommand(const std::vector<std::string>& argv) {
   args.Switch("all",
               "export/import: every session of every tenant, to or from "
               "DIR/TENANT/NAME.kvds");
+  args.Switch("tokens",
+              "show: also the committed token ids (\"token_ids\"), one "
+              "list for the whole conversation; turn_ends splits it");
   args.Flag("node-id", "", "adopt: the new owner (empty: a standalone node)");
   args.Flag("to", "", "migrate: the node to move the session to");
   args.Flag("server", "http://127.0.0.1:8000",

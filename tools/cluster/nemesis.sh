@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs the fault harness (tests/cluster/nemesis.py) for any length: a 3-member
+# etcd, three nodes and a router on hosts of their own (network namespaces),
+# users conversing while a seeded schedule of faults runs, then the checker's
+# summary. Needs root (namespaces, iptables, tmpfs); builds kvd first.
+#
+#   tools/cluster/nemesis.sh                         # 2 minutes, seed 1, every fault kind
+#   tools/cluster/nemesis.sh --seconds 1800 --seed 7
+#   tools/cluster/nemesis.sh --kinds pause,kill --seed 3 --seed 4
+#
+# History (every request and fault) and process logs go to --out
+# (default: ./nemesis-out).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [[ "$(id -u)" != 0 ]]; then
+  echo "nemesis.sh: run as root: hosts are network namespaces" >&2
+  exit 1
+fi
+bazel build -c opt //tools/kvd >&2
+export TEST_TMPDIR=${TEST_TMPDIR:-$(mktemp -d)}
+# A copy: a build meanwhile must not replace the binary nodes restart from.
+kvd=$TEST_TMPDIR/kvd
+cp "$(bazel cquery -c opt --output=files //tools/kvd 2>/dev/null)" "$kvd"
+args=("$@")
+[[ " ${args[*]} " == *" --out "* ]] || args+=(--out nemesis-out)
+exec python3 tests/cluster/nemesis.py "$kvd" tools/cluster/make_certs.sh "${args[@]}"
