@@ -893,6 +893,12 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   KVD_ASSIGN_OR_RETURN(std::shared_ptr<Active> active,
                        Acquire(key, create_if_missing, &result));
   Active& a = *active;  // in a turn (Acquire): never demoted meanwhile
+  if (options_.before_turn) {
+    if (absl::Status ready = options_.before_turn(a.committed); !ready.ok()) {
+      SetInTurn(a, false);
+      return MarkNotRun(ready, "replicas");
+    }
+  }
   if (!request.request_id.empty() &&
       a.committed.last_request_id() == request.request_id) {
     SetInTurn(a, false);
@@ -998,7 +1004,8 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
     return committed;
   }
   storage::TurnUpdate& update = *built;
-  if (options_.on_commit) options_.on_commit(update);
+  const absl::Status replicated =
+      options_.on_commit ? options_.on_commit(update) : absl::OkStatus();
   result.commit_seconds = SecondsSince(commit_start);
   a.committed = std::move(update.manifest);
   a.tokens = std::move(tokens);
@@ -1014,6 +1021,16 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   MakeHot(key, std::move(active));
   absl::MutexLock lock(&mu_);
   stats_.turns_committed++;
+  if (!replicated.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "turn ", result.turn, " of ",
+        SessionName(request.tenant, request.session),
+        " committed on this node, but its replicas could not be confirmed "
+        "to hold it (",
+        replicated.message(),
+        "), so it may or may not have committed: send it again with the "
+        "same X-Request-Id, which never runs a turn twice"));
+  }
   return result;
 }
 

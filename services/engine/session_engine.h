@@ -123,8 +123,15 @@ struct SessionEngineOptions {
   // Called after each committed turn with its update, under the session's
   // lock (so in commit order per session), before the turn is answered: a
   // cluster node replicates the turn here (services/migration/replicator.h).
-  // Null: nothing to do.
-  std::function<void(const storage::TurnUpdate&)> on_commit;
+  // An error: the turn stays committed here, but it is answered with
+  // UNAVAILABLE saying it may or may not have committed (a resend with the
+  // same request id then settles it). Null: nothing to do.
+  std::function<absl::Status(const storage::TurnUpdate&)> on_commit;
+  // Called under the session's lock before a turn runs, and before a resent
+  // request id is answered as already committed, with what this node has
+  // committed: a cluster node makes sure every replica it lists holds all of
+  // it (replicator.h, Settle). An error: nothing runs. Null: nothing to do.
+  std::function<absl::Status(const v1::SessionManifest& committed)> before_turn;
 };
 
 struct TurnRequest {

@@ -6,6 +6,7 @@
 #include "services/engine/session_engine.h"
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -116,6 +117,7 @@ class SessionEngineTest : public testing::EngineTest {
     o.policy = *ops::ParseCheckpointPolicy(v.policy);
     o.hot_budget = v.hot_budget;
     o.chunk_tokens = 16;
+    if (customize_) customize_(o);
     engine_ =
         std::make_unique<SessionEngine>(*model_, identity, store_.get(), o);
   }
@@ -224,6 +226,8 @@ class SessionEngineTest : public testing::EngineTest {
   v1::ModelIdentity identity_;
   std::string dir_;
   bool create_if_missing_ = false;  // Turn's TurnRequest.create_if_missing
+  // Applied to the options of every engine NewEngine makes (hooks).
+  std::function<void(SessionEngineOptions&)> customize_;
 };
 
 const Variant kVariants[] = {
@@ -574,6 +578,45 @@ TEST_P(SessionEngineTest, ClusterFenceDecidesWhatIsServedAndCommitted) {
   ASSERT_TRUE(engine_->ImportSession(copy).ok());
   EXPECT_EQ(store_->GetManifest("acme", "chat-1")->epoch(), 7u);
   EXPECT_EQ(store_->GetManifest("acme", "chat-1")->owner_node(), "n1");
+}
+
+// A cluster node whose replicas cannot be confirmed to hold a turn
+// (on_commit fails) keeps the turn committed but does not acknowledge it: the
+// answer says it may or may not have committed. Its resend is recognised once
+// the replicas are settled (before_turn), and nothing runs while they are not.
+TEST_P(SessionEngineTest, ATurnItsReplicasMayLackIsNotAcknowledged) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
+  OpenStore();
+  absl::Status replicated = absl::UnavailableError("replica set unreadable");
+  absl::Status settled = absl::OkStatus();
+  customize_ = [&](SessionEngineOptions& o) {
+    o.on_commit = [&](const storage::TurnUpdate&) { return replicated; };
+    o.before_turn = [&](const v1::SessionManifest&) { return settled; };
+  };
+  NewEngine(v, identity_);
+  ASSERT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
+  TurnRequest r = Request(0, 3);
+  r.request_id = "req-1";
+  const absl::Status first = engine_->RunTurn(r, *tokenizer_, nullptr).status();
+  EXPECT_EQ(first.code(), absl::StatusCode::kUnavailable) << first;
+  EXPECT_NE(first.message().find("may or may not have committed"),
+            std::string::npos)
+      << first;
+  EXPECT_EQ(store_->GetManifest("acme", "chat-1")->turn_ends_size(), 1);
+
+  settled = absl::UnavailableError("etcd unreachable");
+  const absl::Status held = engine_->RunTurn(r, *tokenizer_, nullptr).status();
+  EXPECT_EQ(held.code(), absl::StatusCode::kUnavailable) << held;
+  EXPECT_NE(held.message().find("etcd unreachable"), std::string::npos);
+  EXPECT_EQ(NotRunReason(held), "replicas");
+
+  settled = replicated = absl::OkStatus();
+  EXPECT_EQ(engine_->RunTurn(r, *tokenizer_, nullptr).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  r.request_id = "req-2";
+  ASSERT_TRUE(engine_->RunTurn(r, *tokenizer_, nullptr).ok());
+  EXPECT_EQ(store_->GetManifest("acme", "chat-1")->turn_ends_size(), 2);
+  customize_ = nullptr;
 }
 
 // A retried request (same id as the session's last committed turn) is

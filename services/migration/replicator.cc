@@ -60,9 +60,13 @@ ReplicatorStats Replicator::stats() const {
   return s;
 }
 
-void Replicator::OnCommit(const storage::TurnUpdate& update) {
-  if (options_.replicas <= 1) return;
-  if (options_.sync) return Replicate(update);
+absl::Status Replicator::OnCommit(const storage::TurnUpdate& update) {
+  if (options_.replicas <= 1) return absl::OkStatus();
+  if (options_.sync) {
+    absl::Status s = Replicate(update);
+    MarkSettled(update.manifest, s.ok());
+    return s;
+  }
   absl::MutexLock lock(&mu_);
   auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || static_cast<int>(queue_.size()) < options_.max_lag_turns;
@@ -81,6 +85,85 @@ void Replicator::OnCommit(const storage::TurnUpdate& update) {
                  "the bound\n",
                  queue_.size(), options_.max_lag_turns);
   }
+  return absl::OkStatus();
+}
+
+void Replicator::MarkSettled(const v1::SessionManifest& m, bool settled) {
+  std::pair<std::string, std::string> key(m.tenant(), m.session_id());
+  absl::MutexLock lock(&mu_);
+  if (settled) {
+    settled_.insert(std::move(key));
+  } else {
+    settled_.erase(key);
+  }
+}
+
+absl::Status Replicator::Settle(const v1::SessionManifest& committed) {
+  if (options_.replicas <= 1 || !options_.sync ||
+      committed.turn_ends_size() == 0) {
+    return absl::OkStatus();  // nothing a replica could lack
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (settled_.contains(
+            std::make_pair(committed.tenant(), committed.session_id()))) {
+      return absl::OkStatus();
+    }
+  }
+  absl::StatusOr<std::optional<cluster::DirectoryEntry>> entry =
+      directory_->Lookup(committed.tenant(), committed.session_id());
+  if (!entry.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot check the replicas of session '", committed.session_id(),
+        "' before its turn: ", entry.status().message()));
+  }
+  if (!entry->has_value() || (*entry)->owner != options_.node_id ||
+      (*entry)->epoch != storage::EpochOf(committed)) {
+    return absl::OkStatus();  // not this node's: the fence refuses the turn
+  }
+  const cluster::DirectoryEntry& e = **entry;
+  PeerOptions quick = options_.peer;
+  quick.rpc_timeout = absl::Seconds(5);
+  std::vector<std::string> keep;
+  for (const std::string& r : e.replicas) {
+    absl::StatusOr<PeerNode> peer = resolve_(r);
+    absl::StatusOr<v1::ReplicaStatusResponse> copy =
+        peer.ok() ? QueryReplica(*peer, quick, committed.tenant(),
+                                 committed.session_id())
+                  : absl::StatusOr<v1::ReplicaStatusResponse>(peer.status());
+    if (copy.ok() && copy->owner_node() == options_.node_id &&
+        copy->epoch() == storage::EpochOf(committed) &&
+        copy->turns() == committed.turn_ends_size() &&
+        copy->token_count() == committed.token_count()) {
+      keep.push_back(r);
+    } else {
+      std::fprintf(stderr,
+                   "kvd serve: replica '%s' of session '%s' may lack turns "
+                   "this node committed and leaves its replica set: %s\n",
+                   r.c_str(), committed.session_id().c_str(),
+                   copy.ok() ? absl::StrCat("it holds ", copy->turns(),
+                                            " turns, this node ",
+                                            committed.turn_ends_size())
+                                   .c_str()
+                             : copy.status().ToString().c_str());
+    }
+  }
+  if (keep != e.replicas) {
+    absl::Status set =
+        directory_
+            ->SetReplicas(committed.tenant(), committed.session_id(), e, keep)
+            .status();
+    if (!set.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot remove stale replicas of session '", committed.session_id(),
+          "' from the directory: ", set.message()));
+    }
+    absl::MutexLock lock(&mu_);
+    stats_.replicas_dropped +=
+        static_cast<int64_t>(e.replicas.size() - keep.size());
+  }
+  MarkSettled(committed, true);
+  return absl::OkStatus();
 }
 
 void Replicator::Drain() {
@@ -95,7 +178,7 @@ void Replicator::Drain() {
       if (queue_.empty()) return;  // stopping, and everything was sent
       next = std::move(queue_.front());
     }
-    Replicate(next);
+    (void)Replicate(next);  // async: a failure shows in the stats
     absl::MutexLock lock(&mu_);
     queue_.pop_front();
   }
@@ -172,7 +255,7 @@ absl::Status Replicator::SendCopy(const std::string& node,
   return sent;
 }
 
-void Replicator::Replicate(const storage::TurnUpdate& update) {
+absl::Status Replicator::Replicate(const storage::TurnUpdate& update) {
   const v1::SessionManifest& m = update.manifest;
   absl::StatusOr<std::optional<cluster::DirectoryEntry>> entry =
       directory_->Lookup(m.tenant(), m.session_id());
@@ -181,7 +264,14 @@ void Replicator::Replicate(const storage::TurnUpdate& update) {
       (*entry)->epoch != storage::EpochOf(m)) {
     absl::MutexLock lock(&mu_);
     stats_.failures++;
-    return;  // not this node's to replicate (it moved, or etcd is down)
+    // Not this node's to replicate any more (it moved), or etcd is down:
+    // either way no replica is known to hold the turn.
+    return entry.ok() ? absl::AbortedError(absl::StrCat(
+                            "session '", m.session_id(),
+                            "' moved to another node during the commit"))
+                      : absl::UnavailableError(absl::StrCat(
+                            "cannot read the session's replica set: ",
+                            entry.status().message()));
   }
   const cluster::DirectoryEntry& e = **entry;
   std::vector<std::string> keep;
@@ -218,10 +308,21 @@ void Replicator::Replicate(const storage::TurnUpdate& update) {
       }
     }
   }
+  absl::Status result = absl::OkStatus();
   if (keep != e.replicas) {
     absl::Status set =
         directory_->SetReplicas(m.tenant(), m.session_id(), e, keep).status();
-    if (!set.ok()) failed++;
+    if (!set.ok()) {
+      failed++;
+      // A replica without the turn may still be listed: failover could
+      // promote it.
+      if (sent < static_cast<int64_t>(e.replicas.size())) {
+        result = absl::UnavailableError(absl::StrCat(
+            "a replica missed the turn and could not be removed from the "
+            "set: ",
+            set.message()));
+      }
+    }
   }
   absl::MutexLock lock(&mu_);
   stats_.turns_replicated += sent;
@@ -229,6 +330,7 @@ void Replicator::Replicate(const storage::TurnUpdate& update) {
   stats_.failures += failed;
   stats_.replicas_dropped += static_cast<int64_t>(e.replicas.size()) - sent;
   if (keep.size() < want) stats_.short_sets++;
+  return result;
 }
 
 }  // namespace kvd::migration

@@ -25,9 +25,11 @@
 #include <deque>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -69,12 +71,24 @@ class Replicator {
   // Sends what async mode still holds, then stops.
   ~Replicator();
 
-  // SessionEngineOptions::on_commit.
-  void OnCommit(const storage::TurnUpdate& update);
+  // SessionEngineOptions::on_commit. Sync: OK once every replica the
+  // directory lists for the session holds the turn (a replica that failed
+  // left the set by a transaction); otherwise an error and the session is
+  // unsettled, so the turn must not be acknowledged. Async: OK.
+  absl::Status OnCommit(const storage::TurnUpdate& update);
+  // SessionEngineOptions::before_turn. Sync, for a session not settled since
+  // this node started (or since a replication failed): asks each listed
+  // replica for its copy and removes from the set, by a transaction, every
+  // one that does not hold exactly `committed`, so that a failover can
+  // never promote a replica lacking a turn this node acknowledged (or is
+  // about to acknowledge, a resend of an unconfirmed turn). UNAVAILABLE if
+  // it cannot (etcd unreachable): the turn must not run.
+  absl::Status Settle(const v1::SessionManifest& committed);
   ReplicatorStats stats() const;
 
  private:
-  void Replicate(const storage::TurnUpdate& update);
+  absl::Status Replicate(const storage::TurnUpdate& update);
+  void MarkSettled(const v1::SessionManifest& m, bool settled);
   absl::Status SendUpdate(const std::string& node,
                           const storage::TurnUpdate& update);
   absl::Status SendCopy(const std::string& node, const std::string& tenant,
@@ -93,6 +107,10 @@ class Replicator {
   mutable absl::Mutex mu_;
   ReplicatorStats stats_ ABSL_GUARDED_BY(mu_);
   std::deque<storage::TurnUpdate> queue_ ABSL_GUARDED_BY(mu_);  // async
+  // Sync: sessions (tenant, id) whose listed replicas are known to hold
+  // everything this node committed of them.
+  absl::flat_hash_set<std::pair<std::string, std::string>> settled_
+      ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_alarm_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread thread_;

@@ -31,6 +31,7 @@ not commit, per fault kind.
 
 import argparse
 import collections
+import concurrent.futures
 import json
 import os
 import random
@@ -53,7 +54,11 @@ KINDS = ["partition-node-etcd", "partition-node-peers",
          "etcd-kill"]
 TURN_GIVE_UP = 90.0  # seconds a client keeps resending one turn
 ATTEMPT_TIMEOUT = 20.0  # seconds one request may take before it is unknown
-TMPFS_MB = 2048  # each node's disk (tmpfs: RAM only as it fills)
+# Each node's disk: a tmpfs, so RAM only as it fills.
+TMPFS_MB = int(os.environ.get("KVD_NEMESIS_DISK_MB", "2048"))
+# A user starts a new conversation after this many turns, as users do, so
+# that long runs stay within the model's context and the disks.
+TURNS_PER_SESSION = 24
 
 
 def percentile(xs, p):
@@ -345,12 +350,25 @@ class History:
         self.sessions = collections.OrderedDict()  # session -> [turn dict]
 
 
-def client(cluster, history, session, index, stop):
+def client(cluster, history, user, index, stop):
+    """One user: conversations of TURNS_PER_SESSION turns, one after
+    another, until `stop`; gives up (and stops) on a turn it cannot
+    settle."""
+    n = 0
+    while not stop.is_set():
+        if not conversation(cluster, history, "%s-c%d" % (user, n), index,
+                            stop):
+            return
+        n += 1
+
+
+def conversation(cluster, history, session, index, stop):
+    """False if a turn was abandoned."""
     turns = []
     with history.lock:
         history.sessions[session] = turns
     t = 0
-    while not stop.is_set():
+    while not stop.is_set() and t < TURNS_PER_SESSION:
         request_id = "%s-turn-%d" % (session, t)
         text = turn_text(index, t)
         turn = {"turn": t, "text": text, "request_id": request_id,
@@ -388,10 +406,11 @@ def client(cluster, history, session, index, stop):
             time.sleep(0.5)
         turns.append(turn)
         if turn["outcome"] == "abandoned":
-            return
+            return False
         t += 1
         # Think time, so the load is a chat's, not a benchmark's.
         stop.wait(random.uniform(0.5, 2.0))
+    return True
 
 
 # ---------------------------------------------------------------- checker
@@ -417,17 +436,24 @@ def replay(kvd, tmp, histories):
         "--grpc-port", "-1", "--threads", "1", "--data-dir", data],
         os.path.join(tmp, "reference.log"))
     replies = {}
+
+    def one(session):
+        replies[session] = []
+        for text in histories[session]:
+            status, _, body = http("POST", url + "/v1/chat/completions",
+                                   chat_body(session, text))
+            if status != 200:
+                raise AssertionError("reference turn failed: %s %s" %
+                                     (status, body))
+            replies[session].append(reply_of(body))
+
     try:
         url = p.url_from_log()
-        for session, texts in histories.items():
-            replies[session] = []
-            for text in texts:
-                status, _, body = http("POST", url + "/v1/chat/completions",
-                                       chat_body(session, text))
-                if status != 200:
-                    raise AssertionError("reference turn failed: %s %s" %
-                                         (status, body))
-                replies[session].append(reply_of(body))
+        # Sessions side by side: the node batches them, and a batch gives
+        # each sequence the bits it gets alone (docs/ARCHITECTURE.md).
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            for f in [pool.submit(one, s) for s in histories]:
+                f.result()
     finally:
         p.stop()
     return {s: (replies[s],) + (stored_history(kvd, data, s) or ([], []))

@@ -311,9 +311,13 @@ absl::Status Run(const Args& args) {
               o.engine.fence = member->fence();
               // Set once the replicator exists (it needs the engine).
               o.engine.on_commit = [replicate](const storage::TurnUpdate& u) {
-                if (migration::Replicator* r = replicate->load()) {
-                  r->OnCommit(u);
-                }
+                migration::Replicator* r = replicate->load();
+                return r != nullptr ? r->OnCommit(u) : absl::OkStatus();
+              };
+              o.engine.before_turn = [replicate](
+                                         const v1::SessionManifest& committed) {
+                migration::Replicator* r = replicate->load();
+                return r != nullptr ? r->Settle(committed) : absl::OkStatus();
               };
             }
             const std::string mode = args.Get("create-sessions");
