@@ -328,6 +328,17 @@ absl::StatusOr<bool> SessionEngine::ClaimForTurn(const Key& key) {
       store_->GetManifest(tenant, session);
   if (stored.status().code() == absl::StatusCode::kNotFound) {
     if (epoch != storage::kFirstEpoch) return NoCopyAt(tenant, session, epoch);
+    KVD_ASSIGN_OR_RETURN(bool elsewhere,
+                         options_.fence->HasCommitsElsewhere(tenant, session));
+    if (elsewhere) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the cluster directory gives ", SessionName(tenant, session),
+          " to this node and lists replicas of it, so it has committed "
+          "turns, but this node holds no copy (was its data directory "
+          "lost or replaced?); nothing was written. Stop this node so that "
+          "failover promotes a replica, or move the session to a replica "
+          "(kvd sessions migrate)"));
+    }
     return true;  // placed here by the directory: this turn starts it
   }
   // A damaged manifest is the restore's to report (and salvage).

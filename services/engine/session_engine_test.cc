@@ -48,6 +48,15 @@ class FenceTestDouble : public SessionFence {
     absl::MutexLock lock(&mu_);
     return may_commit_;
   }
+  absl::StatusOr<bool> HasCommitsElsewhere(const std::string&,
+                                           const std::string&) override {
+    absl::MutexLock lock(&mu_);
+    return elsewhere_;
+  }
+  void SetCommitsElsewhere(bool elsewhere) {
+    absl::MutexLock lock(&mu_);
+    elsewhere_ = elsewhere;
+  }
   void Set(absl::StatusOr<uint64_t> owned, absl::Status may_commit) {
     absl::MutexLock lock(&mu_);
     owned_ = std::move(owned);
@@ -62,6 +71,7 @@ class FenceTestDouble : public SessionFence {
   absl::Mutex mu_;
   absl::StatusOr<uint64_t> owned_ = uint64_t{1};
   absl::Status may_commit_;
+  bool elsewhere_ = false;
   uint64_t last_commit_epoch_ = 0;
 };
 
@@ -533,6 +543,15 @@ TEST_P(SessionEngineTest, ClusterFenceDecidesWhatIsServedAndCommitted) {
 
   create_if_missing_ = false;
   fence->Set(uint64_t{1}, absl::OkStatus());
+  // The directory lists replicas, so the session has turns somewhere: a
+  // node without a copy (its disk wiped) does not start it again empty.
+  fence->SetCommitsElsewhere(true);
+  const absl::Status wiped = Turn(0, &scratch).status();
+  EXPECT_EQ(wiped.code(), absl::StatusCode::kFailedPrecondition) << wiped;
+  EXPECT_NE(wiped.message().find("holds no copy"), std::string::npos);
+  EXPECT_EQ(store_->GetManifest("acme", "chat-1").status().code(),
+            absl::StatusCode::kNotFound);
+  fence->SetCommitsElsewhere(false);
   absl::StatusOr<TurnResult> first = Turn(0, &t);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(fence->last_commit_epoch(), 1u);

@@ -39,6 +39,15 @@ class SessionFence {
   // Why no turn can commit now, whatever its session (e.g. the lease
   // lapsed); OK when turns may. Readiness (/readyz, gRPC health) reports it.
   virtual absl::Status Ready() { return absl::OkStatus(); }
+
+  // Whether the cluster says the session has committed turns somewhere (its
+  // directory entry lists replicas, which exist only once a turn did). A
+  // node that holds no copy of such a session lost it (a data directory
+  // wiped or replaced) and must not start it again empty.
+  virtual absl::StatusOr<bool> HasCommitsElsewhere(const std::string& tenant,
+                                                   const std::string& session) {
+    return false;
+  }
 };
 
 // A refused turn that ran nothing and may be sent again, to wherever the

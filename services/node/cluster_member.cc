@@ -62,6 +62,14 @@ class ClusterMember::DirectoryFence : public engine::SessionFence {
 
   absl::Status Ready() override { return CheckLease(); }
 
+  absl::StatusOr<bool> HasCommitsElsewhere(
+      const std::string& tenant, const std::string& session) override {
+    absl::StatusOr<std::optional<cluster::DirectoryEntry>> e =
+        directory_->Lookup(tenant, session);
+    if (!e.ok()) return e.status();
+    return e->has_value() && !(*e)->replicas.empty();
+  }
+
  private:
   absl::Status CheckLease() const {
     const cluster::NodeRegistration* r = registration_.load();
