@@ -131,6 +131,7 @@ class RouterImpl : public Router {
 
   const RouterOptions options_;
   std::unique_ptr<Routing> routing_;
+  std::unique_ptr<TenantRateLimiter> migrations_;
   std::unique_ptr<node::AsyncHttpServer> server_;
   std::unique_ptr<GrpcRouter> grpc_;
   int port_ = 0;
@@ -148,6 +149,10 @@ absl::Status RouterImpl::Init() {
       Routing::Connect(options_.etcd_endpoint);
   if (!routing.ok()) return routing.status();
   routing_ = std::move(*routing);
+  routing_->LimitCreations(options_.session_creations_per_minute,
+                           options_.session_creations_per_minute / 10);
+  migrations_ = std::make_unique<TenantRateLimiter>(
+      options_.migrations_per_minute, options_.migrations_per_minute / 10);
 
   node::AsyncHttpOptions o;
   o.host = options_.host;
@@ -574,6 +579,11 @@ void RouterImpl::HandleSession(const node::HttpRequest& req,
   if (absl::Status s = node::ValidateSessionId(session, "session_id");
       !s.ok()) {
     return finish(s);
+  }
+  if (suffix == "/migrate") {
+    if (absl::Status s = migrations_->Take(tenant, "migrations"); !s.ok()) {
+      return finish(s);
+    }
   }
   cluster::DirectoryEntry entry;
   absl::StatusOr<Target> target = routing_->Owner(tenant, session, "", &entry);

@@ -61,6 +61,11 @@ struct RouterOptions {
   absl::Duration moved_retry_budget = absl::Seconds(30);
   // PEM CA that signed the nodes' certificates, for https:// nodes.
   std::string ca_cert_path;
+  // Per tenant, per minute (a burst of a tenth of it, at least 1, at once):
+  // new sessions (directory entries) and migrations; <= 0: no limit. A
+  // request over it gets 429 with Retry-After.
+  double session_creations_per_minute = 600;
+  double migrations_per_minute = 60;
   bool log_requests = true;  // one JSON line per request on stderr
 };
 

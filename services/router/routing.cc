@@ -108,6 +108,11 @@ absl::StatusOr<Target> Routing::Place(const std::string& tenant,
   for (int attempt = 0; attempt < 3; ++attempt) {
     absl::StatusOr<Target> owner = Owner(tenant, session, model, nullptr);
     if (owner.status().code() != absl::StatusCode::kNotFound) return owner;
+    if (absl::Status allowed = creations_->Take(tenant, "new sessions");
+        !allowed.ok()) {
+      metrics_.Add("kvd_router_errors_total", {{"kind", "rate_limited"}});
+      return allowed;
+    }
     const std::vector<cluster::NodeInfo> live = LiveNodes();
     absl::StatusOr<std::string> id =
         placement_.Pick(live, model, Drained(), /*commits=*/true);

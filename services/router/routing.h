@@ -25,6 +25,7 @@
 #include "services/cluster/prefix_watch.h"
 #include "services/node/metrics.h"
 #include "services/router/placement.h"
+#include "services/router/rate_limit.h"
 
 namespace kvd::router {
 
@@ -50,13 +51,20 @@ class Routing {
                                const std::string& model,
                                cluster::DirectoryEntry* entry);
   // The owner, placing the session first (a directory transaction) if the
-  // directory lacks it.
+  // directory lacks it; RESOURCE_EXHAUSTED if that would take the tenant
+  // over its limit of new sessions (LimitCreations).
   absl::StatusOr<Target> Place(const std::string& tenant,
                                const std::string& session,
                                const std::string& model);
   // A node for a stateless request, not one of `skip`.
   absl::StatusOr<Target> Stateless(const std::string& model,
                                    const std::set<std::string>& skip);
+
+  // At most `per_minute` new sessions a minute per tenant, `burst` at once
+  // (<= 0: no limit). Call before serving.
+  void LimitCreations(double per_minute, double burst) {
+    creations_ = std::make_unique<TenantRateLimiter>(per_minute, burst);
+  }
 
   std::vector<cluster::NodeInfo> LiveNodes();
   std::set<std::string> Drained();
@@ -75,6 +83,8 @@ class Routing {
   std::unique_ptr<cluster::PrefixWatch> nodes_, drains_;
   Placement placement_;
   node::Metrics metrics_;
+  std::unique_ptr<TenantRateLimiter> creations_ =
+      std::make_unique<TenantRateLimiter>(0, 1);
 };
 
 }  // namespace kvd::router

@@ -166,9 +166,10 @@ class Node:
 
 
 class Router:
-    def __init__(self, cluster, port=0):
+    def __init__(self, cluster, port=0, extra_args=None):
         self.cluster = cluster
         self.port = port
+        self.extra_args = list(extra_args or [])
         self.process = None
         self.start()
 
@@ -177,7 +178,7 @@ class Router:
         self.process = Process("router", [
             self.cluster.kvd, "router", "--etcd", self.cluster.etcd_endpoint,
             "--port", str(self.port), "--grpc-port", "0", "--threads", "32"] +
-            self.cluster.router_tls,
+            self.cluster.router_tls + self.extra_args,
             os.path.join(self.cluster.dir, "router-%d.log" % id(self)), env)
         self.url = self.process.url_from_log()
         self.port = int(self.url.rsplit(":", 1)[1])
@@ -260,8 +261,8 @@ class Cluster:
         self.nodes.append(n)
         return n
 
-    def start_router(self):
-        r = Router(self)
+    def start_router(self, extra_args=None):
+        r = Router(self, extra_args=extra_args)
         self.routers.append(r)
         return r
 

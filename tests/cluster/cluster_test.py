@@ -327,6 +327,42 @@ def stopped_node(c, nodes, r, owners):
     check(True, "the directory shows it gone and back")
 
 
+def tenant_flood(c, tmp):
+    """A tenant minting sessions is refused past its limit (429 with
+    Retry-After), creates no directory entries meanwhile, keeps its existing
+    sessions, and costs another tenant nothing."""
+    keys = os.path.join(tmp, "router-keys")
+    with open(keys, "w") as f:
+        f.write("key-flood flood\nkey-calm calm\n")
+    r = c.start_router(["--api-keys", keys,
+                        "--tenant-sessions-per-minute", "6"])
+    wait_until("the limited router", lambda: r.get("/readyz")[0] == 200, 30)
+
+    def new(key, session):
+        body = {"model": "smollm2", "temperature": 0, "max_tokens": 2,
+                "session_id": session,
+                "messages": [{"role": "user", "content": "Hi"}]}
+        return http("POST", r.url + "/v1/chat/completions", body,
+                    {"Authorization": "Bearer " + key})
+    got = [new("key-flood", "flood-%d" % i) for i in range(4)]
+    check(got[0][0] == 200 and all(g[0] == 429 for g in got[1:]),
+          "a tenant over its limit of new sessions gets 429: %s" % [
+              g[0] for g in got])
+    check(all("Retry-After" in g[1] and "over its limit of new sessions" in
+              str(g[2]) for g in got[1:]),
+          "with Retry-After and a message naming the limit: %s" % (
+              str(got[1][2])[:160],))
+    check(len(c.directory("flood")) == 1,
+          "refused sessions leave no directory entry: %s" % sorted(
+              c.directory("flood")))
+    check(new("key-flood", "flood-0")[0] == 200,
+          "the tenant's existing session goes on")
+    check(new("key-calm", "calm-0")[0] == 200,
+          "another tenant is not held back by the flood")
+    r.process.stop()
+    c.routers.remove(r)
+
+
 def main():
     kvd = os.path.abspath(sys.argv[1])
     tmp = scratch_dir()
@@ -358,6 +394,7 @@ def main():
             router_kill9(c, r1, owners)
             etcd_restart(c, r1, r2, nodes)
             stopped_node(c, nodes, r2, owners)
+            tenant_flood(c, tmp)
     print("done in %.1f s" % (time.time() - start))
     if FAILURES:
         print("%d FAILED:\n  %s" % (len(FAILURES), "\n  ".join(FAILURES)))

@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_harness import (REPLICATED_NODE_FLAGS, TOKEN,  # noqa: E402
                              Process, http, scratch_dir, wait_until)
 import cluster_harness  # noqa: E402
+from migration_test import turn_text  # noqa: E402
 from netns import Network  # noqa: E402
 
 KINDS = ["partition-node-etcd", "partition-node-peers",
@@ -64,13 +65,6 @@ TURNS_PER_SESSION = 24
 def percentile(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))] if xs else None
-
-
-def turn_text(session_index, turn):
-    topics = ["rivers", "bridges", "owls", "tea", "maps", "bells", "kites",
-              "clocks"]
-    return "Turn %d: tell me one thing about %s." % (
-        turn, topics[(session_index + turn) % len(topics)])
 
 
 def chat_body(session, text):

@@ -36,6 +36,10 @@ absl::Status Run(const Args& args) {
     if (const char* env = std::getenv("KVD_ROUTER_TOKEN")) o.router_token = env;
   }
   o.ca_cert_path = args.Get("ca-cert");
+  KVD_ASSIGN_OR_RETURN(o.session_creations_per_minute,
+                       args.GetDouble("tenant-sessions-per-minute"));
+  KVD_ASSIGN_OR_RETURN(o.migrations_per_minute,
+                       args.GetDouble("tenant-migrations-per-minute"));
   node::RaiseOpenFileLimit();  // every open connection is a file descriptor
   sigset_t stop;
   sigemptyset(&stop);
@@ -87,6 +91,12 @@ int RouterCommand(const std::vector<std::string>& argv) {
   args.Flag("ca-cert", "",
             "PEM CA of the nodes' certificates, when nodes serve https "
             "(tools/cluster/make_certs.sh)");
+  args.Flag("tenant-sessions-per-minute", "600",
+            "new sessions a tenant may start a minute (a tenth of it at "
+            "once); past it 429 with Retry-After; 0: no limit");
+  args.Flag("tenant-migrations-per-minute", "60",
+            "session migrations a tenant may ask for a minute (a tenth at "
+            "once); 0: no limit");
   args.Flag("threads", "256",
             "handler threads; each forwarded request holds one while it runs "
             "(idle connections hold none)");
