@@ -266,13 +266,14 @@ class Cluster:
         self.routers.append(r)
         return r
 
-    def start_nodes_and_router(self, nodes=3):
-        """etcd, nodes n1..nN of SmolLM2 and one router, waited for until
-        every node is live and the router ready; returns the router."""
+    def start_nodes_and_router(self, nodes=3, router_args=None):
+        """etcd, nodes n1..nN of SmolLM2 and one router (with
+        `router_args`), waited for until every node is live and the router
+        ready; returns the router."""
         self.start_etcd()
         for i in range(1, nodes + 1):
             self.start_node("n%d" % i)
-        router = self.start_router()
+        router = self.start_router(router_args)
         wait_until("%d live nodes" % nodes,
                    lambda: len(self.live_nodes()) == nodes, 60)
         wait_until("the router", lambda: router.get("/readyz")[0] == 200, 30)

@@ -289,12 +289,17 @@ class Nemesis:
                 shutil.rmtree(os.path.join(c.data_dir(target), "kvd"), True)
         elif kind == "disk-full":
             # All but 1 MiB of the node's tmpfs taken.
+            # The node writes meanwhile: leave a little more room on each
+            # try until the ballast fits.
             d = c.data_dir(target)
-            st = os.statvfs(d)
-            free = st.f_bavail * st.f_frsize - (1 << 20)
-            if free > 0:
-                subprocess.run(["fallocate", "-l", str(free),
-                                os.path.join(d, "ballast")], check=False)
+            for margin_mb in (1, 8, 64):
+                st = os.statvfs(d)
+                free = st.f_bavail * st.f_frsize - (margin_mb << 20)
+                if free <= 0 or subprocess.run(
+                        ["fallocate", "-l", str(free),
+                         os.path.join(d, "ballast")],
+                        stderr=subprocess.DEVNULL).returncode == 0:
+                    break
         elif kind == "etcd-kill":
             c.etcd[target].proc.kill()
             c.etcd[target].proc.wait()
@@ -699,6 +704,9 @@ def run(kvd, make_certs, seed, seconds, users, kinds, out_dir=None):
                 shutil.copy(p.log_path, dst)
         cluster.stop()
     print(summarize(found, nemesis.log, elapsed), flush=True)
+    if out_dir:
+        with open(os.path.join(out_dir, "verdict-%d.json" % seed), "w") as f:
+            json.dump(found, f, indent=1)
     return found
 
 

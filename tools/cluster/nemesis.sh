@@ -16,11 +16,13 @@ if [[ "$(id -u)" != 0 ]]; then
   echo "nemesis.sh: run as root: hosts are network namespaces" >&2
   exit 1
 fi
-bazel build -c opt //tools/kvd >&2
-export TEST_TMPDIR=${TEST_TMPDIR:-$(mktemp -d)}
+# Bazel takes $TEST_TMPDIR as its output root when set: keep it out.
+env -u TEST_TMPDIR bazel build -c opt //tools/kvd >&2
+built=$(env -u TEST_TMPDIR bazel cquery -c opt --output=files //tools/kvd 2>/dev/null)
+scratch=${TEST_TMPDIR:-$(mktemp -d)}
 # A copy: a build meanwhile must not replace the binary nodes restart from.
-kvd=$TEST_TMPDIR/kvd
-cp "$(bazel cquery -c opt --output=files //tools/kvd 2>/dev/null)" "$kvd"
+cp "$built" "$scratch/kvd"
 args=("$@")
 [[ " ${args[*]} " == *" --out "* ]] || args+=(--out nemesis-out)
-exec python3 tests/cluster/nemesis.py "$kvd" tools/cluster/make_certs.sh "${args[@]}"
+TEST_TMPDIR=$scratch exec python3 tests/cluster/nemesis.py "$scratch/kvd" \
+  tools/cluster/make_certs.sh "${args[@]}"
