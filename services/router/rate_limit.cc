@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -27,10 +28,13 @@ absl::Status TenantRateLimiter::Take(const std::string& tenant,
     return absl::OkStatus();
   }
   const double wait_s = std::ceil((1 - b.tokens) / per_second_);
-  return absl::ResourceExhaustedError(absl::StrFormat(
+  absl::Status refused = absl::ResourceExhaustedError(absl::StrFormat(
       "tenant '%s' is over its limit of %s (%g a minute, %g at once); "
       "retry in %g s",
       tenant, what, per_second_ * 60, burst_, wait_s));
+  refused.SetPayload(kRetryAfterPayload,
+                     absl::Cord(absl::StrCat(static_cast<int64_t>(wait_s))));
+  return refused;
 }
 
 }  // namespace kvd::router

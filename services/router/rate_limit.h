@@ -21,6 +21,10 @@
 
 namespace kvd::router {
 
+// The payload of Take's RESOURCE_EXHAUSTED: whole seconds until it would
+// succeed (what a Retry-After header says).
+inline constexpr char kRetryAfterPayload[] = "kvd.retry_after_s";
+
 class TenantRateLimiter {
  public:
   // On average at most `per_minute` events a minute per tenant, up to
@@ -28,7 +32,8 @@ class TenantRateLimiter {
   TenantRateLimiter(double per_minute, double burst);
 
   // Counts one event of `tenant`, or RESOURCE_EXHAUSTED (HTTP 429) naming
-  // `what`, the limit and when one is allowed again, counting nothing.
+  // `what`, the limit and when one is allowed again (also as the
+  // kRetryAfterPayload payload), counting nothing.
   absl::Status Take(const std::string& tenant, absl::string_view what,
                     absl::Time now = absl::Now());
 

@@ -24,6 +24,7 @@ TEST(TenantRateLimiterTest, AFloodingTenantIsRefusedAndOthersAreNot) {
   EXPECT_THAT(refused.message(), HasSubstr("tenant 'flood'"));
   EXPECT_THAT(refused.message(), HasSubstr("new sessions"));
   EXPECT_THAT(refused.message(), HasSubstr("retry in 1 s"));
+  EXPECT_EQ(refused.GetPayload(kRetryAfterPayload).value_or(absl::Cord()), "1");
   for (int i = 0; i < 3; ++i) {
     EXPECT_TRUE(limit.Take("calm", "new sessions", kT0).ok()) << i;
   }

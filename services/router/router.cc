@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -264,7 +265,11 @@ void RouterImpl::SendError(node::HttpResponse& res,
   const node::ApiError e = node::ApiErrorFromStatus(status);
   res.status = e.http_status;
   if (e.http_status == 503 || e.http_status == 429) {
-    res.set_header("Retry-After", absl::StrCat(options_.retry_after_s));
+    const absl::optional<absl::Cord> limited =
+        status.GetPayload(kRetryAfterPayload);
+    res.set_header("Retry-After", limited.has_value()
+                                      ? std::string(*limited)
+                                      : absl::StrCat(options_.retry_after_s));
   }
   if (e.http_status == 401) res.set_header("WWW-Authenticate", "Bearer");
   res.set_content(node::ApiErrorJson(e), "application/json");

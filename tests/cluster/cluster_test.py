@@ -348,10 +348,12 @@ def tenant_flood(c, tmp):
     check(got[0][0] == 200 and all(g[0] == 429 for g in got[1:]),
           "a tenant over its limit of new sessions gets 429: %s" % [
               g[0] for g in got])
-    check(all("Retry-After" in g[1] and "over its limit of new sessions" in
-              str(g[2]) for g in got[1:]),
-          "with Retry-After and a message naming the limit: %s" % (
-              str(got[1][2])[:160],))
+    check(all(g[1].get("Retry-After") == "10" and
+              "over its limit of new sessions" in str(g[2]) and
+              "retry in 10 s" in str(g[2]) for g in got[1:]),
+          "with Retry-After (10 s: one new session per 10 s) and a message "
+          "naming the limit: %s %s" % (got[1][1].get("Retry-After"),
+                                       str(got[1][2])[:160]))
     check(len(c.directory("flood")) == 1,
           "refused sessions leave no directory entry: %s" % sorted(
               c.directory("flood")))
