@@ -39,6 +39,7 @@
 #include "services/migration/migration_service.h"
 #include "services/migration/migrator.h"
 #include "services/migration/testing/directory_fence_for_test.h"
+#include "services/migration/testing/served_migration.h"
 #include "services/transport/secure_stream.h"
 #include "services/transport/ucx_transport.h"
 #include "storage/rocksdb/session_db.h"
@@ -55,10 +56,7 @@ double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 struct BenchNode {
   std::unique_ptr<storage::TieredStore> store;
   std::unique_ptr<engine::SessionEngine> engine;
-  std::unique_ptr<InboundTransfers> inbound;
-  std::unique_ptr<MigrationService> service;
-  std::unique_ptr<grpc::Server> server;
-  std::string address;
+  std::unique_ptr<testing::ServedMigration> migration;
 };
 
 absl::StatusOr<std::unique_ptr<BenchNode>> StartNode(
@@ -84,16 +82,9 @@ absl::StatusOr<std::unique_ptr<BenchNode>> StartNode(
   o.kv_pool_bytes = int64_t{1} << 30;
   n->engine = std::make_unique<engine::SessionEngine>(model, identity,
                                                       n->store.get(), o);
-  n->inbound = std::make_unique<InboundTransfers>(n->engine.get(), plane,
-                                                  InboundOptions());
-  n->service = std::make_unique<MigrationService>(n->inbound.get(), kToken);
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.SetMaxReceiveMessageSize(64 << 20);
-  b.RegisterService(n->service.get());
-  n->server = b.BuildAndStart();
-  n->address = absl::StrCat("127.0.0.1:", port);
+  n->migration =
+      testing::ServeMigration(n->engine.get(), plane, InboundOptions(), kToken,
+                              /*max_message_bytes=*/64 << 20);
   return n;
 }
 
@@ -231,8 +222,9 @@ int Main(int argc, char** argv) {
   }
   PeerResolver resolve =
       [&](const std::string& id) -> absl::StatusOr<PeerNode> {
-    return PeerNode{id == "b" ? (*b)->address : (*a)->address,
-                    identity.fingerprint()};
+    return PeerNode{
+        id == "b" ? (*b)->migration->address : (*a)->migration->address,
+        identity.fingerprint()};
   };
   Migrator from_a((*a)->engine.get(), &directory, ucx->get(), resolve,
                   {.node_id = "a", .cluster_token = kToken});

@@ -26,6 +26,7 @@
 #include "services/migration/migration_service.h"
 #include "services/migration/migrator.h"
 #include "services/migration/testing/directory_fence_for_test.h"
+#include "services/migration/testing/served_migration.h"
 #include "services/transport/fault_injecting_transport.h"
 #include "services/transport/loopback_transport.h"
 #include "services/transport/ucx_transport.h"
@@ -42,13 +43,7 @@ struct Node {
   std::string id;
   std::unique_ptr<storage::TieredStore> store;
   std::unique_ptr<engine::SessionEngine> engine;
-  std::unique_ptr<InboundTransfers> inbound;
-  std::unique_ptr<MigrationService> service;
-  std::unique_ptr<grpc::Server> server;
-  std::string address;
-  ~Node() {
-    if (server) server->Shutdown();
-  }
+  std::unique_ptr<testing::ServedMigration> migration;  // in a cluster
 };
 
 struct Transcript {
@@ -94,17 +89,11 @@ class MigrationTest : public engine::testing::TinyModelTest {
     n->engine = std::make_unique<engine::SessionEngine>(*model_, identity_,
                                                         n->store.get(), o);
     if (!in_cluster) return n;
-    n->inbound = std::make_unique<InboundTransfers>(
+    n->migration = testing::ServeMigration(
         n->engine.get(), data_plane,
         InboundOptions{.idle_timeout = absl::Seconds(3),
-                       .commit_wait = absl::Seconds(10)});
-    n->service = std::make_unique<MigrationService>(n->inbound.get(), kToken);
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(n->service.get());
-    n->server = b.BuildAndStart();
-    n->address = absl::StrCat("127.0.0.1:", port);
+                       .commit_wait = absl::Seconds(10)},
+        kToken);
     nodes_[id] = n.get();
     return n;
   }
@@ -115,7 +104,7 @@ class MigrationTest : public engine::testing::TinyModelTest {
         [this](const std::string& id) -> absl::StatusOr<PeerNode> {
       auto it = nodes_.find(id);
       if (it == nodes_.end()) return absl::NotFoundError("no such node");
-      return PeerNode{it->second->address, identity_.fingerprint()};
+      return PeerNode{it->second->migration->address, identity_.fingerprint()};
     };
     return std::make_unique<Migrator>(
         n->engine.get(), directory_.get(), t, resolve,
@@ -288,7 +277,7 @@ TEST_P(MigrationTest, EveryFailedMoveLeavesTheSessionServingOnItsSource) {
     ASSERT_TRUE(Turn(a.get(), 3, &got).ok());
     EXPECT_TRUE(
         engine::testing::LogitsBitIdentical(reference.logits, got.logits));
-    EXPECT_GE(b->inbound->stats().failed, 6);
+    EXPECT_GE(b->migration->inbound->stats().failed, 6);
   }
 }
 
@@ -354,7 +343,7 @@ TEST_P(MigrationTest, ASecondMoveOfTheSameSessionIsRefusedWhileOneRuns) {
       entered.Notify();
       release.WaitForNotification();
     }
-    return PeerNode{nodes_.at(id)->address, identity_.fingerprint()};
+    return PeerNode{nodes_.at(id)->migration->address, identity_.fingerprint()};
   };
   Migrator m(a->engine.get(), directory_.get(), &plane, resolve,
              MigratorOptions{.node_id = a->id,

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "ops/model/testing/model_cases.h"
 #include "ops/model/testing/tiny_model.h"
@@ -22,9 +21,9 @@
 #include "services/engine/session_engine.h"
 #include "services/engine/testing/engine_fixture.h"
 #include "services/migration/inbound.h"
-#include "services/migration/migration_service.h"
 #include "services/migration/outbound.h"
 #include "services/migration/testing/directory_fence_for_test.h"
+#include "services/migration/testing/served_migration.h"
 #include "services/transport/loopback_transport.h"
 
 namespace kvd::migration {
@@ -36,14 +35,8 @@ struct Node {
   std::string id;
   std::unique_ptr<storage::TieredStore> store;
   std::unique_ptr<engine::SessionEngine> engine;
-  std::unique_ptr<InboundTransfers> inbound;
-  std::unique_ptr<MigrationService> service;
-  std::unique_ptr<grpc::Server> server;
-  std::string address;
+  std::unique_ptr<testing::ServedMigration> migration;
   std::unique_ptr<Replicator> replicator;  // set on the owner
-  ~Node() {
-    if (server) server->Shutdown();
-  }
 };
 
 class ReplicatorTest : public engine::testing::TinyModelTest {
@@ -69,7 +62,7 @@ class ReplicatorTest : public engine::testing::TinyModelTest {
     // b is a live node of the model: the replicator's only candidate.
     cluster::NodeInfo info;
     info.id = "b";
-    info.grpc_address = replica_->address;
+    info.grpc_address = replica_->migration->address;
     info.model_id = "tiny";
     info.model_fingerprint = identity_.fingerprint();
     info.max_inflight = 4;
@@ -103,17 +96,11 @@ class ReplicatorTest : public engine::testing::TinyModelTest {
     };
     n->engine = std::make_unique<engine::SessionEngine>(*model_, identity_,
                                                         n->store.get(), o);
-    n->inbound = std::make_unique<InboundTransfers>(
+    n->migration = testing::ServeMigration(
         n->engine.get(), &plane_,
         InboundOptions{.idle_timeout = absl::Seconds(3),
-                       .commit_wait = absl::Seconds(10)});
-    n->service = std::make_unique<MigrationService>(n->inbound.get(), kToken);
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(n->service.get());
-    n->server = b.BuildAndStart();
-    n->address = absl::StrCat("127.0.0.1:", port);
+                       .commit_wait = absl::Seconds(10)},
+        kToken);
     return n;
   }
 
@@ -125,7 +112,7 @@ class ReplicatorTest : public engine::testing::TinyModelTest {
       if (id != "b" || replica_unreachable_) {
         return absl::UnavailableError(absl::StrCat("node '", id, "' is cut"));
       }
-      return PeerNode{replica_->address, identity_.fingerprint()};
+      return PeerNode{replica_->migration->address, identity_.fingerprint()};
     };
     owner_->replicator = std::make_unique<Replicator>(
         owner_->engine.get(), etcd_client_.get(), directory_.get(), &plane_,

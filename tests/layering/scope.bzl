@@ -275,6 +275,7 @@ SCOPE = [
     "//services/migration:outbound",
     "//services/migration:replicator",
     "//services/migration:replicator_test",
+    "//services/migration:served_migration_for_test",
     "//services/node:admission",
     "//services/node:admission_test",
     "//services/node:async_http",
