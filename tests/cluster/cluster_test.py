@@ -348,12 +348,20 @@ def tenant_flood(c, tmp):
     check(got[0][0] == 200 and all(g[0] == 429 for g in got[1:]),
           "a tenant over its limit of new sessions gets 429: %s" % [
               g[0] for g in got])
-    check(all(g[1].get("Retry-After") == "10" and
-              "over its limit of new sessions" in str(g[2]) and
-              "retry in 10 s" in str(g[2]) for g in got[1:]),
-          "with Retry-After (10 s: one new session per 10 s) and a message "
-          "naming the limit: %s %s" % (got[1][1].get("Retry-After"),
-                                       str(got[1][2])[:160]))
+    # The bucket refills one session per 10 s, so the wait is at most 10 s;
+    # how much less depends on how long the refused requests took (ASan on 2
+    # cores: seconds), so the check is the range and that header and message
+    # agree.
+    def retry_after_ok(g):
+        value = g[1].get("Retry-After") or ""
+        return (value.isdigit() and 1 <= int(value) <= 10 and
+                "over its limit of new sessions" in str(g[2]) and
+                "retry in %s s" % value in str(g[2]))
+
+    check(all(retry_after_ok(g) for g in got[1:]),
+          "with Retry-After (at most 10 s: one new session per 10 s) equal to "
+          "the message's, which names the limit: %s %s" % (
+              got[1][1].get("Retry-After"), str(got[1][2])[:160]))
     check(len(c.directory("flood")) == 1,
           "refused sessions leave no directory entry: %s" % sorted(
               c.directory("flood")))
