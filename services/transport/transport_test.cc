@@ -69,8 +69,10 @@ TEST_P(TransportTest, ChunksArriveWholeAndInOrderThenTheEnd) {
 TEST_P(TransportTest, AChunkOverTheLimitIsRefusedBeforeItIsReceived) {
   auto in = transport_->Listen({.max_chunk_bytes = 1000});
   ASSERT_TRUE(in.ok());
+  // Taken here: the receiver goes away below while the sender may still run.
+  const std::string address = (*in)->address();
   std::thread sender([&] {
-    auto out = transport_->Connect((*in)->address());
+    auto out = transport_->Connect(address);
     ASSERT_TRUE(out.ok());
     // The receiver refuses it; the send may then fail or time out, but the
     // receiver must not allocate or deliver it.
