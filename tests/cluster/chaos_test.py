@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Chaos (issue: replication and failover): etcd, three `kvd serve --cluster
+"""Chaos: etcd, three `kvd serve --cluster
 --replicas 2 --replication sync` nodes of SmolLM2 (UCX over TCP, TLS), one
 router; USERS users hold conversations for DURATION seconds while every
 KILL_EVERY seconds a random node is killed with SIGKILL and restarted a few

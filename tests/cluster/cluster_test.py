@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A kvd cluster on loopback, end to end (issue: cluster control plane):
+"""A kvd cluster on loopback, end to end:
 real etcd, three `kvd serve --cluster` nodes of SmolLM2 and one of Gemma 3,
 and two `kvd router`s, all started here on ports the OS picks.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A node dies and its sessions live on (issue: replication and failover):
+"""A node dies and its sessions live on:
 etcd, three `kvd serve --cluster --replicas 2 --replication sync` nodes of
 SmolLM2 (UCX over TCP, TLS) and one router.
 

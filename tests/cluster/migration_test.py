@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Sessions move between the nodes of a real cluster while users talk
-(issue: migration over UCX): etcd, three `kvd serve --cluster` nodes of
+"""Sessions move between the nodes of a real cluster while users talk:
+etcd, three `kvd serve --cluster` nodes of
 SmolLM2 moving sessions over UCX (TCP here; shared memory is covered by
 //services/migration:migration_test), one router, all over TLS.
 

@@ -170,8 +170,7 @@ echo "   kernels_benchmark rc=$? ($(( $(date +%s) - START ))s so far)"
     awk -F'\t' -v h="$hbm" '$2 ~ /^gemm_.*_m1_gbs$/ {
         printf "%s: %.1f%% of measured HBM read bandwidth (%s GB/s)\n", $2, 100 * $3 / h, h }' "$OUT/bench.log"
   fi
-  # Issue 6 targets.
-  # Issue 6 targets, for each GEMM: WMMA (the default until kMmaGemmVerified
+  # The GPU kernels' targets (docs/BENCHMARKS.md, "GPU"), for each GEMM: WMMA (the default until kMmaGemmVerified
   # is flipped, gemm.h) and mma.sync (model_benchmark --mma).
   for tag in "" mma_; do
     impl=${tag:+mma.sync}; impl=${impl:-WMMA}
