@@ -137,8 +137,7 @@ class DrainerTest : public engine::testing::TinyModelTest {
     r.generate.sampling.temperature = 0;
     absl::StatusOr<engine::TurnResult> res =
         n->engine->RunTurn(r, *tokenizer_, nullptr);
-    ASSERT_TRUE(res.ok()) << session << " on " << n->id << ": "
-                          << res.status();
+    ASSERT_TRUE(res.ok()) << session << " on " << n->id << ": " << res.status();
   }
 
   std::string OwnerOf(const std::string& session) {

@@ -73,9 +73,9 @@ class FailoverTest : public ::testing::Test {
 
   // A live member: what the controller reads membership from.
   void Live(const std::string& node) {
-    ASSERT_TRUE(etcd_client_->Put(absl::StrCat(cluster::kNodesPrefix, node),
-                                  "{}")
-                    .ok());
+    ASSERT_TRUE(
+        etcd_client_->Put(absl::StrCat(cluster::kNodesPrefix, node), "{}")
+            .ok());
   }
 
   // A session owned by `owner` at epoch 1 with `replicas` listed.
