@@ -911,7 +911,20 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
     }
   }
   if (!request.request_id.empty() &&
+      a.committed.last_request_id() == request.request_id &&
+      a.committed.has_last_reply()) {
+    absl::StatusOr<TurnResult> replayed =
+        ReplayLastReply(a, std::move(result), on_delta);
+    SetInTurn(a, false);
+    if (replayed.ok()) {
+      absl::MutexLock lock(&mu_);
+      stats_.turns_replayed++;
+    }
+    return replayed;
+  }
+  if (!request.request_id.empty() &&
       a.committed.last_request_id() == request.request_id) {
+    // Committed before replies were stored with turns: nothing to resend.
     SetInTurn(a, false);
     return absl::AlreadyExistsError(absl::StrCat(
         "request '", request.request_id, "' already committed turn ",
@@ -985,6 +998,17 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
   next.set_epoch(storage::EpochOf(a.committed));
   next.set_role(v1::SESSION_ROLE_PRIMARY);
   next.set_last_request_id(request.request_id);
+  if (request.request_id.empty()) {
+    next.clear_last_reply();  // nothing could ask for it again
+  } else {
+    v1::TurnReply* reply = next.mutable_last_reply();
+    reply->set_text(gen->text);
+    reply->set_finish_reason(FinishReasonName(gen->finish_reason));
+    reply->set_generated_tokens(static_cast<int64_t>(gen->tokens.size()));
+    reply->set_context_tokens(context_tokens);
+    reply->set_cached_tokens(
+        result.path == StatePath::kReprefill ? 0 : cache_before);
+  }
   // Every residual is rewritten: under this node's numerics from now on.
   if (a.rewrite_all) *next.mutable_model() = identity_;
   next.set_token_count(tokens.size());
@@ -1041,6 +1065,40 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
         replicated.message(),
         "), so it may or may not have committed: send it again with the "
         "same X-Request-Id, which never runs a turn twice"));
+  }
+  return result;
+}
+
+absl::StatusOr<TurnResult> SessionEngine::ReplayLastReply(
+    const Active& a, TurnResult result, const DeltaCallback& on_delta) {
+  const v1::TurnReply& reply = a.committed.last_reply();
+  const int64_t generated = reply.generated_tokens();
+  if (generated < 0 || generated > static_cast<int64_t>(a.tokens.size())) {
+    return absl::DataLossError(absl::StrCat(
+        "the stored reply of ",
+        SessionName(a.committed.tenant(), a.committed.session_id()), "'s turn ",
+        a.committed.turn_ends_size(), " claims ", generated,
+        " generated tokens of ", a.tokens.size(),
+        "; send a new request id to run a new turn"));
+  }
+  GenerateResult& g = result.generation;
+  g.tokens.assign(a.tokens.end() - generated, a.tokens.end());
+  g.text = reply.text();
+  g.finish_reason =
+      reply.finish_reason() == FinishReasonName(FinishReason::kStop)
+          ? FinishReason::kStop
+          : FinishReason::kLength;
+  g.prompt_tokens = reply.context_tokens();
+  result.session_tokens = a.committed.token_count();
+  result.turn = a.committed.turn_ends_size();
+  result.context_tokens = reply.context_tokens();
+  result.cached_tokens = reply.cached_tokens();
+  result.replayed = true;
+  if (on_delta) {
+    GenerateDelta delta;
+    delta.text = g.text;
+    delta.tokens = g.tokens;
+    on_delta(delta);
   }
   return result;
 }

@@ -153,10 +153,13 @@ struct TurnRequest {
   // commits, so a first turn that fails or is cancelled leaves no empty
   // session behind.
   bool create_if_missing = false;
-  // The client's id for this request (X-Request-Id), stored with the turn:
-  // a request whose id is that of the session's last committed turn is
-  // ALREADY_EXISTS, so a retry after a lost reply does not commit the turn
-  // twice. Empty: no check.
+  // The client's id for this request (X-Request-Id), stored with the turn
+  // and its reply: a request whose id is that of the session's last
+  // committed turn runs nothing and gets that reply again
+  // (TurnResult::replayed), so a retry after a lost reply neither commits
+  // the turn twice nor fails. (ALREADY_EXISTS if that turn was committed
+  // before replies were stored.) Only the last turn is remembered: a retry
+  // that arrives after a later turn runs as a new one. Empty: no check.
   std::string request_id;
   // ABORTED at once when another turn of the session is running, instead of
   // waiting for it: a server must not let one client's queued turns hold
@@ -182,6 +185,11 @@ struct TurnResult {
   // token ids). OpenAI's usage.prompt_tokens and cached_tokens.
   int64_t context_tokens = 0;
   int64_t cached_tokens = 0;
+  // The request id was the session's last committed turn's: this is that
+  // turn's stored reply (text, token ids, finish reason, usage), delivered
+  // again as one delta; nothing ran or was committed. Logprobs are not
+  // stored, so a replayed reply has none.
+  bool replayed = false;
 };
 
 struct EngineStats {
@@ -192,6 +200,7 @@ struct EngineStats {
   int64_t turns_committed = 0;
   int64_t turns_failed = 0;      // errors and cancellations (nothing committed)
   int64_t turns_rejected = 0;    // RESOURCE_EXHAUSTED: the queue was full
+  int64_t turns_replayed = 0;    // retried request ids answered from storage
   int64_t sessions_demoted = 0;  // hot state dropped by the LRU (count/bytes)
   // The K/V block pool: blocks held by caches, its capacity (0: unlimited),
   // the most ever held, and bytes per block.
@@ -458,6 +467,9 @@ class SessionEngine {
   // (waiting up to frozen_turn_wait); ABORTED when busy and `fail_if_busy`,
   // or still frozen. Holds `session_mu` on return exactly when OK, which
   // the thread-safety analysis has no annotation for.
+  // The stored reply of the session's last turn, as a result and one delta.
+  absl::StatusOr<TurnResult> ReplayLastReply(const Active& a, TurnResult result,
+                                             const DeltaCallback& on_delta);
   absl::Status LockForTurn(const Key& key, absl::Mutex* session_mu,
                            bool fail_if_busy) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // ABORTED (nothing done) unless `stored` lets this node commit turns:

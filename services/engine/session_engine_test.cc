@@ -630,8 +630,10 @@ TEST_P(SessionEngineTest, ATurnItsReplicasMayLackIsNotAcknowledged) {
   EXPECT_EQ(NotRunReason(held), "replicas");
 
   settled = replicated = absl::OkStatus();
-  EXPECT_EQ(engine_->RunTurn(r, *tokenizer_, nullptr).status().code(),
-            absl::StatusCode::kAlreadyExists);
+  absl::StatusOr<TurnResult> resent = engine_->RunTurn(r, *tokenizer_, nullptr);
+  ASSERT_TRUE(resent.ok()) << resent.status();
+  EXPECT_TRUE(resent->replayed);
+  EXPECT_EQ(store_->GetManifest("acme", "chat-1")->turn_ends_size(), 1);
   r.request_id = "req-2";
   ASSERT_TRUE(engine_->RunTurn(r, *tokenizer_, nullptr).ok());
   EXPECT_EQ(store_->GetManifest("acme", "chat-1")->turn_ends_size(), 2);
@@ -639,21 +641,44 @@ TEST_P(SessionEngineTest, ATurnItsReplicasMayLackIsNotAcknowledged) {
 }
 
 // A retried request (same id as the session's last committed turn) is
-// recognised and not committed twice, even after a restart.
-TEST_P(SessionEngineTest, RetriedRequestIdIsNotCommittedTwice) {
+// recognised and not committed twice, even after a restart: it gets the
+// reply its first attempt committed, bit for bit, as the result and as one
+// delta, and nothing runs.
+TEST_P(SessionEngineTest, RetriedRequestIdGetsTheCommittedReplyAgain) {
   const Variant v{"kv-direct", ops::ResidualKvSource::kAll};
   OpenStore();
   NewEngine(v, identity_);
   ASSERT_TRUE(engine_->CreateSession("acme", "chat-1", {}).ok());
   TurnRequest r = Request(0, 3);
   r.request_id = "req-1";
-  ASSERT_TRUE(engine_->RunTurn(r, *tokenizer_, nullptr).ok());
-  OpenStore();  // a restart: the id is stored with the turn
+  r.generate.stop = {"\n"};  // the text a stop string cut is what is stored
+  absl::StatusOr<TurnResult> first = engine_->RunTurn(r, *tokenizer_, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(first->replayed);
+  OpenStore();  // a restart: the id and the reply are stored with the turn
   NewEngine(v, identity_);
-  const absl::Status again = engine_->RunTurn(r, *tokenizer_, nullptr).status();
-  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists) << again;
-  EXPECT_NE(again.message().find("req-1"), std::string::npos);
+  std::vector<GenerateDelta> deltas;
+  r.generate.on_logits = [](const float*, int64_t) {
+    ADD_FAILURE() << "a replayed turn ran the model";
+  };
+  absl::StatusOr<TurnResult> again = engine_->RunTurn(
+      r, *tokenizer_, [&](const GenerateDelta& d) { deltas.push_back(d); });
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->replayed);
+  EXPECT_EQ(again->generation.tokens, first->generation.tokens);
+  EXPECT_EQ(again->generation.text, first->generation.text);
+  EXPECT_EQ(again->generation.finish_reason, first->generation.finish_reason);
+  EXPECT_EQ(again->context_tokens, first->context_tokens);
+  EXPECT_EQ(again->cached_tokens, first->cached_tokens);
+  EXPECT_EQ(again->session_tokens, first->session_tokens);
+  EXPECT_EQ(again->turn, first->turn);
+  ASSERT_EQ(deltas.size(), 1u);
+  EXPECT_EQ(deltas[0].tokens, first->generation.tokens);
+  EXPECT_EQ(deltas[0].text, first->generation.text);
   EXPECT_EQ(store_->GetManifest("acme", "chat-1")->turn_ends_size(), 1);
+  EXPECT_EQ(engine_->stats().turns_replayed, 1);
+  EXPECT_EQ(engine_->stats().turns_committed, 0);
+  r.generate.on_logits = nullptr;
   r.request_id = "req-2";
   ASSERT_TRUE(engine_->RunTurn(r, *tokenizer_, nullptr).ok());
   r.request_id = "";  // no id: no check

@@ -191,6 +191,17 @@ absl::StatusOr<engine::GenerateRequest> SessionsService::CheckGenerate(
   KVD_ASSIGN_OR_RETURN(engine::GenerateRequest g,
                        GenerateRequestFromProto(request.sampling(), context));
   KVD_RETURN_IF_ERROR(ValidateInput(request, runtime_->chat_template()));
+  if (!request.request_id().empty()) {
+    bool printable = request.request_id().size() <= 128;
+    for (char c : request.request_id()) printable &= c > ' ' && c < 0x7f;
+    if (!printable || request.session_id().empty()) {
+      return absl::InvalidArgumentError(
+          printable ? "request_id names a turn of a session: it needs "
+                      "session_id"
+                    : "request_id must be 1..128 printable ASCII characters "
+                      "without spaces");
+    }
+  }
   if (!request.session_id().empty()) {
     KVD_RETURN_IF_ERROR(
         storage::ValidateName("session id", request.session_id()));
@@ -246,6 +257,7 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
     // As HTTP's 409: a turn waiting for the session would hold its
     // admission slot all the while.
     turn.fail_if_busy = true;
+    turn.request_id = request.request_id();
     turn.generate = std::move(g);
     turn.make_tokens = [&](absl::Span<const int32_t> have)
         -> absl::StatusOr<std::vector<int32_t>> {
@@ -268,6 +280,7 @@ absl::StatusOr<v1::GenerateFinished> SessionsService::RunGenerate(
     finished.set_state_path_detail(r->path_detail);
     finished.set_session_tokens(r->session_tokens);
     finished.set_turn(r->turn);
+    finished.set_replayed(r->replayed);
   }
   finished.set_finish_reason(engine::FinishReasonName(result.finish_reason));
   if (request.session_id().empty()) prompt_tokens = result.prompt_tokens;

@@ -575,6 +575,49 @@ TEST_F(GrpcServiceTest, CancelByRequestIdAndDeadline) {
   EXPECT_EQ(s.turns(), 0);
 }
 
+// A call resent with the request_id of the session's last committed turn
+// streams that turn's reply again and commits nothing; a request_id without
+// a session, or not printable, is refused.
+TEST_F(GrpcServiceTest, ARetriedRequestIdGetsTheCommittedReplyAgain) {
+  Start(KeyStore());
+  ASSERT_TRUE(Create("retried").ok());
+  v1::GenerateRequest request = Raw("retried", "Hello there", 6);
+  request.set_request_id("call-1");
+  Reply first = Generate(request);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_FALSE(first.finished.replayed());
+
+  Reply again = Generate(request);
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_TRUE(again.finished.replayed());
+  EXPECT_EQ(again.text, first.text);
+  EXPECT_EQ(again.finished.text(), first.finished.text());
+  EXPECT_EQ(std::vector<int32_t>(again.finished.token_ids().begin(),
+                                 again.finished.token_ids().end()),
+            std::vector<int32_t>(first.finished.token_ids().begin(),
+                                 first.finished.token_ids().end()));
+  EXPECT_EQ(again.finished.usage().prompt_tokens(),
+            first.finished.usage().prompt_tokens());
+  EXPECT_EQ(again.finished.turn(), 1u);
+  v1::Session s;
+  ASSERT_TRUE(Get("retried", &s).ok());
+  EXPECT_EQ(s.turns(), 1);
+
+  request.set_request_id("call-2");
+  Reply next = Generate(request);
+  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_FALSE(next.finished.replayed());
+  EXPECT_EQ(next.finished.turn(), 2u);
+
+  v1::GenerateRequest stateless = Raw("", "Hello", 2);
+  stateless.set_request_id("call-3");
+  EXPECT_EQ(Generate(stateless).status.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  request.set_request_id("has space");
+  EXPECT_EQ(Generate(request).status.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 // A session that moved to another node is ABORTED over gRPC too, saying
 // so, with nothing written.
 TEST_F(GrpcServiceTest, TurnOfASessionThatMovedIsAborted) {

@@ -423,6 +423,11 @@ void HttpServerImpl::RecordOutcome(const GenerationOutcome& out,
   t_log.cached_tokens = out.cached_tokens;
   t_log.completion_tokens = generated;
   t_log.finish = FinishName(out.gen.finish_reason);
+  if (out.replayed) {
+    // Nothing ran: the counters below count generated work.
+    t_log.state_path = "replayed";
+    return;
+  }
   if (out.state_path.has_value()) {
     const char* path = engine::StatePathName(*out.state_path);
     t_log.state_path = path;

@@ -905,6 +905,62 @@ TEST_F(HttpServerTest, FullDiskRefusesTurnsButDeletesAndRecoversByItself) {
   EXPECT_EQ(keep->turn_ends_size(), 2);
 }
 
+// A request resent with the X-Request-Id of the session's last committed
+// turn (its reply was lost) gets that reply again, streamed or not, and
+// commits nothing; a new id runs a new turn.
+TEST_F(HttpServerTest, ARetriedRequestIdGetsTheCommittedReplyAgain) {
+  std::unique_ptr<HttpServer> server = Start(smol_);
+  const int64_t replayed_before = smol_->engine().stats().turns_replayed;
+  auto turn = [&](const std::string& id, const std::string& text, bool stream) {
+    return Post(server->port(), "/v1/chat/completions",
+                {{"model", smol_->model_id()},
+                 {"messages", {{{"role", "user"}, {"content", text}}}},
+                 {"max_tokens", 8},
+                 {"temperature", 0},
+                 {"stream", stream},
+                 {"session_id", "retried-1"}},
+                {{"X-Request-Id", id}});
+  };
+  const Reply first = turn("req-a", "Name three colours.", false);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const json j = first.Json();
+  const std::string content = j["choices"][0]["message"]["content"];
+  absl::StatusOr<v1::SessionManifest> m =
+      smol_->store().GetManifest("local", "retried-1");
+  ASSERT_TRUE(m.ok()) << m.status();
+
+  // The retry may carry anything (the first attempt's body): it is not run.
+  const Reply again = turn("req-a", "Something else entirely.", false);
+  ASSERT_EQ(again.status, 200) << again.body;
+  const json k = again.Json();
+  EXPECT_EQ(k["choices"][0]["message"]["content"], content);
+  EXPECT_EQ(k["choices"][0]["finish_reason"], j["choices"][0]["finish_reason"]);
+  EXPECT_EQ(k["usage"], j["usage"]);
+
+  const Reply streamed = turn("req-a", "Name three colours.", true);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  std::string text;
+  std::vector<json> events = SseEvents(streamed.body);
+  ASSERT_GE(events.size(), 2u);
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json& delta = events[i]["choices"][0]["delta"];
+    if (delta.contains("content")) text += delta["content"];
+  }
+  EXPECT_EQ(text, content);
+  EXPECT_EQ(events.back(), json("[DONE]"));
+
+  absl::StatusOr<v1::SessionManifest> after =
+      smol_->store().GetManifest("local", "retried-1");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->token_count(), m->token_count());
+  EXPECT_EQ(after->turn_ends_size(), 1);
+  EXPECT_EQ(smol_->engine().stats().turns_replayed - replayed_before, 2);
+
+  ASSERT_EQ(turn("req-b", "And three more.", false).status, 200);
+  EXPECT_EQ(smol_->store().GetManifest("local", "retried-1")->turn_ends_size(),
+            2);
+}
+
 // A session that moved to another node (a newer epoch stored) is refused
 // with 409 saying so, and nothing of the turn is written.
 TEST_F(HttpServerTest, TurnOfASessionThatMovedIs409) {

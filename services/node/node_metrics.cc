@@ -89,6 +89,8 @@ void UpdateNodeGauges(NodeRuntime& runtime, Metrics& m) {
   }
   set("kvd_turns_total", {{"outcome", "committed"}}, stats.turns_committed);
   set("kvd_turns_total", {{"outcome", "failed"}}, stats.turns_failed);
+  // A retried request id answered with its turn's stored reply.
+  set("kvd_turns_total", {{"outcome", "replayed"}}, stats.turns_replayed);
   const storage::TierBytes bytes = runtime.store().bytes();
   set("kvd_store_bytes", {{"tier", "dram"}}, bytes.dram_bytes);
   set("kvd_store_bytes", {{"tier", "dram_spill_pending"}},

@@ -185,6 +185,7 @@ absl::StatusOr<GenerationOutcome> RunGeneration(
     out.cached_tokens = r.cached_tokens;
     out.state_path = r.path;
     out.restore_seconds = r.restore_seconds;
+    out.replayed = r.replayed;
   }
   if (job.common.logprobs) {
     out.logprobs = LogprobsText(runtime.tokenizer(), job, out.gen.tokens,

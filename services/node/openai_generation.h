@@ -67,6 +67,9 @@ struct GenerationOutcome {
   // the time spent loading it and rebuilding (recomputing) its K/V.
   std::optional<engine::StatePath> state_path;
   double restore_seconds = 0;
+  // A retried X-Request-Id: the turn's stored reply, not run again
+  // (engine::TurnResult::replayed).
+  bool replayed = false;
 };
 
 // Checks the model name (404), sampling parameters, that the model has a
