@@ -43,6 +43,9 @@ Replicator::Replicator(engine::SessionEngine* engine, cluster::EtcdClient* etcd,
   if (!options_.sync && options_.replicas > 1) {
     thread_ = std::thread([this] { Drain(); });
   }
+  if (options_.replicas > 1 && options_.refill_every > absl::ZeroDuration()) {
+    refill_thread_ = std::thread([this] { RefillLoop(); });
+  }
 }
 
 Replicator::~Replicator() {
@@ -50,7 +53,114 @@ Replicator::~Replicator() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
+  if (refill_thread_.joinable()) refill_thread_.join();
   if (thread_.joinable()) thread_.join();
+}
+
+void Replicator::RefillLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.refill_every);
+      if (stop_) return;
+    }
+    absl::StatusOr<int> refilled = RefillPass();
+    if (!refilled.ok()) {
+      std::fprintf(stderr, "kvd serve: replica refill pass failed: %s\n",
+                   refilled.status().ToString().c_str());
+    }
+  }
+}
+
+absl::StatusOr<int> Replicator::RefillPass() {
+  if (options_.replicas <= 1) return 0;
+  const size_t want = static_cast<size_t>(options_.replicas - 1);
+  KVD_ASSIGN_OR_RETURN(std::vector<cluster::SessionDirectory::OwnedSession> own,
+                       directory_->ListOwnedBy(options_.node_id));
+  int refilled = 0, tried = 0;
+  absl::Status first_error = absl::OkStatus();
+  for (const cluster::SessionDirectory::OwnedSession& s : own) {
+    if (s.entry.replicas.size() >= want) continue;
+    if (tried >= options_.refill_per_pass) break;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) break;
+    }
+    tried++;
+    absl::Status taken = engine_->TakeUp(s.tenant, s.session);
+    absl::StatusOr<engine::SessionEngine::FrozenSession> frozen =
+        taken.ok()
+            ? engine_->Freeze(s.tenant, s.session)
+            : absl::StatusOr<engine::SessionEngine::FrozenSession>(taken);
+    absl::StatusOr<bool> grew = false;
+    if (frozen.ok()) {
+      grew = RefillFrozen(s.tenant, s.session, frozen->epoch);
+      engine_->Unfreeze(s.tenant, s.session);
+    } else {
+      grew = frozen.status();
+    }
+    if (grew.ok() && *grew) refilled++;
+    if (!grew.ok() && first_error.ok()) {
+      first_error =
+          absl::Status(grew.status().code(),
+                       absl::StrCat("session '", s.session, "' of tenant '",
+                                    s.tenant, "': ", grew.status().message()));
+    }
+  }
+  if (!first_error.ok()) {
+    std::fprintf(stderr,
+                 "kvd serve: %d of %d short replica sets refilled; the first "
+                 "that was not: %s\n",
+                 refilled, tried, first_error.ToString().c_str());
+  }
+  return refilled;
+}
+
+absl::StatusOr<bool> Replicator::RefillFrozen(const std::string& tenant,
+                                              const std::string& session,
+                                              uint64_t epoch) {
+  KVD_ASSIGN_OR_RETURN(std::optional<cluster::DirectoryEntry> entry,
+                       directory_->Lookup(tenant, session));
+  if (!entry.has_value() || entry->owner != options_.node_id ||
+      entry->epoch != epoch) {
+    return false;  // moved meanwhile: its new owner refills it
+  }
+  const cluster::DirectoryEntry& e = *entry;
+  const size_t want = static_cast<size_t>(options_.replicas - 1);
+  std::vector<std::string> keep = e.replicas;
+  int64_t copies = 0, failed = 0;
+  absl::Status last = absl::OkStatus();
+  for (const std::string& c : Candidates(keep)) {
+    if (keep.size() >= want) break;
+    absl::Status sent = SendCopy(c, tenant, session);
+    if (sent.ok()) {
+      keep.push_back(c);
+      copies++;
+    } else {
+      failed++;
+      last = sent;
+    }
+  }
+  absl::Status set = absl::OkStatus();
+  if (copies > 0) {
+    set = directory_->SetReplicas(tenant, session, e, keep).status();
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.copies_sent += copies;
+  stats_.failures += failed + (set.ok() ? 0 : 1);
+  if (!set.ok()) return set;
+  if (copies == 0) {
+    stats_.short_sets++;
+    return last.ok() ? absl::StatusOr<bool>(false)  // no candidate: wait
+                     : absl::StatusOr<bool>(last);
+  }
+  stats_.sets_refilled++;
+  std::fprintf(stderr,
+               "kvd serve: session '%s' of tenant '%s' had %zu of %zu "
+               "replicas; now %zu\n",
+               session.c_str(), tenant.c_str(), e.replicas.size(), want,
+               keep.size());
+  return true;
 }
 
 ReplicatorStats Replicator::stats() const {

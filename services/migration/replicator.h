@@ -49,6 +49,10 @@ struct ReplicatorOptions {
   bool sync = true;
   int max_lag_turns = 64;  // async only
   PeerOptions peer;
+  // How often a background pass refills short replica sets of sessions this
+  // node owns (RefillPass); zero: never (tests call RefillPass).
+  absl::Duration refill_every = absl::Seconds(10);
+  int refill_per_pass = 16;  // sessions copied at most per pass
 };
 
 struct ReplicatorStats {
@@ -59,6 +63,7 @@ struct ReplicatorStats {
   int64_t short_sets = 0;        // turns left with fewer than R-1 replicas
   int64_t lag_turns = 0;         // async: committed, not yet sent
   int64_t max_lag_turns = 0;
+  int64_t sets_refilled = 0;  // short sets refilled between turns
 };
 
 class Replicator {
@@ -84,6 +89,16 @@ class Replicator {
   // about to acknowledge, a resend of an unconfirmed turn). UNAVAILABLE if
   // it cannot (etcd unreachable): the turn must not run.
   absl::Status Settle(const v1::SessionManifest& committed);
+  // Refills the replica sets of sessions this node owns that hold fewer than
+  // R-1 replicas, whether or not they have turns: a move (migrate, drain,
+  // rebalance) or a failover leaves a session with none, and a replica that
+  // failed left its set. Each such session is first taken up (a copy a
+  // failover gave this node becomes its primary), then frozen while a new
+  // replica gets a whole copy and joins the set by a transaction, so no
+  // turn commits in between. At most refill_per_pass sessions; the number
+  // refilled. Errors only for etcd failing; a session that cannot be
+  // refilled (no candidate, a copy failed) waits for the next pass.
+  absl::StatusOr<int> RefillPass();
   ReplicatorStats stats() const;
 
  private:
@@ -97,6 +112,10 @@ class Replicator {
   // least loaded first.
   std::vector<std::string> Candidates(const std::vector<std::string>& skip);
   void Drain();
+  // RefillPass's work on one frozen session: true if its set grew.
+  absl::StatusOr<bool> RefillFrozen(const std::string& tenant,
+                                    const std::string& session, uint64_t epoch);
+  void RefillLoop();
 
   engine::SessionEngine* const engine_;
   cluster::EtcdClient* const etcd_;
@@ -114,6 +133,7 @@ class Replicator {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_alarm_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread thread_;
+  std::thread refill_thread_;
 };
 
 }  // namespace kvd::migration

@@ -25,6 +25,7 @@
 #include "services/migration/testing/directory_fence_for_test.h"
 #include "services/migration/testing/served_migration.h"
 #include "services/transport/loopback_transport.h"
+#include "storage/checkpoint/ownership.h"
 
 namespace kvd::migration {
 namespace {
@@ -123,7 +124,9 @@ class ReplicatorTest : public engine::testing::TinyModelTest {
                           .sync = true,
                           .peer = {.cluster_token = kToken,
                                    .piece_bytes = 4096,
-                                   .rpc_timeout = absl::Seconds(30)}});
+                                   .rpc_timeout = absl::Seconds(30)},
+                          // Passes run when a test calls RefillPass.
+                          .refill_every = absl::ZeroDuration()});
   }
 
   absl::Status Turn(int turn) {
@@ -205,6 +208,98 @@ TEST_P(ReplicatorTest, SettleRemovesAListedReplicaThatLacksATurn) {
   EXPECT_EQ(ReplicaTurns(), 1);
   ASSERT_TRUE(owner_->replicator->Settle(OwnerCopy()).ok());
   EXPECT_TRUE(Replicas().empty()) << "b lacks turn 1 and must not be listed";
+}
+
+// A session whose replica set is short while nobody talks to it (a move or
+// a failover cleared it, a replica failed) gets a whole copy on a live node
+// between turns, and later turns reach that replica as usual.
+TEST_P(ReplicatorTest, AnIdleSessionWithoutReplicasIsRefilled) {
+  ASSERT_TRUE(Turn(0).ok());
+  ASSERT_EQ(Replicas(), std::vector<std::string>{"b"});
+  // As a move leaves it: no replicas listed, and b's copy gone.
+  auto e = directory_->Lookup("acme", "chat-1");
+  ASSERT_TRUE(e.ok() && e->has_value());
+  ASSERT_TRUE(directory_->SetReplicas("acme", "chat-1", **e, {}).ok());
+  ASSERT_TRUE(replica_->engine->DropReplica("acme", "chat-1").ok());
+  ASSERT_EQ(ReplicaTurns(), -1);
+
+  replica_unreachable_ = true;  // nowhere to copy to: it waits
+  absl::StatusOr<int> refilled = owner_->replicator->RefillPass();
+  ASSERT_TRUE(refilled.ok()) << refilled.status();
+  EXPECT_EQ(*refilled, 0);
+  EXPECT_TRUE(Replicas().empty());
+
+  replica_unreachable_ = false;
+  refilled = owner_->replicator->RefillPass();
+  ASSERT_TRUE(refilled.ok()) << refilled.status();
+  EXPECT_EQ(*refilled, 1);
+  EXPECT_EQ(Replicas(), std::vector<std::string>{"b"});
+  EXPECT_EQ(ReplicaTurns(), 1);
+  EXPECT_EQ(owner_->replicator->stats().sets_refilled, 1);
+
+  refilled = owner_->replicator->RefillPass();  // full: nothing to do
+  ASSERT_TRUE(refilled.ok()) << refilled.status();
+  EXPECT_EQ(*refilled, 0);
+
+  ASSERT_TRUE(Turn(1).ok());
+  EXPECT_EQ(ReplicaTurns(), 2);
+  EXPECT_EQ(Replicas(), std::vector<std::string>{"b"});
+}
+
+// After a failover gave the session to its replica b (the directory moved
+// it, epoch 2, no replicas), b's refill takes it up (its copy becomes the
+// primary: served, listed) and gives the old owner a copy as its replica.
+TEST_P(ReplicatorTest, AFailedOverSessionIsTakenUpAndReplicatedAgain) {
+  ASSERT_TRUE(Turn(0).ok());
+  ASSERT_TRUE(Turn(1).ok());
+  auto e = directory_->Lookup("acme", "chat-1");
+  ASSERT_TRUE(e.ok() && e->has_value());
+  ASSERT_TRUE(directory_->Move("acme", "chat-1", **e, "b").ok());
+  EXPECT_EQ(replica_->engine->GetSession("acme", "chat-1").status().code(),
+            absl::StatusCode::kNotFound)
+      << "a replica copy is not a live session before it is taken up";
+
+  cluster::NodeInfo a;
+  a.id = "a";
+  a.grpc_address = owner_->migration->address;
+  a.model_id = "tiny";
+  a.model_fingerprint = identity_.fingerprint();
+  a.max_inflight = 4;
+  ASSERT_TRUE(etcd_client_
+                  ->Put(absl::StrCat(cluster::kNodesPrefix, "a"),
+                        cluster::EncodeNodeInfo(a))
+                  .ok());
+  PeerResolver resolve =
+      [this](const std::string& id) -> absl::StatusOr<PeerNode> {
+    if (id != "a") return absl::UnavailableError("no such node");
+    return PeerNode{owner_->migration->address, identity_.fingerprint()};
+  };
+  Replicator on_b(
+      replica_->engine.get(), etcd_client_.get(), directory_.get(), &plane_,
+      resolve,
+      ReplicatorOptions{.node_id = "b",
+                        .model_fingerprint = identity_.fingerprint(),
+                        .replicas = 2,
+                        .sync = true,
+                        .peer = {.cluster_token = kToken,
+                                 .piece_bytes = 4096,
+                                 .rpc_timeout = absl::Seconds(30)},
+                        .refill_every = absl::ZeroDuration()});
+  absl::StatusOr<int> refilled = on_b.RefillPass();
+  ASSERT_TRUE(refilled.ok()) << refilled.status();
+  EXPECT_EQ(*refilled, 1);
+  EXPECT_EQ(Replicas(), std::vector<std::string>{"a"});
+  absl::StatusOr<v1::SessionManifest> primary =
+      replica_->engine->GetSession("acme", "chat-1");
+  ASSERT_TRUE(primary.ok()) << primary.status();
+  EXPECT_EQ(primary->turn_ends_size(), 2);
+  EXPECT_EQ(storage::EpochOf(*primary), 2u);
+  absl::StatusOr<v1::SessionManifest> copy =
+      owner_->engine->GetReplica("acme", "chat-1");
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_EQ(copy->turn_ends_size(), 2);
+  EXPECT_EQ(storage::EpochOf(*copy), 2u);
+  EXPECT_EQ(copy->owner_node(), "b");
 }
 
 // With the directory unreachable after the commit, nothing says the

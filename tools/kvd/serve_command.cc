@@ -168,7 +168,8 @@ void DeclareClusterMetrics(node::Metrics& m) {
   m.DeclareCounter("kvd_replication_total",
                    "Replication work, by kind: updates applied by replicas, "
                    "copies that filled a new replica, failures, replicas "
-                   "dropped from a set, turns left with a short set.");
+                   "dropped from a set, turns left with a short set, "
+                   "short sets refilled between turns.");
   m.DeclareGauge("kvd_replication_lag_turns",
                  "Async replication: turns committed, not yet sent (now "
                  "and the most seen).");
@@ -208,6 +209,7 @@ void SetClusterMetrics(node::Metrics& m, const migration::Migrator* migrator,
     set("kvd_replication_total", {{"kind", "replica_dropped"}},
         s.replicas_dropped);
     set("kvd_replication_total", {{"kind", "short_set"}}, s.short_sets);
+    set("kvd_replication_total", {{"kind", "set_refilled"}}, s.sets_refilled);
     set("kvd_replication_lag_turns", {{"stat", "now"}}, s.lag_turns);
     set("kvd_replication_lag_turns", {{"stat", "max"}}, s.max_lag_turns);
   }
