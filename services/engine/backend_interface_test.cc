@@ -8,6 +8,7 @@
 // double's counters show the restores and steps really went through the
 // interface, with caches made through it.
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,7 +90,8 @@ class BackendInterfaceTest : public testing::EngineTest {
   // Model itself); with `demote`, the session is sent back to its checkpoint
   // before every turn but the first.
   Transcript Converse(const Variant& v, const ops::ModelBackend* backend,
-                      bool demote) {
+                      bool demote,
+                      const std::function<void(int turn)>& before_turn = {}) {
     SessionEngineOptions o;
     o.policy = *ops::ParseCheckpointPolicy(v.policy);
     o.hot_budget = v.hot_budget;
@@ -103,6 +105,7 @@ class BackendInterfaceTest : public testing::EngineTest {
         engine_->Suspend("acme", "chat-1");
         EXPECT_FALSE(engine_->IsHot("acme", "chat-1"));
       }
+      if (before_turn) before_turn(turn);
       TurnRequest r;
       r.tenant = "acme";
       r.session = "chat-1";
@@ -177,6 +180,35 @@ TEST_P(BackendInterfaceTest, RestoresThroughTheInterfaceAreBitIdentical) {
       EXPECT_EQ(backend->calls(C::kReadKvRows), 0) << calls;
     }
   }
+}
+
+// A hot session whose K/V the backend loses just as its turn starts (a
+// tensor-parallel shard worker died between the engine's check and the first
+// step) is rebuilt from its checkpoint within the same turn: the turn
+// succeeds, with the bits of a conversation that lost nothing.
+TEST_P(BackendInterfaceTest, KvLostAtATurnsFirstStepIsRebuiltWithinTheTurn) {
+  const Variant v{"kv-direct", ops::ResidualKvSource::kAll, StatePath::kDram};
+  const Transcript want = Converse(v, nullptr, /*demote=*/false);
+  ASSERT_EQ(want.paths.size(), kTurns);
+
+  engine_.reset();
+  auto backend = std::make_unique<CountingBackendForTest>(*model_);
+  const Transcript got =
+      Converse(v, backend.get(), /*demote=*/false, [&](int turn) {
+        if (turn == 2) backend->LoseKvAtNextForward();
+      });
+  engine_.reset();  // before the backend it drives
+  ASSERT_EQ(got.paths.size(), kTurns);
+  EXPECT_EQ(got.paths[1], StatePath::kHot);
+  EXPECT_EQ(got.paths[2], v.restore_path);  // rebuilt, not failed
+  EXPECT_EQ(got.paths[3], StatePath::kHot);
+  ASSERT_TRUE(testing::LogitsBitIdentical(want.logits, got.logits));
+  EXPECT_EQ(want.tokens, got.tokens);
+  EXPECT_TRUE(LogProbsBitIdentical(want.logprobs, got.logprobs));
+  // Its one restore recomputed every layer.
+  EXPECT_EQ(backend->calls(CountingBackendForTest::kRecomputeKvIntoCache),
+            kLayers)
+      << backend->Summary();
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, BackendInterfaceTest,

@@ -896,6 +896,31 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
     }
   } session_lock{this, key, session_mu.get()};
 
+  // A hot session whose K/V the backend lost while the turn started (a
+  // tensor-parallel shard worker died and was restarted between the check
+  // in Acquire and the first step) fails with nothing run or sent; it is
+  // run once more, from its checkpoint, as if it had been demoted.
+  bool delivered = false;
+  DeltaCallback counted;
+  if (on_delta) {
+    counted = [&delivered, &on_delta](const GenerateDelta& d) {
+      delivered = true;
+      on_delta(d);
+    };
+  }
+  bool kv_lost = false;
+  absl::StatusOr<TurnResult> result =
+      RunTurnLocked(key, request, tokenizer, counted, &kv_lost);
+  if (!result.ok() && kv_lost && !delivered) {
+    result = RunTurnLocked(key, request, tokenizer, counted, &kv_lost);
+  }
+  return result;
+}
+
+absl::StatusOr<TurnResult> SessionEngine::RunTurnLocked(
+    const Key& key, const TurnRequest& request, const ops::Tokenizer& tokenizer,
+    const DeltaCallback& on_delta, bool* kv_lost) {
+  *kv_lost = false;
   bool create_if_missing = request.create_if_missing;
   if (options_.fence != nullptr) {
     KVD_ASSIGN_OR_RETURN(create_if_missing, ClaimForTurn(key));
@@ -970,6 +995,7 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
     status = absl::CancelledError("turn cancelled; nothing was committed");
   }
   if (!status.ok()) {
+    *kv_lost = result.path == StatePath::kHot && !model_.CacheIntact(a.cache);
     SetInTurn(a, false);
     Drop(key);  // the next turn resumes from the last commit
     absl::MutexLock lock(&mu_);

@@ -467,6 +467,13 @@ class SessionEngine {
   // (waiting up to frozen_turn_wait); ABORTED when busy and `fail_if_busy`,
   // or still frozen. Holds `session_mu` on return exactly when OK, which
   // the thread-safety analysis has no annotation for.
+  // RunTurn's work under the session's lock. `kv_lost`: it failed because
+  // the backend lost the hot session's K/V (ModelBackend::CacheIntact).
+  absl::StatusOr<TurnResult> RunTurnLocked(const Key& key,
+                                           const TurnRequest& request,
+                                           const ops::Tokenizer& tokenizer,
+                                           const DeltaCallback& on_delta,
+                                           bool* kv_lost);
   // The stored reply of the session's last turn, as a result and one delta.
   absl::StatusOr<TurnResult> ReplayLastReply(const Active& a, TurnResult result,
                                              const DeltaCallback& on_delta);

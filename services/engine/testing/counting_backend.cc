@@ -81,6 +81,7 @@ CountingBackendForTest::NewBlockPool(
 absl::StatusOr<ops::KvCache> CountingBackendForTest::NewCache(
     ops::KvBlockPool* pool) const {
   Count(kNewCache);
+  kv_lost_ = false;
   return model_.NewCache(pool);
 }
 
@@ -119,6 +120,12 @@ absl::Status CountingBackendForTest::RunForward(
     ops::ResidualObserver* observer, ops::ResidualPatcher* patcher) const {
   Count(kForward);
   for (const ops::SequenceStep& step : batch) CheckOwnCache(step.cache);
+  if (lose_at_next_forward_.exchange(false)) kv_lost_ = true;
+  if (kv_lost_) {  // as a shard group's steps on caches whose twins died
+    return absl::UnavailableError(
+        "injected by CountingBackendForTest: the backend lost every cache's "
+        "K/V");
+  }
   return model_.Forward(batch, out, observer, patcher);
 }
 

@@ -65,6 +65,14 @@ class CountingBackendForTest final : public ops::ModelBackend {
   // blocks live in device memory could not serve them).
   int64_t foreign_caches() const { return foreign_caches_.load(); }
 
+  // Fault injection, as a tensor-parallel shard worker that died and was
+  // restarted: from the next Forward until the next NewCache, every Forward
+  // fails UNAVAILABLE and every cache reads as lost (CacheIntact false).
+  void LoseKvAtNextForward() { lose_at_next_forward_ = true; }
+  bool CacheIntact(const ops::KvCache& cache) const override {
+    return !kv_lost_.load();
+  }
+
   const char* backend_name() const override;
   const ops::ModelConfig& config() const override;
   ops::Precision precision() const override;
@@ -102,6 +110,8 @@ class CountingBackendForTest final : public ops::ModelBackend {
   const ops::Model& model_;
   mutable std::array<std::atomic<int64_t>, kNumMethods> calls_{};
   mutable std::atomic<int64_t> foreign_caches_{0};
+  mutable std::atomic<bool> lose_at_next_forward_{false};
+  mutable std::atomic<bool> kv_lost_{false};
   mutable absl::Mutex mu_;
   // Pools NewBlockPool handed out (compared by address only: a pool may be
   // destroyed while the backend lives).
