@@ -157,6 +157,21 @@ SessionDirectory::List(const std::string& tenant) {
 
 absl::StatusOr<std::vector<SessionDirectory::OwnedSession>>
 SessionDirectory::ListOwnedBy(const std::string& owner) {
+  return ListWhere(
+      [&owner](const DirectoryEntry& e) { return e.owner == owner; });
+}
+
+absl::StatusOr<std::vector<SessionDirectory::OwnedSession>>
+SessionDirectory::ListHeldBy(const std::string& node) {
+  return ListWhere([&node](const DirectoryEntry& e) {
+    return e.owner == node || std::find(e.replicas.begin(), e.replicas.end(),
+                                        node) != e.replicas.end();
+  });
+}
+
+absl::StatusOr<std::vector<SessionDirectory::OwnedSession>>
+SessionDirectory::ListWhere(
+    const std::function<bool(const DirectoryEntry&)>& keep) {
   absl::StatusOr<std::vector<EtcdKeyValue>> kvs =
       etcd_->GetPrefix(kSessionsPrefix);
   if (!kvs.ok()) return kvs.status();
@@ -164,7 +179,7 @@ SessionDirectory::ListOwnedBy(const std::string& owner) {
   const size_t prefix = std::string(kSessionsPrefix).size();
   for (const EtcdKeyValue& kv : *kvs) {
     absl::StatusOr<DirectoryEntry> e = DecodeDirectoryEntry(kv);
-    if (!e.ok() || e->owner != owner) continue;
+    if (!e.ok() || !keep(*e)) continue;
     const std::string rest = kv.key.substr(prefix);
     const size_t slash = rest.find('/');
     if (slash == std::string::npos) continue;

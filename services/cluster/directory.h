@@ -14,6 +14,7 @@
 #define KVD_SERVICES_CLUSTER_DIRECTORY_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -83,10 +84,15 @@ class SessionDirectory {
   };
   absl::StatusOr<std::vector<OwnedSession>> ListOwnedBy(
       const std::string& owner);
+  // Every session `node` owns or is a listed replica of, in key order (what
+  // a node must hold a copy of).
+  absl::StatusOr<std::vector<OwnedSession>> ListHeldBy(const std::string& node);
 
   static std::string Key(const std::string& tenant, const std::string& session);
 
  private:
+  absl::StatusOr<std::vector<OwnedSession>> ListWhere(
+      const std::function<bool(const DirectoryEntry&)>& keep);
   // Writes `next` if the entry is still `expected`; the entry as written.
   absl::StatusOr<DirectoryEntry> Replace(const std::string& tenant,
                                          const std::string& session,

@@ -335,9 +335,9 @@ absl::StatusOr<bool> SessionEngine::ClaimForTurn(const Key& key) {
           "the cluster directory gives ", SessionName(tenant, session),
           " to this node and lists replicas of it, so it has committed "
           "turns, but this node holds no copy (was its data directory "
-          "lost or replaced?); nothing was written. Stop this node so that "
-          "failover promotes a replica, or move the session to a replica "
-          "(kvd sessions migrate)"));
+          "lost or replaced?); nothing was written. The node hands such "
+          "sessions to their replica within seconds (replication's refill "
+          "pass): retry then"));
     }
     return true;  // placed here by the directory: this turn starts it
   }

@@ -75,12 +75,51 @@ void Replicator::RefillLoop() {
 absl::StatusOr<int> Replicator::RefillPass() {
   if (options_.replicas <= 1) return 0;
   const size_t want = static_cast<size_t>(options_.replicas - 1);
-  KVD_ASSIGN_OR_RETURN(std::vector<cluster::SessionDirectory::OwnedSession> own,
-                       directory_->ListOwnedBy(options_.node_id));
+  KVD_ASSIGN_OR_RETURN(
+      std::vector<cluster::SessionDirectory::OwnedSession> held,
+      directory_->ListHeldBy(options_.node_id));
   int refilled = 0, tried = 0;
   absl::Status first_error = absl::OkStatus();
-  for (const cluster::SessionDirectory::OwnedSession& s : own) {
-    if (s.entry.replicas.size() >= want) continue;
+  bool check_copies = false;
+  {
+    absl::MutexLock lock(&mu_);
+    check_copies = !copies_checked_;
+  }
+  bool copies_found = true;
+  for (const cluster::SessionDirectory::OwnedSession& s : held) {
+    const bool mine = s.entry.owner == options_.node_id;
+    if (check_copies &&
+        engine_->GetSession(s.tenant, s.session).status().code() ==
+            absl::StatusCode::kNotFound &&
+        engine_->GetReplica(s.tenant, s.session).status().code() ==
+            absl::StatusCode::kNotFound) {
+      // Listed, but no copy here: the data directory was lost or replaced.
+      absl::Status fixed = absl::OkStatus();
+      if (!mine) {
+        // A replica that holds nothing leaves the set; its owner refills it.
+        std::vector<std::string> rest;
+        for (const std::string& r : s.entry.replicas) {
+          if (r != options_.node_id) rest.push_back(r);
+        }
+        fixed = directory_->SetReplicas(s.tenant, s.session, s.entry, rest)
+                    .status();
+        if (fixed.ok()) {
+          std::fprintf(stderr,
+                       "kvd serve: this node holds no copy of session '%s' "
+                       "of tenant '%s' it is listed as a replica of; it left "
+                       "the replica set\n",
+                       s.session.c_str(), s.tenant.c_str());
+        }
+      } else if (!s.entry.replicas.empty()) {
+        fixed = HandOver(s).status();
+      }
+      if (!fixed.ok()) {
+        copies_found = false;  // try again next pass
+        if (first_error.ok()) first_error = fixed;
+      }
+      continue;
+    }
+    if (!mine || s.entry.replicas.size() >= want) continue;
     if (tried >= options_.refill_per_pass) break;
     {
       absl::MutexLock lock(&mu_);
@@ -107,13 +146,55 @@ absl::StatusOr<int> Replicator::RefillPass() {
                                     s.tenant, "': ", grew.status().message()));
     }
   }
+  if (check_copies && copies_found) {
+    absl::MutexLock lock(&mu_);
+    copies_checked_ = true;
+  }
   if (!first_error.ok()) {
     std::fprintf(stderr,
                  "kvd serve: %d of %d short replica sets refilled; the first "
-                 "that was not: %s\n",
+                 "session that was not: %s\n",
                  refilled, tried, first_error.ToString().c_str());
   }
   return refilled;
+}
+
+absl::StatusOr<bool> Replicator::HandOver(
+    const cluster::SessionDirectory::OwnedSession& s) {
+  const cluster::DirectoryEntry& e = s.entry;
+  PeerOptions quick = options_.peer;
+  quick.rpc_timeout = absl::Seconds(5);
+  std::string best;
+  int64_t best_turns = -1;
+  for (const std::string& r : e.replicas) {
+    absl::StatusOr<PeerNode> peer = resolve_(r);
+    if (!peer.ok()) continue;
+    absl::StatusOr<v1::ReplicaStatusResponse> copy =
+        QueryReplica(*peer, quick, s.tenant, s.session);
+    if (copy.ok() && copy->owner_node() == options_.node_id &&
+        copy->epoch() == e.epoch && copy->turns() > best_turns) {
+      best = r;
+      best_turns = copy->turns();
+    }
+  }
+  if (best.empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        "session '", s.session, "' of tenant '", s.tenant,
+        "': this node holds no copy and no listed replica answered with one "
+        "of epoch ",
+        e.epoch));
+  }
+  KVD_RETURN_IF_ERROR(directory_->Move(s.tenant, s.session, e, best).status());
+  std::fprintf(stderr,
+               "kvd serve: this node holds no copy of session '%s' of tenant "
+               "'%s' (its data directory was lost or replaced); handed it to "
+               "replica '%s' (%lld turns, epoch %llu)\n",
+               s.session.c_str(), s.tenant.c_str(), best.c_str(),
+               static_cast<long long>(best_turns),
+               static_cast<unsigned long long>(e.epoch + 1));
+  absl::MutexLock lock(&mu_);
+  stats_.handed_over++;
+  return true;
 }
 
 absl::StatusOr<bool> Replicator::RefillFrozen(const std::string& tenant,

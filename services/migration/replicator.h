@@ -64,6 +64,9 @@ struct ReplicatorStats {
   int64_t lag_turns = 0;         // async: committed, not yet sent
   int64_t max_lag_turns = 0;
   int64_t sets_refilled = 0;  // short sets refilled between turns
+  // Sessions the directory gave this node while it held no copy of them (its
+  // data directory was lost or replaced), handed to their best replica.
+  int64_t handed_over = 0;
 };
 
 class Replicator {
@@ -98,6 +101,13 @@ class Replicator {
   // turn commits in between. At most refill_per_pass sessions; the number
   // refilled. Errors only for etcd failing; a session that cannot be
   // refilled (no candidate, a copy failed) waits for the next pass.
+  //
+  // Until one pass has found them all, it also looks for sessions the
+  // directory gives this node that it holds no copy of at all (a node
+  // restarted on an empty or replaced data directory): such a session,
+  // if its entry lists replicas, is moved (epoch + 1) to the listed replica
+  // holding the most turns of this node's epoch, whose own pass then takes
+  // it up and refills its set. This node never starts it anew.
   absl::StatusOr<int> RefillPass();
   ReplicatorStats stats() const;
 
@@ -116,6 +126,10 @@ class Replicator {
   absl::StatusOr<bool> RefillFrozen(const std::string& tenant,
                                     const std::string& session, uint64_t epoch);
   void RefillLoop();
+  // RefillPass's work on a session this node owns without a copy: true if
+  // it moved to a replica.
+  absl::StatusOr<bool> HandOver(
+      const cluster::SessionDirectory::OwnedSession& s);
 
   engine::SessionEngine* const engine_;
   cluster::EtcdClient* const etcd_;
@@ -132,6 +146,8 @@ class Replicator {
       ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_alarm_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // A refill pass found every owned session's copy here (or handed it over).
+  bool copies_checked_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
   std::thread refill_thread_;
 };

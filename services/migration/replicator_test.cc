@@ -302,6 +302,79 @@ TEST_P(ReplicatorTest, AFailedOverSessionIsTakenUpAndReplicatedAgain) {
   EXPECT_EQ(copy->owner_node(), "b");
 }
 
+// An owner restarted on an empty data directory holds no copy of a session
+// the directory still gives it. Its refill pass hands the session to the
+// replica holding it (epoch + 1), whose own pass takes it up: the
+// conversation goes on with every acknowledged turn, never anew.
+TEST_P(ReplicatorTest, AnOwnerThatLostItsDiskHandsItsSessionsToAReplica) {
+  ASSERT_TRUE(Turn(0).ok());
+  ASSERT_TRUE(Turn(1).ok());
+  ASSERT_EQ(Replicas(), std::vector<std::string>{"b"});
+  ASSERT_EQ(ReplicaTurns(), 2);
+  owner_->replicator.reset();
+  owner_ = StartNode("a");  // the same node, on a new and empty disk
+  StartReplicator();
+  absl::StatusOr<int> refilled = owner_->replicator->RefillPass();
+  ASSERT_TRUE(refilled.ok()) << refilled.status();
+  EXPECT_EQ(owner_->replicator->stats().handed_over, 1);
+  auto e = directory_->Lookup("acme", "chat-1");
+  ASSERT_TRUE(e.ok() && e->has_value());
+  EXPECT_EQ((*e)->owner, "b");
+  EXPECT_EQ((*e)->epoch, 2u);
+
+  // Later passes look no more (every session was found or handed over).
+  refilled = owner_->replicator->RefillPass();
+  ASSERT_TRUE(refilled.ok()) << refilled.status();
+  EXPECT_EQ(owner_->replicator->stats().handed_over, 1);
+
+  Replicator on_b(
+      replica_->engine.get(), etcd_client_.get(), directory_.get(), &plane_,
+      [](const std::string& id) -> absl::StatusOr<PeerNode> {
+        return absl::UnavailableError("no other node");
+      },
+      ReplicatorOptions{.node_id = "b",
+                        .model_fingerprint = identity_.fingerprint(),
+                        .replicas = 2,
+                        .sync = true,
+                        .peer = {.cluster_token = kToken},
+                        .refill_every = absl::ZeroDuration()});
+  ASSERT_TRUE(on_b.RefillPass().ok());
+  absl::StatusOr<v1::SessionManifest> primary =
+      replica_->engine->GetSession("acme", "chat-1");
+  ASSERT_TRUE(primary.ok()) << primary.status();
+  EXPECT_EQ(primary->turn_ends_size(), 2);
+  EXPECT_EQ(storage::EpochOf(*primary), 2u);
+}
+
+// A replica restarted on an empty data directory is still listed in the
+// set while it holds nothing; its first refill pass takes it out, and the
+// owner's next pass gives it (or another node) a whole copy again.
+TEST_P(ReplicatorTest, AReplicaThatLostItsDiskLeavesTheSetAndIsRefilled) {
+  ASSERT_TRUE(Turn(0).ok());
+  ASSERT_EQ(Replicas(), std::vector<std::string>{"b"});
+  replica_ = StartNode("b");  // the same node, on a new and empty disk
+  ASSERT_EQ(ReplicaTurns(), -1);
+  Replicator on_b(
+      replica_->engine.get(), etcd_client_.get(), directory_.get(), &plane_,
+      [](const std::string& id) -> absl::StatusOr<PeerNode> {
+        return absl::UnavailableError("no other node");
+      },
+      ReplicatorOptions{.node_id = "b",
+                        .model_fingerprint = identity_.fingerprint(),
+                        .replicas = 2,
+                        .sync = true,
+                        .peer = {.cluster_token = kToken},
+                        .refill_every = absl::ZeroDuration()});
+  ASSERT_TRUE(on_b.RefillPass().ok());
+  EXPECT_TRUE(Replicas().empty()) << "b holds nothing and must not be listed";
+
+  absl::StatusOr<int> refilled = owner_->replicator->RefillPass();
+  ASSERT_TRUE(refilled.ok()) << refilled.status();
+  EXPECT_EQ(*refilled, 1);
+  EXPECT_EQ(Replicas(), std::vector<std::string>{"b"});
+  EXPECT_EQ(ReplicaTurns(), 1);
+}
+
 // With the directory unreachable after the commit, nothing says the
 // replicas hold the turn: OnCommit fails, so the turn is not acknowledged;
 // and Settle refuses to let a turn run.
