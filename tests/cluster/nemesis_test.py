@@ -23,14 +23,10 @@ import nemesis  # noqa: E402
 from netns import check_available  # noqa: E402
 
 # Kinds under which today's cluster loses or strands acknowledged turns,
-# with the finding (docs/CLUSTER.md, "What the fault harness found"); the
-# partitioned-ownership redesign must empty this.
-KNOWN_UNSAFE = {
-    "wipe": "a node restarted on an empty disk keeps owning its sessions; "
-            "their only copies are then on replicas, which nothing refills "
-            "while the sessions are idle, so the next disk lost can take "
-            "them (seed 7, 30 minutes: 139 of 153 sessions lost)",
-}
+# with the finding (docs/CLUSTER.md, "What the fault harness found"). Empty
+# since owners refill short replica sets between turns and a node restarted
+# on an empty disk hands its sessions over (wipe was here until then).
+KNOWN_UNSAFE = {}
 
 
 def main():

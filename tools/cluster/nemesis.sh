@@ -18,7 +18,7 @@ if [[ "$(id -u)" != 0 ]]; then
 fi
 # Bazel takes $TEST_TMPDIR as its output root when set: keep it out.
 env -u TEST_TMPDIR bazel build -c opt //tools/kvd >&2
-built=$(env -u TEST_TMPDIR bazel cquery -c opt --output=files //tools/kvd 2>/dev/null)
+built=$(env -u TEST_TMPDIR bazel info -c opt bazel-bin 2>/dev/null)/tools/kvd/kvd
 scratch=${TEST_TMPDIR:-$(mktemp -d)}
 # A copy: a build meanwhile must not replace the binary nodes restart from.
 cp "$built" "$scratch/kvd"
