@@ -5,7 +5,6 @@
 // tests/cluster cover those).
 #include "services/migration/failover.h"
 
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "services/cluster/directory.h"
 #include "services/cluster/membership.h"
-#include "services/cluster/testing/etcd_process.h"
+#include "services/cluster/testing/etcd_test.h"
 
 namespace kvd::migration {
 namespace {
@@ -51,17 +50,12 @@ class ReplicaStatusTableForTest {
   std::vector<std::string> asked_;
 };
 
-class FailoverTest : public ::testing::Test {
+class FailoverTest : public cluster::testing::EtcdTest {
  protected:
   void SetUp() override {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    auto etcd = cluster::testing::EtcdProcess::Start(tmp ? tmp : "/tmp");
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = std::move(*etcd);
-    etcd_client_ = Connect();
-    ASSERT_NE(etcd_client_, nullptr);
-    directory_ =
-        std::make_unique<cluster::SessionDirectory>(etcd_client_.get());
+    EtcdTest::SetUp();
+    if (HasFatalFailure()) return;
+    directory_ = std::make_unique<cluster::SessionDirectory>(client_.get());
   }
 
   std::unique_ptr<cluster::EtcdClient> Connect() {
@@ -74,8 +68,7 @@ class FailoverTest : public ::testing::Test {
   // A live member: what the controller reads membership from.
   void Live(const std::string& node) {
     ASSERT_TRUE(
-        etcd_client_->Put(absl::StrCat(cluster::kNodesPrefix, node), "{}")
-            .ok());
+        client_->Put(absl::StrCat(cluster::kNodesPrefix, node), "{}").ok());
   }
 
   // A session owned by `owner` at epoch 1 with `replicas` listed.
@@ -104,8 +97,6 @@ class FailoverTest : public ::testing::Test {
         FailoverOptions{.node_id = node, .lease_ttl = absl::Seconds(5)});
   }
 
-  std::unique_ptr<cluster::testing::EtcdProcess> etcd_;
-  std::unique_ptr<cluster::EtcdClient> etcd_client_;
   std::unique_ptr<cluster::SessionDirectory> directory_;
   ReplicaStatusTableForTest replicas_;
 };
@@ -113,7 +104,7 @@ class FailoverTest : public ::testing::Test {
 TEST_F(FailoverTest, OneControllerLeadsAndAnotherTakesOverWhenItGoes) {
   std::unique_ptr<cluster::EtcdClient> other_client = Connect();
   ASSERT_NE(other_client, nullptr);
-  std::unique_ptr<FailoverController> a = Controller(etcd_client_.get(), "a");
+  std::unique_ptr<FailoverController> a = Controller(client_.get(), "a");
   std::unique_ptr<FailoverController> b = Controller(other_client.get(), "b");
   ASSERT_TRUE(a->Pass().ok());
   ASSERT_TRUE(b->Pass().ok());
@@ -133,7 +124,7 @@ TEST_F(FailoverTest, OneControllerLeadsAndAnotherTakesOverWhenItGoes) {
 TEST_F(FailoverTest, ANonLeaderPromotesNothing) {
   std::unique_ptr<cluster::EtcdClient> other_client = Connect();
   ASSERT_NE(other_client, nullptr);
-  std::unique_ptr<FailoverController> a = Controller(etcd_client_.get(), "a");
+  std::unique_ptr<FailoverController> a = Controller(client_.get(), "a");
   ASSERT_TRUE(a->Pass().ok());  // a leads
   Live("b");
   Session("s1", "gone", {"b"});
@@ -158,7 +149,7 @@ TEST_F(FailoverTest, PromotesTheLiveReplicaWithTheMostTurnsOfTheOwnersEpoch) {
   replicas_.Set("c", "other", 1, 7);
   replicas_.Set("e", "gone", 1, 9);
 
-  std::unique_ptr<FailoverController> f = Controller(etcd_client_.get(), "b");
+  std::unique_ptr<FailoverController> f = Controller(client_.get(), "b");
   absl::StatusOr<int> promoted = f->Pass();
   ASSERT_TRUE(promoted.ok()) << promoted.status();
   EXPECT_EQ(*promoted, 1);
@@ -182,7 +173,7 @@ TEST_F(FailoverTest, AReplicaOfAnOlderEpochIsNotPromoted) {
   ASSERT_TRUE(directory_->SetReplicas("acme", "s1", *moved, {"b"}).ok());
   replicas_.Set("b", "gone", 1, 12);
 
-  std::unique_ptr<FailoverController> f = Controller(etcd_client_.get(), "b");
+  std::unique_ptr<FailoverController> f = Controller(client_.get(), "b");
   absl::StatusOr<int> promoted = f->Pass();
   ASSERT_TRUE(promoted.ok()) << promoted.status();
   EXPECT_EQ(*promoted, 0);
@@ -195,7 +186,7 @@ TEST_F(FailoverTest, ASessionWhoseOwnerIsLiveStaysWhereItIs) {
   Live("b");
   Session("s1", "a", {"b"});
   replicas_.Set("b", "a", 1, 20);  // even a fuller replica changes nothing
-  std::unique_ptr<FailoverController> f = Controller(etcd_client_.get(), "b");
+  std::unique_ptr<FailoverController> f = Controller(client_.get(), "b");
   absl::StatusOr<int> promoted = f->Pass();
   ASSERT_TRUE(promoted.ok()) << promoted.status();
   EXPECT_EQ(*promoted, 0);
@@ -209,7 +200,7 @@ TEST_F(FailoverTest, WithoutALiveReplicaTheSessionWaitsForItsOwner) {
   Live("b");
   Session("s1", "gone", {"c"});  // c is not live
   Session("s2", "gone", {});     // never replicated
-  std::unique_ptr<FailoverController> f = Controller(etcd_client_.get(), "b");
+  std::unique_ptr<FailoverController> f = Controller(client_.get(), "b");
   absl::StatusOr<int> promoted = f->Pass();
   ASSERT_TRUE(promoted.ok()) << promoted.status();
   EXPECT_EQ(*promoted, 0);
@@ -231,7 +222,7 @@ TEST_F(FailoverTest, APromotedSessionIsNotPromotedAgain) {
   Session("s1", "gone", {"b", "c"});
   replicas_.Set("b", "gone", 1, 4);
   replicas_.Set("c", "gone", 1, 3);
-  std::unique_ptr<FailoverController> f = Controller(etcd_client_.get(), "b");
+  std::unique_ptr<FailoverController> f = Controller(client_.get(), "b");
   ASSERT_TRUE(f->Pass().ok());
   ASSERT_EQ(Entry("s1").owner, "b");
   // b is live: the next pass leaves the session alone.

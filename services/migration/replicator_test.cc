@@ -115,18 +115,30 @@ class ReplicatorTest : public engine::testing::TinyModelTest {
       }
       return PeerNode{replica_->migration->address, identity_.fingerprint()};
     };
-    owner_->replicator = std::make_unique<Replicator>(
-        owner_->engine.get(), etcd_client_.get(), directory_.get(), &plane_,
-        resolve,
-        ReplicatorOptions{.node_id = "a",
+    owner_->replicator = ReplicatorOf(owner_.get(), resolve);
+  }
+
+  // A replicator of `n` (R = 2, sync) that finds its peers by `resolve`.
+  // Refill passes run when a test calls RefillPass.
+  std::unique_ptr<Replicator> ReplicatorOf(Node* n, PeerResolver resolve) {
+    return std::make_unique<Replicator>(
+        n->engine.get(), etcd_client_.get(), directory_.get(), &plane_,
+        std::move(resolve),
+        ReplicatorOptions{.node_id = n->id,
                           .model_fingerprint = identity_.fingerprint(),
                           .replicas = 2,
                           .sync = true,
                           .peer = {.cluster_token = kToken,
                                    .piece_bytes = 4096,
                                    .rpc_timeout = absl::Seconds(30)},
-                          // Passes run when a test calls RefillPass.
                           .refill_every = absl::ZeroDuration()});
+  }
+
+  // A resolver that finds no peer.
+  static PeerResolver NoPeers() {
+    return [](const std::string& id) -> absl::StatusOr<PeerNode> {
+      return absl::UnavailableError(absl::StrCat("no node '", id, "' here"));
+    };
   }
 
   absl::Status Turn(int turn) {
@@ -274,18 +286,8 @@ TEST_P(ReplicatorTest, AFailedOverSessionIsTakenUpAndReplicatedAgain) {
     if (id != "a") return absl::UnavailableError("no such node");
     return PeerNode{owner_->migration->address, identity_.fingerprint()};
   };
-  Replicator on_b(
-      replica_->engine.get(), etcd_client_.get(), directory_.get(), &plane_,
-      resolve,
-      ReplicatorOptions{.node_id = "b",
-                        .model_fingerprint = identity_.fingerprint(),
-                        .replicas = 2,
-                        .sync = true,
-                        .peer = {.cluster_token = kToken,
-                                 .piece_bytes = 4096,
-                                 .rpc_timeout = absl::Seconds(30)},
-                        .refill_every = absl::ZeroDuration()});
-  absl::StatusOr<int> refilled = on_b.RefillPass();
+  std::unique_ptr<Replicator> on_b = ReplicatorOf(replica_.get(), resolve);
+  absl::StatusOr<int> refilled = on_b->RefillPass();
   ASSERT_TRUE(refilled.ok()) << refilled.status();
   EXPECT_EQ(*refilled, 1);
   EXPECT_EQ(Replicas(), std::vector<std::string>{"a"});
@@ -327,18 +329,8 @@ TEST_P(ReplicatorTest, AnOwnerThatLostItsDiskHandsItsSessionsToAReplica) {
   ASSERT_TRUE(refilled.ok()) << refilled.status();
   EXPECT_EQ(owner_->replicator->stats().handed_over, 1);
 
-  Replicator on_b(
-      replica_->engine.get(), etcd_client_.get(), directory_.get(), &plane_,
-      [](const std::string& id) -> absl::StatusOr<PeerNode> {
-        return absl::UnavailableError("no other node");
-      },
-      ReplicatorOptions{.node_id = "b",
-                        .model_fingerprint = identity_.fingerprint(),
-                        .replicas = 2,
-                        .sync = true,
-                        .peer = {.cluster_token = kToken},
-                        .refill_every = absl::ZeroDuration()});
-  ASSERT_TRUE(on_b.RefillPass().ok());
+  std::unique_ptr<Replicator> on_b = ReplicatorOf(replica_.get(), NoPeers());
+  ASSERT_TRUE(on_b->RefillPass().ok());
   absl::StatusOr<v1::SessionManifest> primary =
       replica_->engine->GetSession("acme", "chat-1");
   ASSERT_TRUE(primary.ok()) << primary.status();
@@ -354,18 +346,8 @@ TEST_P(ReplicatorTest, AReplicaThatLostItsDiskLeavesTheSetAndIsRefilled) {
   ASSERT_EQ(Replicas(), std::vector<std::string>{"b"});
   replica_ = StartNode("b");  // the same node, on a new and empty disk
   ASSERT_EQ(ReplicaTurns(), -1);
-  Replicator on_b(
-      replica_->engine.get(), etcd_client_.get(), directory_.get(), &plane_,
-      [](const std::string& id) -> absl::StatusOr<PeerNode> {
-        return absl::UnavailableError("no other node");
-      },
-      ReplicatorOptions{.node_id = "b",
-                        .model_fingerprint = identity_.fingerprint(),
-                        .replicas = 2,
-                        .sync = true,
-                        .peer = {.cluster_token = kToken},
-                        .refill_every = absl::ZeroDuration()});
-  ASSERT_TRUE(on_b.RefillPass().ok());
+  std::unique_ptr<Replicator> on_b = ReplicatorOf(replica_.get(), NoPeers());
+  ASSERT_TRUE(on_b->RefillPass().ok());
   EXPECT_TRUE(Replicas().empty()) << "b holds nothing and must not be listed";
 
   absl::StatusOr<int> refilled = owner_->replicator->RefillPass();

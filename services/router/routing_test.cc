@@ -5,7 +5,6 @@
 // the tenant's limit), none of which leaves a directory entry behind.
 #include "services/router/routing.h"
 
-#include <cstdlib>
 #include <memory>
 #include <set>
 #include <string>
@@ -16,24 +15,17 @@
 #include "services/cluster/directory.h"
 #include "services/cluster/membership.h"
 #include "services/cluster/node_info.h"
-#include "services/cluster/testing/etcd_process.h"
+#include "services/cluster/testing/etcd_test.h"
 
 namespace kvd::router {
 namespace {
 
-class RoutingTest : public ::testing::Test {
+class RoutingTest : public cluster::testing::EtcdTest {
  protected:
   void SetUp() override {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    auto etcd = cluster::testing::EtcdProcess::Start(tmp ? tmp : "/tmp");
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = std::move(*etcd);
-    auto client = cluster::EtcdClient::Connect(
-        {.endpoint = etcd_->endpoint(), .retry_for = absl::Seconds(1)});
-    ASSERT_TRUE(client.ok()) << client.status();
-    etcd_client_ = std::move(*client);
-    directory_ =
-        std::make_unique<cluster::SessionDirectory>(etcd_client_.get());
+    EtcdTest::SetUp();
+    if (HasFatalFailure()) return;
+    directory_ = std::make_unique<cluster::SessionDirectory>(client_.get());
     auto routing = Routing::Connect(etcd_->endpoint());
     ASSERT_TRUE(routing.ok()) << routing.status();
     routing_ = std::move(*routing);
@@ -48,7 +40,7 @@ class RoutingTest : public ::testing::Test {
     info.model_id = model;
     info.model_fingerprint = "sha256:" + model;
     info.max_inflight = 4;
-    ASSERT_TRUE(etcd_client_
+    ASSERT_TRUE(client_
                     ->Put(absl::StrCat(cluster::kNodesPrefix, id),
                           cluster::EncodeNodeInfo(info))
                     .ok());
@@ -72,8 +64,6 @@ class RoutingTest : public ::testing::Test {
            << " live nodes";
   }
 
-  std::unique_ptr<cluster::testing::EtcdProcess> etcd_;
-  std::unique_ptr<cluster::EtcdClient> etcd_client_;
   std::unique_ptr<cluster::SessionDirectory> directory_;
   std::unique_ptr<Routing> routing_;
 };
@@ -82,8 +72,7 @@ TEST_F(RoutingTest, ANewSessionIsPlacedOnALiveNodeOfItsModelThenFollowed) {
   Live("s1", "smollm2");
   Live("s2", "smollm2");
   Live("g1", "gemma3");
-  ASSERT_TRUE(
-      etcd_client_->Put(absl::StrCat(cluster::kDrainPrefix, "s2"), "").ok());
+  ASSERT_TRUE(client_->Put(absl::StrCat(cluster::kDrainPrefix, "s2"), "").ok());
   AwaitView({"s1", "s2", "g1"}, {"s2"});
 
   absl::StatusOr<Target> placed = routing_->Place("acme", "c1", "smollm2");
