@@ -61,16 +61,7 @@ class ReplicatorTest : public engine::testing::TinyModelTest {
     owner_ = StartNode("a");
     replica_ = StartNode("b");
     // b is a live node of the model: the replicator's only candidate.
-    cluster::NodeInfo info;
-    info.id = "b";
-    info.grpc_address = replica_->migration->address;
-    info.model_id = "tiny";
-    info.model_fingerprint = identity_.fingerprint();
-    info.max_inflight = 4;
-    ASSERT_TRUE(etcd_client_
-                    ->Put(absl::StrCat(cluster::kNodesPrefix, "b"),
-                          cluster::EncodeNodeInfo(info))
-                    .ok());
+    RegisterLive(*replica_);
     ASSERT_TRUE(directory_->Create("acme", "chat-1", "a").ok());
     StartReplicator();
   }
@@ -132,6 +123,20 @@ class ReplicatorTest : public engine::testing::TinyModelTest {
                                    .piece_bytes = 4096,
                                    .rpc_timeout = absl::Seconds(30)},
                           .refill_every = absl::ZeroDuration()});
+  }
+
+  // `n` as a live member of the model, as its membership publishes it.
+  void RegisterLive(const Node& n) {
+    cluster::NodeInfo info;
+    info.id = n.id;
+    info.grpc_address = n.migration->address;
+    info.model_id = "tiny";
+    info.model_fingerprint = identity_.fingerprint();
+    info.max_inflight = 4;
+    ASSERT_TRUE(etcd_client_
+                    ->Put(absl::StrCat(cluster::kNodesPrefix, n.id),
+                          cluster::EncodeNodeInfo(info))
+                    .ok());
   }
 
   // A resolver that finds no peer.
@@ -271,16 +276,7 @@ TEST_P(ReplicatorTest, AFailedOverSessionIsTakenUpAndReplicatedAgain) {
             absl::StatusCode::kNotFound)
       << "a replica copy is not a live session before it is taken up";
 
-  cluster::NodeInfo a;
-  a.id = "a";
-  a.grpc_address = owner_->migration->address;
-  a.model_id = "tiny";
-  a.model_fingerprint = identity_.fingerprint();
-  a.max_inflight = 4;
-  ASSERT_TRUE(etcd_client_
-                  ->Put(absl::StrCat(cluster::kNodesPrefix, "a"),
-                        cluster::EncodeNodeInfo(a))
-                  .ok());
+  RegisterLive(*owner_);
   PeerResolver resolve =
       [this](const std::string& id) -> absl::StatusOr<PeerNode> {
     if (id != "a") return absl::UnavailableError("no such node");
