@@ -11,6 +11,28 @@
 
 namespace kvd::migration {
 
+std::string FreshestReplica(const cluster::DirectoryEntry& entry,
+                            const std::string& tenant,
+                            const std::string& session,
+                            const std::function<bool(const std::string&)>& live,
+                            const ReplicaStatusFn& status_of, int64_t* turns) {
+  std::string best;
+  *turns = -1;
+  for (const std::string& r : entry.replicas) {
+    if (!live(r)) continue;
+    absl::StatusOr<v1::ReplicaStatusResponse> s = status_of(r, tenant, session);
+    if (!s.ok() || s->owner_node() != entry.owner ||
+        s->epoch() != entry.epoch) {
+      continue;
+    }
+    if (s->turns() > *turns) {
+      *turns = s->turns();
+      best = r;
+    }
+  }
+  return best;
+}
+
 FailoverController::FailoverController(cluster::EtcdClient* etcd,
                                        cluster::SessionDirectory* directory,
                                        ReplicaStatusFn status_of,
@@ -86,21 +108,11 @@ absl::StatusOr<int> FailoverController::Pass() {
     if (slash == std::string::npos) continue;
     const std::string tenant = rest.substr(0, slash);
     const std::string session = rest.substr(slash + 1);
-    // The most up-to-date live replica of the owner's epoch.
-    std::string best;
     int64_t best_turns = -1;
-    for (const std::string& r : e->replicas) {
-      if (!live.count(r)) continue;
-      absl::StatusOr<v1::ReplicaStatusResponse> s =
-          status_of_(r, tenant, session);
-      if (!s.ok() || s->owner_node() != e->owner || s->epoch() != e->epoch) {
-        continue;
-      }
-      if (s->turns() > best_turns) {
-        best_turns = s->turns();
-        best = r;
-      }
-    }
+    const std::string best = FreshestReplica(
+        *e, tenant, session,
+        [&live](const std::string& r) { return live.count(r) > 0; }, status_of_,
+        &best_turns);
     if (best.empty()) {
       absl::MutexLock lock(&mu_);
       stats_.without_replica++;

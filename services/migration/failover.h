@@ -44,6 +44,16 @@ using ReplicaStatusFn = std::function<absl::StatusOr<v1::ReplicaStatusResponse>(
     const std::string& node, const std::string& tenant,
     const std::string& session)>;
 
+// The replica of `entry` to promote: among those `live` says are live, the
+// one whose copy (asked through `status_of`) is of the entry's owner and
+// epoch and holds the most turns; "" if none. `turns` gets its turn count.
+// Failover and a node handing over sessions it lost its copy of both use it.
+std::string FreshestReplica(const cluster::DirectoryEntry& entry,
+                            const std::string& tenant,
+                            const std::string& session,
+                            const std::function<bool(const std::string&)>& live,
+                            const ReplicaStatusFn& status_of, int64_t* turns);
+
 struct FailoverOptions {
   std::string node_id;
   absl::Duration poll = absl::Seconds(1);

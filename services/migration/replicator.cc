@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "services/cluster/membership.h"
 #include "services/cluster/node_info.h"
+#include "services/migration/failover.h"
 #include "storage/checkpoint/ownership.h"
 
 namespace kvd::migration {
@@ -164,19 +165,16 @@ absl::StatusOr<bool> Replicator::HandOver(
   const cluster::DirectoryEntry& e = s.entry;
   PeerOptions quick = options_.peer;
   quick.rpc_timeout = absl::Seconds(5);
-  std::string best;
   int64_t best_turns = -1;
-  for (const std::string& r : e.replicas) {
-    absl::StatusOr<PeerNode> peer = resolve_(r);
-    if (!peer.ok()) continue;
-    absl::StatusOr<v1::ReplicaStatusResponse> copy =
-        QueryReplica(*peer, quick, s.tenant, s.session);
-    if (copy.ok() && copy->owner_node() == options_.node_id &&
-        copy->epoch() == e.epoch && copy->turns() > best_turns) {
-      best = r;
-      best_turns = copy->turns();
-    }
-  }
+  const std::string best = FreshestReplica(
+      e, s.tenant, s.session, [](const std::string&) { return true; },
+      [this, &quick](const std::string& node, const std::string& tenant,
+                     const std::string& session)
+          -> absl::StatusOr<v1::ReplicaStatusResponse> {
+        KVD_ASSIGN_OR_RETURN(PeerNode peer, resolve_(node));
+        return QueryReplica(peer, quick, tenant, session);
+      },
+      &best_turns);
   if (best.empty()) {
     return absl::UnavailableError(absl::StrCat(
         "session '", s.session, "' of tenant '", s.tenant,
@@ -197,6 +195,31 @@ absl::StatusOr<bool> Replicator::HandOver(
   return true;
 }
 
+absl::Status Replicator::FillSet(const std::string& tenant,
+                                 const std::string& session,
+                                 const std::vector<std::string>& skip,
+                                 std::vector<std::string>* keep,
+                                 int64_t* copies, int64_t* failed) {
+  const size_t want = static_cast<size_t>(options_.replicas - 1);
+  absl::Status last = absl::OkStatus();
+  for (const std::string& c : Candidates(skip)) {
+    if (keep->size() >= want) break;
+    absl::Status sent = SendCopy(c, tenant, session);
+    if (sent.ok()) {
+      keep->push_back(c);
+      ++*copies;
+    } else {
+      ++*failed;
+      last = sent;
+      std::fprintf(stderr,
+                   "kvd serve: could not make '%s' a replica of session "
+                   "'%s': %s\n",
+                   c.c_str(), session.c_str(), sent.ToString().c_str());
+    }
+  }
+  return last;
+}
+
 absl::StatusOr<bool> Replicator::RefillFrozen(const std::string& tenant,
                                               const std::string& session,
                                               uint64_t epoch) {
@@ -210,18 +233,8 @@ absl::StatusOr<bool> Replicator::RefillFrozen(const std::string& tenant,
   const size_t want = static_cast<size_t>(options_.replicas - 1);
   std::vector<std::string> keep = e.replicas;
   int64_t copies = 0, failed = 0;
-  absl::Status last = absl::OkStatus();
-  for (const std::string& c : Candidates(keep)) {
-    if (keep.size() >= want) break;
-    absl::Status sent = SendCopy(c, tenant, session);
-    if (sent.ok()) {
-      keep.push_back(c);
-      copies++;
-    } else {
-      failed++;
-      last = sent;
-    }
-  }
+  const absl::Status last =
+      FillSet(tenant, session, e.replicas, &keep, &copies, &failed);
   absl::Status set = absl::OkStatus();
   if (copies > 0) {
     set = directory_->SetReplicas(tenant, session, e, keep).status();
@@ -484,20 +497,8 @@ absl::Status Replicator::Replicate(const storage::TurnUpdate& update) {
   if (keep.size() < want) {
     std::vector<std::string> skip = keep;
     skip.insert(skip.end(), e.replicas.begin(), e.replicas.end());
-    for (const std::string& c : Candidates(skip)) {
-      if (keep.size() >= want) break;
-      absl::Status s = SendCopy(c, m.tenant(), m.session_id());
-      if (s.ok()) {
-        keep.push_back(c);
-        copies++;
-      } else {
-        failed++;
-        std::fprintf(stderr,
-                     "kvd serve: could not make '%s' a replica of session "
-                     "'%s': %s\n",
-                     c.c_str(), m.session_id().c_str(), s.ToString().c_str());
-      }
-    }
+    FillSet(m.tenant(), m.session_id(), skip, &keep, &copies, &failed)
+        .IgnoreError();  // counted; the set stays short
   }
   absl::Status result = absl::OkStatus();
   if (keep != e.replicas) {

@@ -122,6 +122,12 @@ class Replicator {
   // least loaded first.
   std::vector<std::string> Candidates(const std::vector<std::string>& skip);
   void Drain();
+  // Gives whole copies of the session to candidates (not in `skip`) until
+  // `keep` lists R-1 replicas; counts copies and failures. The last failure.
+  absl::Status FillSet(const std::string& tenant, const std::string& session,
+                       const std::vector<std::string>& skip,
+                       std::vector<std::string>* keep, int64_t* copies,
+                       int64_t* failed);
   // RefillPass's work on one frozen session: true if its set grew.
   absl::StatusOr<bool> RefillFrozen(const std::string& tenant,
                                     const std::string& session, uint64_t epoch);
