@@ -28,7 +28,8 @@ if ((${#targets[@]} == 0)); then
   targets=(
     //services/router:all //services/cluster:all //storage/tiered:all
     //services/engine:scheduler_test //services/engine:streamed_load_test
-    //services/engine:session_engine_test
+    //services/engine:session_engine_test //services/engine:hot_sessions_test
+    //services/engine:session_locks_test
     //services/migration:all //services/transport:all
     //services/collective:all //services/worker:all
     //services/node:admission_test //services/node:async_http_test

@@ -1,7 +1,6 @@
 #include "services/engine/session_engine.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -11,10 +10,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/status_macros.h"
-#include "ops/kvdirect/rebuild.h"
 #include "ops/kvdirect/residual_store.h"
 #include "services/engine/session_chunks.h"
-#include "services/engine/streamed_load.h"
 #include "storage/checkpoint/codec.h"
 #include "storage/checkpoint/ownership.h"
 
@@ -28,30 +25,7 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
-// Tokens per forward step of a re-prefill: bounds its activations.
-constexpr int64_t kReprefillBlock = 256;
-
-std::string SessionName(const std::string& tenant, const std::string& id) {
-  return absl::StrCat("session '", id, "' of tenant '", tenant, "'");
-}
-
 }  // namespace
-
-const char* StatePathName(StatePath path) {
-  switch (path) {
-    case StatePath::kNew:
-      return "new";
-    case StatePath::kHot:
-      return "hot";
-    case StatePath::kDram:
-      return "dram";
-    case StatePath::kRocksDb:
-      return "rocksdb";
-    case StatePath::kReprefill:
-      return "reprefill";
-  }
-  return "unknown";
-}
 
 v1::ModelIdentity ModelIdentityOf(const ops::ModelBackend& model,
                                   const std::string& fingerprint) {
@@ -62,41 +36,6 @@ v1::ModelIdentity ModelIdentityOf(const ops::ModelBackend& model,
   id.set_numerics_version(model.numerics_version());
   return id;
 }
-
-// One session's state while it is hot: every committed token, its K/V and
-// the residual rows its policy keeps (sequence 0 of its own store).
-struct SessionEngine::Active {
-  Active(const ops::ModelBackend& model, ops::KvBlockPool* pool,
-         const ops::CheckpointPolicy& p, int64_t hot_budget)
-      : policy(p),
-        hot_budget_value(hot_budget),
-        // The engine made the pool for this model: cannot fail.
-        cache(model.NewCache(pool).value()),
-        store(model.config(), model.precision(),
-              ops::CheckpointLayers(p, model.config().n_layers)) {
-    if (p.kind == ops::CheckpointPolicy::Kind::kKvDirect &&
-        hot_budget != ops::ResidualKvSource::kAll) {
-      source = std::make_unique<ops::ResidualKvSource>(&store, 0, hot_budget);
-    }
-  }
-
-  int64_t budget() const {
-    return source != nullptr ? hot_budget_value : ops::ResidualKvSource::kAll;
-  }
-
-  ops::CheckpointPolicy policy;
-  int64_t hot_budget_value = ops::ResidualKvSource::kAll;
-  v1::SessionManifest committed;  // as of the last commit
-  std::vector<int32_t> tokens;    // committed token ids
-  ops::KvCache cache;
-  ops::ResidualStore store;
-  std::unique_ptr<ops::ResidualKvSource> source;  // bounded kv-direct only
-  // After a re-prefill from token ids the stored chunks cannot be trusted:
-  // the next commit rewrites every chunk.
-  bool rewrite_all = false;
-  std::atomic<int64_t> kv_bytes{0}, residual_bytes{0};
-  int in_turn = 0;  // turns holding it now (engine mu_); > 0: never demoted
-};
 
 namespace {
 
@@ -183,11 +122,30 @@ SessionEngine::SessionEngine(const ops::ModelBackend& model,
       store_(store),
       options_(std::move(options)),
       kv_pool_(std::move(kv_pool)),
+      hot_(HotSessions::Limits{options_.max_hot_sessions,
+                               options_.max_hot_kv_bytes}),
+      locks_(options_.frozen_turn_wait),
       scheduler_(std::make_unique<Scheduler>(
           model, SchedulerWithPool(
                      options_.scheduler, kv_pool_.get(),
-                     [this] { return DemoteOneIdle(); },
-                     [this] { return IdleKvBlocks(); }))) {}
+                     [this] { return hot_.DemoteOneIdle(); },
+                     [this] { return hot_.IdleKvBlocks(); }))) {
+  Restorer::Parts parts;
+  parts.model = &model_;
+  parts.identity = &identity_;
+  parts.store = store_;
+  parts.pool = kv_pool_.get();
+  parts.scheduler = scheduler_.get();
+  parts.hot = &hot_;
+  parts.hot_budget = options_.hot_budget;
+  parts.defaults = Defaults();
+  restorer_ = std::make_unique<Restorer>(std::move(parts));
+}
+
+NewSessionDefaults SessionEngine::Defaults() const {
+  return NewSessionDefaults{options_.policy, options_.chunk_tokens,
+                            options_.node_id};
+}
 
 SessionEngine::~SessionEngine() = default;
 
@@ -240,42 +198,6 @@ absl::Status SessionEngine::ValidateOptions(
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::SessionManifest> SessionEngine::NewManifest(
-    const std::string& tenant, const std::string& session,
-    const std::map<std::string, std::string>& labels) const {
-  const bool kv = options_.policy.kind == ops::CheckpointPolicy::Kind::kKv;
-  if (kv) KVD_RETURN_IF_ERROR(model_.KvRowAccess());
-  const ops::ModelConfig& c = model_.config();
-  v1::SessionManifest m;
-  m.set_format_version(storage::kCheckpointFormatVersion);
-  m.set_tenant(tenant);
-  m.set_session_id(session);
-  m.set_owner_node(options_.node_id);
-  m.set_epoch(storage::kFirstEpoch);
-  m.set_role(v1::SESSION_ROLE_PRIMARY);
-  *m.mutable_model() = identity_;
-  m.set_policy(options_.policy.Name());
-  // Policy kv stores every layer's K row and V row as one row per position
-  // (session_chunks.h CacheKvRows); the others the residuals of their layers.
-  if (kv) {
-    for (int64_t l = 0; l < c.n_layers; ++l) m.add_layers(l);
-  } else {
-    for (int64_t l : ops::CheckpointLayers(options_.policy, c.n_layers))
-      m.add_layers(l);
-  }
-  for (int i = 0; i < m.layers_size(); ++i) m.add_first_position(0);
-  m.set_chunk_tokens(options_.chunk_tokens);
-  const bool bf16 = model_.precision() == ops::Precision::kBf16;
-  m.set_dtype(bf16 ? v1::DTYPE_BF16 : v1::DTYPE_F32);
-  m.set_row_bytes(kv ? 2 * static_cast<int64_t>(
-                               ops::KvCache::RowBytes(c, model_.precision()))
-                     : c.d_model * (bf16 ? 2 : 4));
-  m.set_created_unix_ms(NowMs());
-  m.set_updated_unix_ms(m.created_unix_ms());
-  for (const auto& [k, v] : labels) (*m.mutable_labels())[k] = v;
-  return m;
-}
-
 absl::Status SessionEngine::CheckAbsent(const std::string& tenant,
                                         const std::string& session) {
   // Ask the database first: loading into DRAM just to see that the session
@@ -298,12 +220,13 @@ absl::Status SessionEngine::CreateSession(
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   KVD_ASSIGN_OR_RETURN(v1::SessionManifest m,
-                       NewManifest(tenant, session, labels));
+                       NewSessionManifest(model_, identity_, Defaults(), tenant,
+                                          session, labels));
   // Under the session's lock: a first turn that is starting the session
   // (create_if_missing) holds it until it commits, so this waits and then
   // finds the session instead of being overwritten by that commit.
   const std::shared_ptr<absl::Mutex> session_mu =
-      SessionMutex(Key(tenant, session));
+      locks_.MutexOf(Key(tenant, session));
   absl::MutexLock session_lock(session_mu.get());
   KVD_RETURN_IF_ERROR(CheckAbsent(tenant, session));
   if (options_.fence != nullptr) {
@@ -394,7 +317,7 @@ absl::Status SessionEngine::ImportSession(
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   const std::shared_ptr<absl::Mutex> session_mu =
-      SessionMutex(Key(tenant, session));
+      locks_.MutexOf(Key(tenant, session));
   absl::MutexLock session_lock(session_mu.get());
   absl::Status absent = CheckAbsent(tenant, session);
   if (absent.code() == absl::StatusCode::kAlreadyExists) {
@@ -422,24 +345,7 @@ absl::Status SessionEngine::ReadyForTurn(const std::string& tenant,
                                          bool check_owner) {
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
-  const Key key(tenant, session);
-  {
-    absl::MutexLock lock(&mu_);
-    auto thawed = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !frozen_.contains(key);
-    };
-    if (!thawed()) stats_.turns_held_frozen++;
-    if (!mu_.AwaitWithTimeout(absl::Condition(&thawed),
-                              options_.frozen_turn_wait)) {
-      return MarkNotRun(
-          absl::AbortedError(absl::StrCat(
-              SessionName(tenant, session),
-              " is being moved to another node (frozen for longer than ",
-              absl::FormatDuration(options_.frozen_turn_wait),
-              "); nothing was run, retry the turn")),
-          "moving");
-    }
-  }
+  KVD_RETURN_IF_ERROR(locks_.AwaitThawed(Key(tenant, session)));
   if (!check_owner || options_.fence == nullptr) return absl::OkStatus();
   absl::Status owned = options_.fence->OwnedEpoch(tenant, session).status();
   if (owned.code() == absl::StatusCode::kAborted) {
@@ -454,7 +360,7 @@ absl::Status SessionEngine::TakeUp(const std::string& tenant,
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   if (options_.fence == nullptr) return absl::OkStatus();
   const Key key(tenant, session);
-  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  const std::shared_ptr<absl::Mutex> session_mu = locks_.MutexOf(key);
   absl::MutexLock session_lock(session_mu.get());
   return ClaimForTurn(key).status();
 }
@@ -468,7 +374,7 @@ absl::Status SessionEngine::StoreReplica(storage::SessionCheckpoint checkpoint,
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   KVD_RETURN_IF_ERROR(storage::CheckCompatible(m.model(), identity_, session));
   const Key key(tenant, session);
-  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  const std::shared_ptr<absl::Mutex> session_mu = locks_.MutexOf(key);
   absl::MutexLock session_lock(session_mu.get());
   const uint64_t epoch = storage::EpochOf(m);
   absl::StatusOr<v1::SessionManifest> mine =
@@ -495,7 +401,7 @@ absl::Status SessionEngine::StoreReplica(storage::SessionCheckpoint checkpoint,
   replica.set_epoch(epoch);
   replica.set_staged_by(staged_by);
   checkpoint.ReplaceManifest(std::move(replica));
-  Drop(key);  // hot state of an older copy
+  hot_.Drop(key);  // hot state of an older copy
   KVD_RETURN_IF_ERROR(store_->PutSession(std::move(checkpoint)));
   absl::MutexLock lock(&mu_);
   stats_.replicas_stored++;
@@ -510,7 +416,7 @@ absl::Status SessionEngine::ApplyReplicaUpdate(storage::TurnUpdate update) {
   KVD_RETURN_IF_ERROR(
       storage::CheckCompatible(update.manifest.model(), identity_, session));
   const Key key(tenant, session);
-  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  const std::shared_ptr<absl::Mutex> session_mu = locks_.MutexOf(key);
   absl::MutexLock session_lock(session_mu.get());
   KVD_RETURN_IF_ERROR(store_->GetManifest(tenant, session).status());
   update.manifest.set_format_version(storage::kCheckpointFormatVersion);
@@ -541,7 +447,7 @@ absl::Status SessionEngine::DropReplica(const std::string& tenant,
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   const Key key(tenant, session);
-  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  const std::shared_ptr<absl::Mutex> session_mu = locks_.MutexOf(key);
   absl::MutexLock session_lock(session_mu.get());
   absl::StatusOr<v1::SessionManifest> m = store_->GetManifest(tenant, session);
   if (m.status().code() == absl::StatusCode::kNotFound) {
@@ -557,44 +463,22 @@ absl::Status SessionEngine::DropReplica(const std::string& tenant,
   // not the caller's to drop.
   if (!staged_by.empty() && m->staged_by() != staged_by)
     return absl::OkStatus();
-  Drop(key);
+  hot_.Drop(key);
   return store_->Delete(tenant, session);
 }
 
-absl::Status SessionEngine::CheckMayCommit(
-    const v1::SessionManifest& stored) const {
-  v1::SessionManifest mine = stored;
-  mine.set_owner_node(options_.node_id);
-  absl::Status fence = storage::CheckTurnFence(stored, mine);
-  if (fence.ok()) return fence;
-  return absl::Status(
-      fence.code(), absl::StrCat(fence.message(), " (this node is ",
-                                 options_.node_id.empty()
-                                     ? std::string("standalone")
-                                     : absl::StrCat("'", options_.node_id, "'"),
-                                 ": kvd --node-id)"));
-}
-
-absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
+absl::StatusOr<std::shared_ptr<SessionRecord>> SessionEngine::Acquire(
     const Key& key, bool create_if_missing, TurnResult* result) {
-  std::shared_ptr<Active> hot;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = hot_.find(key);
-    if (it != hot_.end() && !model_.CacheIntact(it->second->cache)) {
-      // The backend lost this session's K/V (a tensor-parallel shard worker
-      // restarted): resume it from its checkpoint, as if it were demoted.
-      hot_.erase(it);
-      lru_.remove(key);
-    } else if (it != hot_.end()) {
-      result->path = StatePath::kHot;
-      std::shared_ptr<Active> active = it->second;
-      // Under the lock that found it: DemoteOneIdle (scheduler thread) must
-      // not see it idle between here and the turn.
-      active->in_turn++;
-      stats_.restores_by_path[StatePathName(StatePath::kHot)]++;
-      hot = std::move(active);
-    }
+  // Marked in a turn under the lock that found it: DemoteOneIdle (the
+  // scheduler thread) must not see it idle between here and the turn. A
+  // session whose K/V the backend lost (a tensor-parallel shard worker
+  // restarted) is resumed from its checkpoint, as if it were demoted.
+  std::shared_ptr<SessionRecord> hot = hot_.BeginTurn(
+      key,
+      [this](const SessionRecord& r) { return model_.CacheIntact(r.cache); });
+  if (hot != nullptr) {
+    result->path = StatePath::kHot;
+    CountRestore(StatePath::kHot);
   }
   if (hot != nullptr) {
     // Hot state is trusted only while the stored manifest is the one it was
@@ -603,7 +487,7 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
     absl::StatusOr<v1::SessionManifest> stored =
         store_->GetManifest(key.first, key.second);
     absl::Status same = stored.status();
-    if (same.ok()) same = CheckMayCommit(*stored);
+    if (same.ok()) same = CheckNodeMayCommit(*stored, options_.node_id);
     if (same.ok() &&
         (storage::EpochOf(*stored) != storage::EpochOf(hot->committed) ||
          stored->token_count() != hot->committed.token_count())) {
@@ -613,255 +497,28 @@ absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Acquire(
           "the turn"));
     }
     if (!same.ok()) {
-      SetInTurn(*hot, false);
-      Drop(key);
+      hot_.EndTurn(*hot);
+      hot_.Drop(key);
       return same;
     }
     return hot;
   }
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::shared_ptr<Active>> active =
-      Restore(key, create_if_missing, result);
+  RestoreOutcome how;
+  absl::StatusOr<std::shared_ptr<SessionRecord>> active =
+      restorer_->Restore(key.first, key.second, create_if_missing, &how);
   result->restore_seconds = SecondsSince(start);
+  result->path = how.path;
+  result->path_detail = std::move(how.detail);
   if (active.ok()) {
-    // Not in hot_ yet, so no other thread sees it; the lock orders the
-    // write before MakeHot's.
-    SetInTurn(**active, true);
+    hot_.MarkInTurn(**active);
     CountRestore(result->path);
+    if (how.streamed) {
+      absl::MutexLock lock(&mu_);
+      stats_.restores_streamed++;
+    }
   }
   return active;
-}
-
-absl::StatusOr<std::shared_ptr<SessionEngine::Active>> SessionEngine::Restore(
-    const Key& key, bool create_if_missing, TurnResult* result) {
-  const auto& [tenant, session] = key;
-  StreamedLoad load(store_, tenant, session);
-  absl::StatusOr<std::shared_ptr<Active>> streamed = nullptr;
-  if (const v1::SessionManifest* m = load.WaitManifest(); m != nullptr) {
-    streamed = RestoreStreamed(*m, load);
-  }
-  absl::StatusOr<storage::TieredStore::Loaded> loaded = load.Finish();
-  if (streamed.ok() && *streamed != nullptr && loaded.ok() &&
-      loaded->observed) {
-    result->path = StatePath::kRocksDb;
-    absl::MutexLock lock(&mu_);
-    stats_.restores_streamed++;
-    return streamed;
-  }
-  // A damaged chunk: the whole-checkpoint path below falls back to the
-  // token ids and says why. Other errors are what it would have met too.
-  if (!streamed.ok() && streamed.status().code() != absl::StatusCode::kDataLoss)
-    return streamed.status();
-  // Not streamed, or the session changed while it was read (then what was
-  // rebuilt is stale): the whole checkpoint decides.
-  streamed = nullptr;
-  std::shared_ptr<const storage::SessionCheckpoint> checkpoint;
-  storage::Tier tier = storage::Tier::kRocksDb;
-  std::string fallback;  // why the residuals cannot be used, if they cannot
-  bool other_numerics = false;  // fallback: the checkpoint's numerics differ
-  if (loaded.ok()) {
-    checkpoint = loaded->checkpoint;
-    tier = loaded->tier;
-  } else if (loaded.status().code() == absl::StatusCode::kNotFound &&
-             create_if_missing) {
-    // Started by this turn: held in memory only until the turn commits.
-    KVD_ASSIGN_OR_RETURN(v1::SessionManifest m,
-                         NewManifest(tenant, session, {}));
-    auto fresh = std::make_shared<storage::SessionCheckpoint>();
-    fresh->Reset(std::move(m), {});
-    checkpoint = std::move(fresh);
-  } else {
-    if (loaded.status().code() == absl::StatusCode::kNotFound) {
-      return absl::NotFoundError(absl::StrCat(
-          SessionName(tenant, session),
-          " not found; create it first (gRPC CreateSession; over HTTP a chat "
-          "request with this session_id starts it)"));
-    }
-    if (loaded.status().code() != absl::StatusCode::kDataLoss)
-      return loaded.status();
-    fallback = std::string(loaded.status().message());
-    absl::StatusOr<storage::SessionCheckpoint> tokens_only = store_->db().Load(
-        tenant, session, storage::SessionDb::Parts::kManifestAndTokens);
-    if (!tokens_only.ok()) {
-      return absl::DataLossError(absl::StrCat(
-          SessionName(tenant, session),
-          " cannot be restored: its residual checkpoint is damaged (", fallback,
-          ") and so are its token ids (", tokens_only.status().message(), ")"));
-    }
-    checkpoint = std::make_shared<const storage::SessionCheckpoint>(
-        std::move(*tokens_only));
-  }
-  const v1::SessionManifest& m = checkpoint->manifest();
-  KVD_RETURN_IF_ERROR(CheckMayCommit(m));
-  KVD_RETURN_IF_ERROR(storage::CheckCompatible(m.model(), identity_, session));
-  if (absl::Status same = storage::SameNumerics(m.model(), identity_);
-      !same.ok() && fallback.empty()) {
-    // Residuals from another backend or kernel build: the tokens are good,
-    // so the session continues from a re-prefill on this node's numerics.
-    fallback = std::string(same.message());
-    other_numerics = true;
-  }
-  KVD_ASSIGN_OR_RETURN(ops::CheckpointPolicy policy,
-                       ops::ParseCheckpointPolicy(m.policy()));
-  auto active = std::make_shared<Active>(model_, kv_pool_.get(), policy,
-                                         options_.hot_budget);
-  active->committed = m;
-  KVD_RETURN_IF_ERROR(RestoreTokens(*checkpoint, &active->tokens));
-  result->path = m.token_count() == 0           ? StatePath::kNew
-                 : tier == storage::Tier::kDram ? StatePath::kDram
-                                                : StatePath::kRocksDb;
-  if (m.token_count() > 0 && m.length() == 0 &&
-      policy.kind != ops::CheckpointPolicy::Kind::kTokens) {
-    // Stored without residual rows (salvaged: storage::TokensOnly): the
-    // turn runs every stored token through the model and stores them anew.
-    result->path = StatePath::kReprefill;
-    result->path_detail =
-        "stored without its residual checkpoint (salvaged from a damaged "
-        "database): its tokens run through the model again";
-  }
-  if (fallback.empty() && policy.kind == ops::CheckpointPolicy::Kind::kKv) {
-    // The K/V themselves: copied into the cache, nothing to compute.
-    absl::Status restored = model_.KvRowAccess();
-    if (restored.ok()) {
-      do {  // a full pool: idle sessions make room first
-        restored = RestoreKv(*checkpoint, model_, &active->cache);
-      } while (restored.code() == absl::StatusCode::kResourceExhausted &&
-               DemoteOneIdle());
-      if (restored.ok()) return active;
-      if (restored.code() != absl::StatusCode::kDataLoss &&
-          restored.code() != absl::StatusCode::kUnimplemented) {
-        return restored;
-      }
-    }
-    active->cache.Reset(0);
-    fallback = std::string(restored.message());
-  } else if (fallback.empty() &&
-             policy.kind != ops::CheckpointPolicy::Kind::kTokens &&
-             policy.kind != ops::CheckpointPolicy::Kind::kKv) {
-    const absl::Status restored =
-        RestoreResiduals(*checkpoint, &active->store, 0);
-    if (restored.ok()) {
-      ops::RebuildSpec spec;
-      spec.policy = policy;
-      spec.tokens = absl::MakeConstSpan(active->tokens).first(m.length());
-      spec.checkpoint = &active->store;
-      spec.budget = active->budget();
-      KVD_RETURN_IF_ERROR(RebuildOnScheduler(spec, *active));
-      return active;
-    }
-    if (restored.code() != absl::StatusCode::kDataLoss) return restored;
-    fallback = std::string(restored.message());
-  }
-  // Token ids only: the policy keeps nothing else, or the rest is damaged.
-  if (m.token_count() == 0 && fallback.empty()) return active;  // new
-  result->path = StatePath::kReprefill;
-  result->path_detail =
-      fallback.empty()
-          ? absl::StrCat("policy ", m.policy(), " stores token ids only")
-          : absl::StrCat(other_numerics ? "checkpoint from other numerics: "
-                                        : "stored checkpoint rejected: ",
-                         fallback);
-  if (!fallback.empty()) {
-    active->rewrite_all = true;
-    active->store.Erase(0);
-  }
-  KVD_RETURN_IF_ERROR(Reprefill(*active));
-  return active;
-}
-
-absl::StatusOr<std::shared_ptr<SessionEngine::Active>>
-SessionEngine::RestoreStreamed(const v1::SessionManifest& m,
-                               StreamedLoad& load) {
-  // Only the plain case streams: residual rows of this node's numerics that
-  // it may commit to. Anything else goes the whole-checkpoint way (null),
-  // which knows the fallbacks and says why.
-  absl::StatusOr<ops::CheckpointPolicy> policy =
-      ops::ParseCheckpointPolicy(m.policy());
-  if (!policy.ok() ||
-      (policy->kind != ops::CheckpointPolicy::Kind::kKvDirect &&
-       policy->kind != ops::CheckpointPolicy::Kind::kStride) ||
-      m.token_count() == 0 || m.length() == 0 || !CheckMayCommit(m).ok() ||
-      !storage::CheckCompatible(m.model(), identity_, m.session_id()).ok() ||
-      !storage::SameNumerics(m.model(), identity_).ok()) {
-    return nullptr;
-  }
-  auto active = std::make_shared<Active>(model_, kv_pool_.get(), *policy,
-                                         options_.hot_budget);
-  active->committed = m;
-  KVD_ASSIGN_OR_RETURN(const StreamedLoad::Chunks* tokens,
-                       load.WaitStream(storage::kTokenLayer));
-  KVD_RETURN_IF_ERROR(RestoreTokens(m, *tokens, &active->tokens));
-  ops::RebuildSpec spec;
-  spec.policy = *policy;
-  spec.tokens = absl::MakeConstSpan(active->tokens).first(m.length());
-  spec.checkpoint = &active->store;
-  spec.budget = active->budget();
-  int64_t restored_through = -1;  // a retried rebuild asks again
-  KVD_RETURN_IF_ERROR(RebuildOnScheduler(
-      spec, *active, [&](Scheduler::RestoreContext& context) {
-        spec.await_layer = [&](int64_t layer) -> absl::Status {
-          if (layer <= restored_through) return absl::OkStatus();
-          // Waiting for the disk needs no model: running sequences go on.
-          while (!load.Arrived(layer)) context.Idle(absl::Milliseconds(1));
-          absl::StatusOr<const StreamedLoad::Chunks*> stream =
-              load.WaitStream(layer);
-          KVD_RETURN_IF_ERROR(stream.status());
-          KVD_RETURN_IF_ERROR(
-              RestoreResidualLayer(m, **stream, layer, &active->store, 0));
-          restored_through = layer;
-          return absl::OkStatus();
-        };
-      }));
-  return active;
-}
-
-absl::Status SessionEngine::RebuildOnScheduler(
-    ops::RebuildSpec& spec, Active& active,
-    const std::function<void(Scheduler::RestoreContext&)>& prepare) {
-  return scheduler_->RunRestore([&](Scheduler::RestoreContext& context) {
-    spec.between_units = [&](const ops::RebuildUnit& unit) {
-      context.BeforeUnit(unit.PromptTokens(model_.config()));
-    };
-    if (prepare) prepare(context);
-    absl::Status rebuilt;
-    do {  // a full pool: idle sessions make room first
-      rebuilt = ops::RebuildKv(model_, spec, &active.cache, /*cold=*/nullptr);
-    } while (rebuilt.code() == absl::StatusCode::kResourceExhausted &&
-             DemoteOneIdle());
-    return rebuilt;
-  });
-}
-
-absl::Status SessionEngine::Reprefill(Active& active) {
-  return scheduler_->RunRestore([&](Scheduler::RestoreContext& context) {
-    absl::Status status = ReprefillOnce(active, context);
-    // A full pool: idle sessions make room, as for RebuildKv. The failed
-    // attempt may have filled part of the cache and shown the observer a
-    // prefix of residuals, so each retry starts from nothing.
-    while (status.code() == absl::StatusCode::kResourceExhausted &&
-           DemoteOneIdle()) {
-      active.cache.Reset(0);
-      active.store.Erase(0);
-      status = ReprefillOnce(active, context);
-    }
-    return status;
-  });
-}
-
-absl::Status SessionEngine::ReprefillOnce(Active& active,
-                                          Scheduler::RestoreContext& context) {
-  const int64_t length = active.committed.length();
-  ops::ForwardOutput out;
-  for (int64_t at = 0; at < length; at += kReprefillBlock) {
-    const int64_t n = std::min(kReprefillBlock, length - at);
-    // Prompt tokens in full: the budget's own unit.
-    if (at > 0) context.BeforeUnit(n);
-    ops::SequenceStep step{&active.cache,
-                           absl::MakeConstSpan(active.tokens).subspan(at, n),
-                           ops::LogitsMode::kNone, 0, active.source.get()};
-    KVD_RETURN_IF_ERROR(model_.Forward({&step, 1}, &out, &active.store));
-  }
-  return active.store.status();
 }
 
 absl::StatusOr<TurnResult> SessionEngine::RunTurn(
@@ -881,20 +538,8 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurn(
                      " waiting); retry ",
                      SessionName(request.tenant, request.session), " later"));
   }
-  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
-  KVD_RETURN_IF_ERROR(LockForTurn(key, session_mu.get(), request.fail_if_busy));
-  struct Unlock {
-    SessionEngine* engine;
-    Key key;
-    absl::Mutex* mu;
-    ~Unlock() {
-      {
-        absl::MutexLock lock(&engine->mu_);
-        engine->turning_.erase(key);
-      }
-      mu->Unlock();
-    }
-  } session_lock{this, key, session_mu.get()};
+  KVD_ASSIGN_OR_RETURN(SessionLocks::TurnLock turn_lock,
+                       locks_.LockForTurn(key, request.fail_if_busy));
 
   // A hot session whose K/V the backend lost while the turn started (a
   // tensor-parallel shard worker died and was restarted between the check
@@ -926,12 +571,12 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurnLocked(
     KVD_ASSIGN_OR_RETURN(create_if_missing, ClaimForTurn(key));
   }
   TurnResult result;
-  KVD_ASSIGN_OR_RETURN(std::shared_ptr<Active> active,
+  KVD_ASSIGN_OR_RETURN(std::shared_ptr<SessionRecord> active,
                        Acquire(key, create_if_missing, &result));
-  Active& a = *active;  // in a turn (Acquire): never demoted meanwhile
+  SessionRecord& a = *active;  // in a turn (Acquire): never demoted meanwhile
   if (options_.before_turn) {
     if (absl::Status ready = options_.before_turn(a.committed); !ready.ok()) {
-      SetInTurn(a, false);
+      hot_.EndTurn(a);
       return MarkNotRun(ready, "replicas");
     }
   }
@@ -940,7 +585,7 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurnLocked(
       a.committed.has_last_reply()) {
     absl::StatusOr<TurnResult> replayed =
         ReplayLastReply(a, std::move(result), on_delta);
-    SetInTurn(a, false);
+    hot_.EndTurn(a);
     if (replayed.ok()) {
       absl::MutexLock lock(&mu_);
       stats_.turns_replayed++;
@@ -950,7 +595,7 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurnLocked(
   if (!request.request_id.empty() &&
       a.committed.last_request_id() == request.request_id) {
     // Committed before replies were stored with turns: nothing to resend.
-    SetInTurn(a, false);
+    hot_.EndTurn(a);
     return absl::AlreadyExistsError(absl::StrCat(
         "request '", request.request_id, "' already committed turn ",
         a.committed.turn_ends_size(), " of ",
@@ -962,7 +607,7 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurnLocked(
   if (request.make_tokens) {
     absl::StatusOr<std::vector<int32_t>> made = request.make_tokens(a.tokens);
     if (!made.ok()) {
-      SetInTurn(a, false);
+      hot_.EndTurn(a);
       return made.status();
     }
     turn_tokens = std::move(*made);
@@ -985,7 +630,7 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurnLocked(
       a.cache.length() == cache_before && a.store.length(0) == store_before) {
     // Refused before anything ran: the hot state is intact. (Stopped by a
     // full K/V pool after running, the state is partial and dropped below.)
-    SetInTurn(a, false);
+    hot_.EndTurn(a);
     absl::MutexLock lock(&mu_);
     stats_.turns_rejected++;
     return gen.status();
@@ -996,8 +641,8 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurnLocked(
   }
   if (!status.ok()) {
     *kv_lost = result.path == StatePath::kHot && !model_.CacheIntact(a.cache);
-    SetInTurn(a, false);
-    Drop(key);  // the next turn resumes from the last commit
+    hot_.EndTurn(a);
+    hot_.Drop(key);  // the next turn resumes from the last commit
     absl::MutexLock lock(&mu_);
     stats_.turns_failed++;
     return status;
@@ -1058,8 +703,8 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurnLocked(
   }
   if (committed.ok()) committed = store_->CommitTurn(*built);
   if (!committed.ok()) {
-    SetInTurn(a, false);
-    Drop(key);
+    hot_.EndTurn(a);
+    hot_.Drop(key);
     absl::MutexLock lock(&mu_);
     stats_.turns_failed++;
     return committed;
@@ -1079,7 +724,7 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurnLocked(
   result.context_tokens = context_tokens;
   result.cached_tokens =
       result.path == StatePath::kReprefill ? 0 : cache_before;
-  MakeHot(key, std::move(active));
+  hot_.Keep(key, std::move(active));
   absl::MutexLock lock(&mu_);
   stats_.turns_committed++;
   if (!replicated.ok()) {
@@ -1096,7 +741,7 @@ absl::StatusOr<TurnResult> SessionEngine::RunTurnLocked(
 }
 
 absl::StatusOr<TurnResult> SessionEngine::ReplayLastReply(
-    const Active& a, TurnResult result, const DeltaCallback& on_delta) {
+    const SessionRecord& a, TurnResult result, const DeltaCallback& on_delta) {
   const v1::TurnReply& reply = a.committed.last_reply();
   const int64_t generated = reply.generated_tokens();
   if (generated < 0 || generated > static_cast<int64_t>(a.tokens.size())) {
@@ -1129,87 +774,16 @@ absl::StatusOr<TurnResult> SessionEngine::ReplayLastReply(
   return result;
 }
 
-absl::Status SessionEngine::LockForTurn(const Key& key, absl::Mutex* session_mu,
-                                        bool fail_if_busy) {
-  const absl::Time deadline = absl::Now() + options_.frozen_turn_wait;
-  for (;;) {
-    {
-      absl::MutexLock lock(&mu_);
-      auto thawed = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !frozen_.contains(key);
-      };
-      if (fail_if_busy && !thawed()) {
-        // A server's turn must not hold its admission slot through a move.
-        return MarkNotRun(
-            absl::AbortedError(absl::StrCat(
-                SessionName(key.first, key.second),
-                " is being moved to another node; nothing was run, retry "
-                "the turn shortly")),
-            "moving");
-      }
-      stats_.turns_held_frozen += !thawed();
-      const bool thawed_in_time =
-          mu_.AwaitWithDeadline(absl::Condition(&thawed), deadline);
-      if (!thawed_in_time) {
-        return MarkNotRun(
-            absl::AbortedError(absl::StrCat(
-                SessionName(key.first, key.second),
-                " is being moved to another node (frozen for longer than ",
-                absl::FormatDuration(options_.frozen_turn_wait),
-                "); nothing was run, retry the turn")),
-            "moving");
-      }
-    }
-    if (fail_if_busy) {
-      // TryLock may fail spuriously on a free mutex ("with high
-      // probability" it succeeds), so a few tries before calling it busy.
-      bool locked = false;
-      for (int attempt = 0; attempt < 3 && !locked; ++attempt) {
-        locked = session_mu->TryLock();
-      }
-      if (!locked) {
-        bool turn_running = false;
-        {
-          absl::MutexLock lock(&mu_);
-          turn_running = turning_.contains(key);
-        }
-        if (turn_running) {
-          return absl::AbortedError(absl::StrCat(
-              SessionName(key.first, key.second),
-              " is busy: another turn of it is running; send the next turn "
-              "when that has finished"));
-        }
-        // Held briefly by something else (a delete, an import, a move's
-        // bookkeeping): worth waiting for, unlike a turn.
-        session_mu->Lock();
-      }
-    } else {
-      session_mu->Lock();
-    }
-    // Freeze takes the session's mutex too, so it can only have frozen the
-    // session between the wait above and this lock: then wait again.
-    {
-      absl::MutexLock lock(&mu_);
-      if (!frozen_.contains(key)) {
-        turning_.insert(key);
-        return absl::OkStatus();
-      }
-    }
-    session_mu->Unlock();
-  }
-}
-
 absl::StatusOr<SessionEngine::FrozenSession> SessionEngine::Freeze(
     const std::string& tenant, const std::string& session) {
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   const Key key(tenant, session);
-  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  const std::shared_ptr<absl::Mutex> session_mu = locks_.MutexOf(key);
   {
     // Frozen first, so turns that come now wait instead of taking the
     // session's mutex ahead of this call again and again.
-    absl::MutexLock lock(&mu_);
-    if (!frozen_.insert(key).second) {
+    if (!locks_.MarkFrozen(key)) {
       return absl::FailedPreconditionError(
           absl::StrCat(SessionName(tenant, session), " is frozen already"));
     }
@@ -1220,7 +794,9 @@ absl::StatusOr<SessionEngine::FrozenSession> SessionEngine::Freeze(
     absl::MutexLock session_lock(session_mu.get());
     m = store_->GetManifest(tenant, session);
     if (m.ok()) {
-      if (absl::Status mine = CheckMayCommit(*m); !mine.ok()) m = mine;
+      if (absl::Status mine = CheckNodeMayCommit(*m, options_.node_id);
+          !mine.ok())
+        m = mine;
     }
   }
   if (!m.ok()) {
@@ -1233,8 +809,7 @@ absl::StatusOr<SessionEngine::FrozenSession> SessionEngine::Freeze(
 
 void SessionEngine::Unfreeze(const std::string& tenant,
                              const std::string& session) {
-  absl::MutexLock lock(&mu_);
-  frozen_.erase(Key(tenant, session));
+  locks_.Unfreeze(Key(tenant, session));
 }
 
 absl::Status SessionEngine::ChangeOwner(const Key& key,
@@ -1252,7 +827,7 @@ absl::Status SessionEngine::ChangeOwner(const Key& key,
   update.manifest.set_updated_unix_ms(NowMs());
   update.ownership_change = true;
   // Hot state belongs to the old ownership; the next turn restores.
-  Drop(key);
+  hot_.Drop(key);
   // Never left in DRAM alone (memory commits): after a crash this node must
   // not come back as the owner it handed the session away from.
   return store_->CommitTurn(update, storage::CommitMode::kWriteThrough);
@@ -1265,18 +840,13 @@ absl::Status SessionEngine::Release(const std::string& tenant,
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   const Key key(tenant, session);
-  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  const std::shared_ptr<absl::Mutex> session_mu = locks_.MutexOf(key);
   absl::Status released;
   {
     // Under the session's mutex, which a turn holds from its frozen check
     // to its commit: frozen here means no turn committed since Freeze.
     absl::MutexLock session_lock(session_mu.get());
-    bool frozen = false;
-    {
-      absl::MutexLock lock(&mu_);
-      frozen = frozen_.contains(key);
-    }
-    if (!frozen) {
+    if (!locks_.IsFrozen(key)) {
       return absl::FailedPreconditionError(absl::StrCat(
           SessionName(tenant, session),
           " is not frozen: Freeze it first, so no turn commits while it is "
@@ -1293,7 +863,7 @@ absl::Status SessionEngine::Adopt(const std::string& tenant,
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   const Key key(tenant, session);
-  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  const std::shared_ptr<absl::Mutex> session_mu = locks_.MutexOf(key);
   absl::Status adopted;
   {
     absl::MutexLock session_lock(session_mu.get());
@@ -1343,70 +913,6 @@ absl::StatusOr<v1::SessionManifest> SessionEngine::GetSession(
   return m;
 }
 
-void SessionEngine::MakeHot(const Key& key, std::shared_ptr<Active> active) {
-  absl::MutexLock lock(&mu_);
-  active->in_turn--;
-  if (hot_.contains(key)) lru_.remove(key);
-  hot_[key] = std::move(active);
-  lru_.push_front(key);
-  int64_t kv_bytes = 0;
-  for (const auto& [k, a] : hot_) kv_bytes += a->kv_bytes;
-  auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return static_cast<int64_t>(lru_.size()) >
-               std::max<int64_t>(0, options_.max_hot_sessions) ||
-           (options_.max_hot_kv_bytes > 0 &&
-            kv_bytes > options_.max_hot_kv_bytes);
-  };
-  // Least recently used first; sessions in a turn stay (their turn still
-  // needs the state and MakeHot re-inserts them when it ends).
-  for (auto it = lru_.end(); over() && it != lru_.begin();) {
-    --it;
-    auto found = hot_.find(*it);
-    if (found->second->in_turn > 0) continue;
-    kv_bytes -= found->second->kv_bytes;
-    hot_.erase(found);
-    it = lru_.erase(it);
-    stats_.sessions_demoted++;
-  }
-}
-
-bool SessionEngine::DemoteOneIdle() {
-  std::shared_ptr<Active> victim;  // destroyed after the lock: frees blocks
-  absl::MutexLock lock(&mu_);
-  for (auto it = lru_.end(); it != lru_.begin();) {
-    --it;
-    auto found = hot_.find(*it);
-    if (found->second->in_turn > 0) continue;
-    victim = std::move(found->second);
-    hot_.erase(found);
-    lru_.erase(it);
-    stats_.sessions_demoted++;
-    stats_.sessions_demoted_for_kv++;
-    return true;
-  }
-  return false;
-}
-
-int64_t SessionEngine::IdleKvBlocks() const {
-  absl::MutexLock lock(&mu_);
-  int64_t blocks = 0;
-  // Idle caches change only in a turn, which Acquire marks under mu_.
-  for (const auto& [key, active] : hot_) {
-    if (active->in_turn == 0) blocks += active->cache.blocks_held();
-  }
-  return blocks;
-}
-
-void SessionEngine::SetInTurn(Active& active, bool in_turn) {
-  absl::MutexLock lock(&mu_);
-  active.in_turn += in_turn ? 1 : -1;
-}
-
-void SessionEngine::Drop(const Key& key) {
-  absl::MutexLock lock(&mu_);
-  if (hot_.erase(key) > 0) lru_.remove(key);
-}
-
 void SessionEngine::CountRestore(StatePath path) {
   absl::MutexLock lock(&mu_);
   stats_.restores_by_path[StatePathName(path)]++;
@@ -1414,15 +920,14 @@ void SessionEngine::CountRestore(StatePath path) {
 
 bool SessionEngine::IsHot(const std::string& tenant,
                           const std::string& session) const {
-  absl::MutexLock lock(&mu_);
-  return hot_.contains(Key(tenant, session));
+  return hot_.Contains(Key(tenant, session));
 }
 
-std::shared_ptr<absl::Mutex> SessionEngine::SessionMutex(const Key& key) {
-  absl::MutexLock lock(&mu_);
-  std::shared_ptr<absl::Mutex>& m = session_mu_[key];
-  if (m == nullptr) m = std::make_shared<absl::Mutex>();
-  return m;
+StatePath SessionEngine::ResidentTier(const std::string& tenant,
+                                      const std::string& session) const {
+  if (IsHot(tenant, session)) return StatePath::kHot;
+  return store_->InDram(tenant, session) ? StatePath::kDram
+                                         : StatePath::kRocksDb;
 }
 
 absl::StatusOr<storage::SessionListPage> SessionEngine::ListSessions(
@@ -1457,13 +962,12 @@ absl::Status SessionEngine::WriteHealth() {
 
 bool SessionEngine::InTurn(const std::string& tenant,
                            const std::string& session) const {
-  absl::MutexLock lock(&mu_);
-  return turning_.contains(Key(tenant, session));
+  return locks_.InTurn(Key(tenant, session));
 }
 
 void SessionEngine::Suspend(const std::string& tenant,
                             const std::string& session) {
-  Drop({tenant, session});
+  hot_.Drop({tenant, session});
 }
 
 absl::Status SessionEngine::DeleteSession(const std::string& tenant,
@@ -1471,30 +975,19 @@ absl::Status SessionEngine::DeleteSession(const std::string& tenant,
   KVD_RETURN_IF_ERROR(storage::ValidateName("tenant", tenant));
   KVD_RETURN_IF_ERROR(storage::ValidateName("session id", session));
   const Key key(tenant, session);
-  const std::shared_ptr<absl::Mutex> session_mu = SessionMutex(key);
+  const std::shared_ptr<absl::Mutex> session_mu = locks_.MutexOf(key);
   absl::MutexLock session_lock(session_mu.get());
-  {
-    // Under the session's mutex: Freeze marks the session before it takes
-    // the mutex, so a freeze cannot slip in after this check.
-    absl::MutexLock lock(&mu_);
-    if (frozen_.contains(key)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          SessionName(tenant, session),
-          " is being moved to another node; delete it where it lands, or "
-          "give up the move first"));
-    }
+  // Under the session's mutex: Freeze marks the session before it takes
+  // the mutex, so a freeze cannot slip in after this check.
+  if (locks_.IsFrozen(key)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        SessionName(tenant, session),
+        " is being moved to another node; delete it where it lands, or "
+        "give up the move first"));
   }
-  Drop(key);
+  hot_.Drop(key);
   const absl::Status s = store_->Delete(tenant, session);
-  absl::MutexLock lock(&mu_);
-  // Only when no one else holds this mutex: a turn waiting on it would
-  // otherwise run beside a later turn that got a fresh mutex from the map.
-  // Copies are taken under mu_ (SessionMutex), so the count cannot rise
-  // here; the map's copy and ours make two.
-  auto it = session_mu_.find(key);
-  if (it != session_mu_.end() && it->second.use_count() == 2) {
-    session_mu_.erase(it);
-  }
+  locks_.Forget(key);
   return s;
 }
 
@@ -1508,11 +1001,13 @@ EngineStats SessionEngine::stats() const {
   s.kv_pool_blocks_total = pool.capacity_blocks;
   s.kv_pool_blocks_peak = pool.peak_blocks_in_use;
   s.kv_pool_block_bytes = pool.block_bytes;
-  s.hot_sessions = hot_.size();
-  for (const auto& [key, active] : hot_) {
-    s.hot_kv_bytes += active->kv_bytes;
-    s.hot_residual_bytes += active->residual_bytes;
-  }
+  const HotSessions::Stats hot = hot_.stats();
+  s.hot_sessions = hot.sessions;
+  s.hot_kv_bytes = hot.kv_bytes;
+  s.hot_residual_bytes = hot.residual_bytes;
+  s.sessions_demoted = hot.demoted;
+  s.sessions_demoted_for_kv = hot.demoted_for_kv;
+  s.turns_held_frozen = locks_.turns_held_frozen();
   return s;
 }
 

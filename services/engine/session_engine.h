@@ -23,6 +23,16 @@
 // A failed or cancelled turn commits nothing: the session's hot state is
 // dropped and its next turn resumes from the last committed one.
 //
+// The engine is a facade over four parts, each in its own file: the
+// session's record (session_record.h: committed manifest, tokens, K/V cache,
+// residual rows), the hot tier (hot_sessions.h: which records stay in
+// memory, demoted least recently used first), the restorer (restorer.h:
+// bringing a record back from DRAM or RocksDB as scheduler work), and the
+// session locks (session_locks.h: one turn at a time per session, frozen
+// while a move copies it). What stays here is a turn's course through them,
+// its commit, and ownership: which node may commit a session, at which epoch
+// (ClaimForTurn, Freeze / Release / Adopt, replica copies).
+//
 // Thread-safety: all methods may be called concurrently; turns of one
 // session are serialized. Turns of different sessions and Complete calls run
 // together: each one becomes a sequence of the engine's Scheduler
@@ -41,7 +51,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <map>
 #include <memory>
 #include <string>
@@ -49,8 +58,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -62,15 +69,16 @@
 #include "ops/tokenizer/tokenizer.h"
 #include "proto/kvd/v1/checkpoint.pb.h"
 #include "services/engine/generator.h"
+#include "services/engine/hot_sessions.h"
+#include "services/engine/restorer.h"
 #include "services/engine/scheduler.h"
 #include "services/engine/session_fence.h"
+#include "services/engine/session_locks.h"
+#include "services/engine/session_record.h"
 #include "services/engine/streamed_load.h"
 #include "storage/tiered/tiered_store.h"
 
 namespace kvd::engine {
-
-enum class StatePath { kNew, kHot, kDram, kRocksDb, kReprefill };
-const char* StatePathName(StatePath path);
 
 struct SessionEngineOptions {
   // What new sessions checkpoint (a stored session keeps its own policy).
@@ -388,6 +396,12 @@ class SessionEngine {
 
   // Whether the session's K/V are in memory (its next turn needs no restore).
   bool IsHot(const std::string& tenant, const std::string& session) const;
+  // Where the session's state is now, as its next turn would find it: kHot
+  // (its K/V in memory), kDram (its checkpoint in the host-DRAM tier) or
+  // kRocksDb (on disk only). Reads no checkpoint and promotes nothing; an
+  // unknown session reads as kRocksDb (GetSession says whether it exists).
+  StatePath ResidentTier(const std::string& tenant,
+                         const std::string& session) const;
   // Whether a turn of the session is running now (rebalancing moves only
   // idle sessions).
   bool InTurn(const std::string& tenant, const std::string& session) const;
@@ -408,65 +422,21 @@ class SessionEngine {
   SessionEngine(const ops::ModelBackend& model, v1::ModelIdentity identity,
                 storage::TieredStore* store, SessionEngineOptions options,
                 std::unique_ptr<ops::KvBlockPool> kv_pool);
-  struct Active;
   using Key = std::pair<std::string, std::string>;  // tenant, session
 
-  // The session's hot state, restoring it from the tiers if needed, marked
-  // in a turn (in_turn) under the same lock that found it, so DemoteOneIdle
-  // never takes it for idle; MakeHot or SetInTurn(false) ends the turn.
-  absl::StatusOr<std::shared_ptr<Active>> Acquire(const Key& key,
-                                                  bool create_if_missing,
-                                                  TurnResult* result);
-  absl::StatusOr<std::shared_ptr<Active>> Restore(const Key& key,
-                                                  bool create_if_missing,
-                                                  TurnResult* result);
-  // A residual policy's resume from RocksDB with reading and recomputing
-  // overlapped: layer l's K/V are rebuilt while later layers are still
-  // being read. Null when the session is not such a case: Restore's
-  // whole-checkpoint path then decides (and explains) what to do, as it does
-  // after DATA_LOSS (a damaged chunk); other errors are the restore's.
-  absl::StatusOr<std::shared_ptr<Active>> RestoreStreamed(
-      const v1::SessionManifest& m, StreamedLoad& load);
+  // What a new session's manifest holds on this node.
+  NewSessionDefaults Defaults() const;
+  // The session's record in a turn (HotSessions::BeginTurn or MarkInTurn):
+  // its hot state, or restored from the tiers (Restorer). Hot state is
+  // used only if the stored manifest is still the one it was committed
+  // under. Ends with HotSessions::Keep or EndTurn.
+  absl::StatusOr<std::shared_ptr<SessionRecord>> Acquire(const Key& key,
+                                                         bool create_if_missing,
+                                                         TurnResult* result);
   // OK if the session is stored nowhere; ALREADY_EXISTS (also for a damaged
   // one) if it is. Callers hold the session's lock.
   absl::Status CheckAbsent(const std::string& tenant,
                            const std::string& session);
-  // The manifest of a new, empty session under this engine's policy.
-  absl::StatusOr<v1::SessionManifest> NewManifest(
-      const std::string& tenant, const std::string& session,
-      const std::map<std::string, std::string>& labels) const;
-  // Runs ops::RebuildKv(spec) into `active`'s cache as a restore job of the
-  // scheduler, its units charged to the per-step restore budget; a full
-  // pool demotes idle sessions and retries. `prepare`, if set, runs first on
-  // the scheduler thread (hooks that need the job's context).
-  absl::Status RebuildOnScheduler(
-      ops::RebuildSpec& spec, Active& active,
-      const std::function<void(Scheduler::RestoreContext&)>& prepare = {});
-  // Runs the model over every committed token, refilling residuals, into an
-  // empty cache and store, as a restore job of the scheduler; a full pool
-  // demotes idle sessions and retries.
-  absl::Status Reprefill(Active& active);
-  // One attempt of Reprefill, on the scheduler thread.
-  absl::Status ReprefillOnce(Active& active,
-                             Scheduler::RestoreContext& context);
-  // Marks the session idle and most recently used, then demotes LRU idle
-  // sessions beyond max_hot_sessions / max_hot_kv_bytes.
-  void MakeHot(const Key& key, std::shared_ptr<Active> active);
-  // Marks a session busy (never demoted) or idle again.
-  void SetInTurn(Active& active, bool in_turn);
-  // Demotes the least recently used idle hot session, returning its K/V
-  // blocks to the pool; false if there is none. The scheduler's reclaim_kv.
-  bool DemoteOneIdle();
-  // Pool blocks held by idle hot sessions: what DemoteOneIdle can free in
-  // all. The scheduler's reclaimable_kv_blocks.
-  int64_t IdleKvBlocks() const;
-  void Drop(const Key& key);
-  // The mutex that serializes the session's turns (created on first use).
-  std::shared_ptr<absl::Mutex> SessionMutex(const Key& key);
-  // Takes the session's mutex for a turn once the session is not frozen
-  // (waiting up to frozen_turn_wait); ABORTED when busy and `fail_if_busy`,
-  // or still frozen. Holds `session_mu` on return exactly when OK, which
-  // the thread-safety analysis has no annotation for.
   // RunTurn's work under the session's lock. `kv_lost`: it failed because
   // the backend lost the hot session's K/V (ModelBackend::CacheIntact).
   absl::StatusOr<TurnResult> RunTurnLocked(const Key& key,
@@ -475,19 +445,15 @@ class SessionEngine {
                                            const DeltaCallback& on_delta,
                                            bool* kv_lost);
   // The stored reply of the session's last turn, as a result and one delta.
-  absl::StatusOr<TurnResult> ReplayLastReply(const Active& a, TurnResult result,
+  absl::StatusOr<TurnResult> ReplayLastReply(const SessionRecord& a,
+                                             TurnResult result,
                                              const DeltaCallback& on_delta);
-  absl::Status LockForTurn(const Key& key, absl::Mutex* session_mu,
-                           bool fail_if_busy) ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  // ABORTED (nothing done) unless `stored` lets this node commit turns:
-  // a primary at the epoch and owner this engine would write.
-  absl::Status CheckMayCommit(const v1::SessionManifest& stored) const;
-  // Writes an ownership change of the session's stored manifest.
   // Under the session's lock, with a fence: checks what the cluster gives
   // this node against its copy; true if the turn starts the session.
   absl::StatusOr<bool> ClaimForTurn(const Key& key);
   absl::Status NoCopyAt(const std::string& tenant, const std::string& session,
                         uint64_t epoch) const;
+  // Writes an ownership change of the session's stored manifest.
   absl::Status ChangeOwner(const Key& key, const std::string& owner,
                            uint64_t epoch, v1::SessionRole role);
   void CountRestore(StatePath path);
@@ -499,20 +465,11 @@ class SessionEngine {
   // Before everything holding caches, so it outlives them.
   std::unique_ptr<ops::KvBlockPool> kv_pool_;
 
+  HotSessions hot_;
+  SessionLocks locks_;
   mutable absl::Mutex mu_;
-  // Most recently used first.
-  std::list<Key> lru_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<Key, std::shared_ptr<Active>> hot_ ABSL_GUARDED_BY(mu_);
-  // Frozen sessions (Freeze): their turns wait.
-  absl::flat_hash_set<Key> frozen_ ABSL_GUARDED_BY(mu_);
-  // Sessions whose turn holds their mutex (LockForTurn to the turn's end):
-  // a fail_if_busy turn is refused only for these.
-  absl::flat_hash_set<Key> turning_ ABSL_GUARDED_BY(mu_);
-  // One mutex per session that has a turn in flight or hot state, so turns
-  // of one session never interleave.
-  absl::flat_hash_map<Key, std::shared_ptr<absl::Mutex>> session_mu_
-      ABSL_GUARDED_BY(mu_);
-  EngineStats stats_ ABSL_GUARDED_BY(mu_);
+  EngineStats stats_ ABSL_GUARDED_BY(mu_);  // counters the parts do not keep
+  std::unique_ptr<Restorer> restorer_;      // made once scheduler_ is
   // Last: its thread runs callbacks into the members above, so it stops
   // first.
   std::unique_ptr<Scheduler> scheduler_;

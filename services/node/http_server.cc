@@ -708,8 +708,10 @@ void HttpServerImpl::HandleSession(const HttpRequest& req, HttpResponse& res) {
   absl::StatusOr<v1::SessionManifest> m =
       runtime_->engine().GetSession(*tenant, id);
   if (!m.ok()) return SendError(res, m.status());
-  res.set_content(SessionJson(*m, runtime_->engine().IsHot(*tenant, id)),
-                  "application/json");
+  res.set_content(
+      SessionJson(*m, engine::StatePathName(
+                          runtime_->engine().ResidentTier(*tenant, id))),
+      "application/json");
 }
 
 void HttpServerImpl::HandleMigrate(const HttpRequest& req, HttpResponse& res) {

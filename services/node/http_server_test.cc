@@ -352,6 +352,8 @@ TEST_F(HttpServerTest, SessionTurnsMatchAnUninterruptedEngineSession) {
   EXPECT_EQ(r.Json()["turns"], 2);
   // Where its state is: still in memory after its turn, then demoted.
   EXPECT_EQ(r.Json()["hot"], true);
+  EXPECT_EQ(r.Json()["tier"], "hot");
+  EXPECT_EQ(r.Json()["representation"], "residuals");
   EXPECT_EQ(r.Json()["next_turn_restore"], "hot");
   smol_->engine().Suspend("local", "web-1");
   r = Send(server->port(), "GET", "/v1/sessions/web-1");
@@ -359,6 +361,12 @@ TEST_F(HttpServerTest, SessionTurnsMatchAnUninterruptedEngineSession) {
   EXPECT_EQ(r.Json()["hot"], false);
   EXPECT_EQ(r.Json()["policy"], "kv-direct");  // the engine's default
   EXPECT_EQ(r.Json()["next_turn_restore"], "recompute");
+  // Demoted from memory, its checkpoint is still in the DRAM tier (turns
+  // commit into it), which /metrics counts too.
+  EXPECT_EQ(r.Json()["tier"], "dram");
+  EXPECT_THAT(Send(server->port(), "GET", "/metrics").body,
+              ::testing::ContainsRegex(
+                  "\nkvd_sessions\\{state=\"dram\"\\} [1-9][0-9]*\n"));
   r = Send(server->port(), "GET", "/v1/sessions?limit=10");
   ASSERT_EQ(r.status, 200) << r.body;
   r = Send(server->port(), "GET", "/v1/sessions/web-1/export");

@@ -8,7 +8,9 @@
 namespace kvd::node {
 
 void DeclareNodeMetrics(Metrics& m) {
-  m.DeclareGauge("kvd_sessions", "Sessions by state (hot: K/V in memory).");
+  m.DeclareGauge("kvd_sessions",
+                 "Sessions by state (hot: K/V in memory; dram: checkpoint in "
+                 "the host-DRAM tier, hot or not).");
   m.DeclareGauge("kvd_store_bytes", "Session bytes per storage tier.");
   m.DeclareGauge("kvd_engine_hot_bytes",
                  "Bytes held by hot sessions, by kind (kv, residual).");
@@ -93,6 +95,8 @@ void UpdateNodeGauges(NodeRuntime& runtime, Metrics& m) {
   set("kvd_turns_total", {{"outcome", "replayed"}}, stats.turns_replayed);
   const storage::TierBytes bytes = runtime.store().bytes();
   set("kvd_store_bytes", {{"tier", "dram"}}, bytes.dram_bytes);
+  set("kvd_sessions", {{"state", "dram"}},
+      runtime.store().dram_stats().entries);
   set("kvd_store_bytes", {{"tier", "dram_spill_pending"}},
       bytes.dram_spill_pending_bytes);
   set("kvd_store_bytes", {{"tier", "rocksdb"}}, bytes.rocksdb_disk_bytes);

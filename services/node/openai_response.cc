@@ -184,12 +184,17 @@ json SessionObject(const v1::SessionManifest& m) {
 }  // namespace
 
 std::string SessionJson(const v1::SessionManifest& manifest,
-                        std::optional<bool> hot) {
+                        std::optional<std::string> tier) {
   json j = SessionObject(manifest);
-  if (hot.has_value()) {
-    j["hot"] = *hot;
+  if (tier.has_value()) {
+    const bool hot = *tier == "hot";
     const std::string& policy = manifest.policy();
-    j["next_turn_restore"] = *hot                 ? "hot"
+    j["hot"] = hot;
+    j["tier"] = *tier;
+    j["representation"] = policy == "kv"       ? "kv"
+                          : policy == "tokens" ? "tokens"
+                                               : "residuals";
+    j["next_turn_restore"] = hot                  ? "hot"
                              : policy == "kv"     ? "copy"
                              : policy == "tokens" ? "reprefill"
                                                   : "recompute";

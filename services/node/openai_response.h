@@ -87,13 +87,16 @@ std::string CompletionChunkJson(const ResponseMeta& meta,
 // {"object": "list", "data": [{"id", "object": "model", "created",
 // "owned_by": "kvd"}]}
 std::string ModelsJson(const std::string& model_id, int64_t created_unix_s);
-// A session as GET /v1/sessions/{id} shows it. With `hot` (the session's
-// K/V are in this node's memory, or not) it also says how its next turn
-// gets its state: "hot" (nothing to do), "copy" (policy kv: its stored K/V
-// rows copied back), "recompute" (kv-direct, stride:k: K/V rebuilt from its
-// residuals) or "reprefill" (tokens: the model runs over its token ids).
+// A session as GET /v1/sessions/{id} shows it. With `tier` (where its state
+// is on this node: "hot", its K/V in memory; "dram", its checkpoint in the
+// host-DRAM tier; "rocksdb", on disk only) it also says how its state is
+// represented when stored ("representation": "kv" for K/V rows, "residuals"
+// for kv-direct and stride:k, "tokens" for token ids only) and how its next
+// turn gets it back ("next_turn_restore": "hot", nothing to do; "copy", the
+// stored K/V rows copied; "recompute", K/V rebuilt from residuals;
+// "reprefill", the model runs over its token ids).
 std::string SessionJson(const v1::SessionManifest& manifest,
-                        std::optional<bool> hot = std::nullopt);
+                        std::optional<std::string> tier = std::nullopt);
 std::string SessionListJson(const std::vector<v1::SessionManifest>& sessions,
                             const std::string& next_page_token);
 

@@ -379,6 +379,13 @@ absl::Status DramTier::SyncSession(absl::string_view tenant,
   return AwaitSpillLocked(key, lock);
 }
 
+bool DramTier::Contains(absl::string_view tenant,
+                        absl::string_view session) const {
+  const Key key(tenant, session);
+  Lock lock(mu_);
+  return entries_.contains(key);
+}
+
 bool DramTier::Erase(absl::string_view tenant, absl::string_view session) {
   const Key key(tenant, session);
   Lock lock(mu_);

@@ -141,6 +141,10 @@ class DramTier {
   // Returns whether DRAM held it.
   bool Erase(absl::string_view tenant, absl::string_view session);
 
+  // Whether DRAM holds the session now, without promoting it or counting a
+  // hit (for reporting where a session is).
+  bool Contains(absl::string_view tenant, absl::string_view session) const;
+
   // Loads the session in the background unless it is cached; never blocks.
   void Prefetch(absl::string_view tenant, absl::string_view session);
 

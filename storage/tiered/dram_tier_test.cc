@@ -98,6 +98,20 @@ TEST(DramTierTest, PrefetchMakesTheNextGetAHit) {
   EXPECT_EQ(dram.stats().misses, 0);
 }
 
+TEST(DramTierTest, ContainsNeitherLoadsNorCountsAHit) {
+  InMemoryLowerTierDouble lower;
+  ASSERT_TRUE(lower.Store(Session("a")).ok());
+  DramTier dram(Options(2), &lower);
+  EXPECT_FALSE(dram.Contains("t", "a"));  // only the lower tier has it
+  EXPECT_EQ(lower.loads(), 0);
+  dram.Put(Session("b"), /*dirty=*/false);
+  EXPECT_TRUE(dram.Contains("t", "b"));
+  EXPECT_EQ(dram.stats().hits, 0);
+  EXPECT_EQ(dram.stats().misses, 0);
+  dram.Erase("t", "b");
+  EXPECT_FALSE(dram.Contains("t", "b"));
+}
+
 TEST(DramTierTest, FullSpillQueueHoldsTheWriterBack) {
   InMemoryLowerTierDouble lower;
   lower.BlockStores();

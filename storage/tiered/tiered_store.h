@@ -131,6 +131,10 @@ class TieredStore {
     return dram_.UnspilledStoredBytes(tenant);
   }
   DramTierStats dram_stats() const { return dram_.stats(); }
+  // Whether the DRAM tier holds the session (its next load is a DRAM hit).
+  bool InDram(absl::string_view tenant, absl::string_view session) const {
+    return dram_.Contains(tenant, session);
+  }
   SessionDb& db() { return *db_; }
 
   TieredStore(const TieredStore&) = delete;
