@@ -84,6 +84,10 @@ class ForwardingService final : public v1::Sessions::Service {
         !s.ok()) {
       return s;
     }
+    // The HTTP front end's limit too: a move costs a whole session's bytes.
+    if (absl::Status s = routing_->TakeMigration(call.tenant); !s.ok()) {
+      return ToGrpc(s);
+    }
     return call.stub->MigrateSession(call.up.get(), *request, response);
   }
 

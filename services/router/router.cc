@@ -132,7 +132,6 @@ class RouterImpl : public Router {
 
   const RouterOptions options_;
   std::unique_ptr<Routing> routing_;
-  std::unique_ptr<TenantRateLimiter> migrations_;
   std::unique_ptr<node::AsyncHttpServer> server_;
   std::unique_ptr<GrpcRouter> grpc_;
   int port_ = 0;
@@ -152,8 +151,8 @@ absl::Status RouterImpl::Init() {
   routing_ = std::move(*routing);
   routing_->LimitCreations(options_.session_creations_per_minute,
                            options_.session_creations_per_minute / 10);
-  migrations_ = std::make_unique<TenantRateLimiter>(
-      options_.migrations_per_minute, options_.migrations_per_minute / 10);
+  routing_->LimitMigrations(options_.migrations_per_minute,
+                            options_.migrations_per_minute / 10);
 
   node::AsyncHttpOptions o;
   o.host = options_.host;
@@ -586,7 +585,7 @@ void RouterImpl::HandleSession(const node::HttpRequest& req,
     return finish(s);
   }
   if (suffix == "/migrate") {
-    if (absl::Status s = migrations_->Take(tenant, "migrations"); !s.ok()) {
+    if (absl::Status s = routing_->TakeMigration(tenant); !s.ok()) {
       return finish(s);
     }
   }

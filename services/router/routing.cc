@@ -102,6 +102,14 @@ absl::StatusOr<Target> Routing::Owner(const std::string& tenant,
       "comes back with its node"));
 }
 
+absl::Status Routing::TakeMigration(const std::string& tenant) {
+  absl::Status allowed = migrations_->Take(tenant, "migrations");
+  if (!allowed.ok()) {
+    metrics_.Add("kvd_router_errors_total", {{"kind", "rate_limited"}});
+  }
+  return allowed;
+}
+
 absl::StatusOr<Target> Routing::Place(const std::string& tenant,
                                       const std::string& session,
                                       const std::string& model) {

@@ -65,6 +65,15 @@ class Routing {
   void LimitCreations(double per_minute, double burst) {
     creations_ = std::make_unique<TenantRateLimiter>(per_minute, burst);
   }
+  // At most `per_minute` migrations a minute per tenant, `burst` at once
+  // (<= 0: no limit), whichever front end (HTTP, gRPC) asks for them. Call
+  // before serving.
+  void LimitMigrations(double per_minute, double burst) {
+    migrations_ = std::make_unique<TenantRateLimiter>(per_minute, burst);
+  }
+  // Counts one migration of `tenant`: RESOURCE_EXHAUSTED (with when to
+  // retry, rate_limit.h) past its limit, counting nothing.
+  absl::Status TakeMigration(const std::string& tenant);
 
   std::vector<cluster::NodeInfo> LiveNodes();
   std::set<std::string> Drained();
@@ -84,6 +93,8 @@ class Routing {
   Placement placement_;
   node::Metrics metrics_;
   std::unique_ptr<TenantRateLimiter> creations_ =
+      std::make_unique<TenantRateLimiter>(0, 1);
+  std::unique_ptr<TenantRateLimiter> migrations_ =
       std::make_unique<TenantRateLimiter>(0, 1);
 };
 

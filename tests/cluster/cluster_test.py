@@ -337,7 +337,8 @@ def tenant_flood(c, tmp):
     with open(keys, "w") as f:
         f.write("key-flood flood\nkey-calm calm\n")
     r = c.start_router(["--api-keys", keys,
-                        "--tenant-sessions-per-minute", "6"])
+                        "--tenant-sessions-per-minute", "6",
+                        "--tenant-migrations-per-minute", "6"])
     wait_until("the limited router", lambda: r.get("/readyz")[0] == 200, 30)
 
     def new(key, session):
@@ -371,8 +372,40 @@ def tenant_flood(c, tmp):
           "the tenant's existing session goes on")
     check(new("key-calm", "calm-0")[0] == 200,
           "another tenant is not held back by the flood")
+    migration_flood(c, r)
     r.process.stop()
     c.routers.remove(r)
+
+
+def migration_flood(c, r):
+    """Migrations asked for over the router's gRPC API count against the
+    tenant's limit as over HTTP (one a burst at 6 a minute): the second
+    one at once is RESOURCE_EXHAUSTED and nothing moves."""
+    import grpc
+    import grpc_client_test as g  # its stub generation (tests/e2e)
+    g.generate_stubs(tempfile.mkdtemp(dir=c.dir))
+    stub = g.pb_grpc.SessionsStub(
+        grpc.insecure_channel("127.0.0.1:%d" % r.grpc_port))
+    auth = [("authorization", "Bearer key-flood")]
+    live = c.live_nodes()
+    others = [n.id for n in c.nodes
+              if n.model == "smollm2" and n.id in live and
+              n.id != c.directory("flood")["flood-0"]["owner"]]
+    outcomes = []
+    for _ in range(2):
+        try:
+            stub.MigrateSession(g.pb.MigrateSessionRequest(
+                session_id="flood-0", target_node=others[0]),
+                timeout=60, metadata=auth)
+            outcomes.append("OK")
+        except grpc.RpcError as e:
+            outcomes.append("%s %s" % (e.code().name, e.details()[:120]))
+    owner = c.directory("flood")["flood-0"]["owner"]
+    check(outcomes[0] == "OK" and
+          outcomes[1].startswith("RESOURCE_EXHAUSTED") and
+          "migrations" in outcomes[1] and owner == others[0],
+          "a tenant's second gRPC migration at once is refused by its "
+          "migration limit (the first moved the session): %s" % outcomes)
 
 
 def main():
