@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "services/node/peer_identity.h"
 
 namespace kvd::migration {
 namespace {
@@ -17,10 +18,33 @@ grpc::Status ToGrpc(const absl::Status& s) {
 }  // namespace
 
 grpc::Status MigrationService::Authorize(const grpc::ServerContext* ctx) const {
+  if (auth_.by_certificate) {
+    std::shared_ptr<const grpc::AuthContext> context = ctx->auth_context();
+    absl::StatusOr<node::PeerIdentity> peer =
+        context == nullptr
+            ? absl::UnauthenticatedError("the call carries no TLS identity")
+            : node::PeerOf(*context);
+    if (!peer.ok()) {
+      return ToGrpc(absl::Status(
+          peer.status().code(),
+          absl::StrCat("kvd.v1.Migration is for the cluster's nodes: ",
+                       peer.status().message())));
+    }
+    if (peer->role != node::PeerIdentity::Role::kNode) {
+      return grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat("kvd.v1.Migration is for the cluster's nodes, and "
+                       "the caller's certificate names ",
+                       node::Describe(*peer),
+                       ": routers may not write checkpoints"));
+    }
+    return grpc::Status::OK;
+  }
+  const std::string& token = auth_.cluster_token;
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
-  const std::string want = absl::StrCat("Bearer ", token_);
-  if (token_.empty() || it == md.end() || it->second.size() != want.size() ||
+  const std::string want = absl::StrCat("Bearer ", token);
+  if (token.empty() || it == md.end() || it->second.size() != want.size() ||
       CRYPTO_memcmp(it->second.data(), want.data(), want.size()) != 0) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         "kvd.v1.Migration is for the cluster's nodes: send "

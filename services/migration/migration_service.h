@@ -1,7 +1,13 @@
 // kvd.v1.Migration (proto/kvd/v1/migration.proto) over InboundTransfers:
-// the gRPC face a node shows its peers. Every call must carry the cluster's
-// shared secret ("authorization: Bearer <token>", compared in constant
-// time); anything else is PERMISSION_DENIED before it is read.
+// the gRPC face a node shows its peers. It writes checkpoints, so only the
+// cluster's nodes may call it, judged before a request is read:
+//   - under mutual TLS (MigrationAuth::by_certificate), by the caller's
+//     certificate: it must name a node ("node:ID", peer_identity.h); a
+//     router's certificate is refused whatever token it sends;
+//   - without it (plaintext loopback tests, --no-tls clusters), by the
+//     cluster's shared secret ("authorization: Bearer <token>", compared in
+//     constant time), which routers hold too.
+// Anything else is UNAUTHENTICATED or PERMISSION_DENIED.
 //
 // Thread-safety: gRPC's; `inbound` outlives the service.
 #ifndef KVD_SERVICES_MIGRATION_MIGRATION_SERVICE_H_
@@ -15,10 +21,18 @@
 
 namespace kvd::migration {
 
+struct MigrationAuth {
+  // Without by_certificate: the secret every call must carry.
+  std::string cluster_token;
+  // The server verifies client certificates against the cluster CA (mutual
+  // TLS): callers are authorized by the identity their certificate names.
+  bool by_certificate = false;
+};
+
 class MigrationService final : public v1::Migration::Service {
  public:
-  MigrationService(InboundTransfers* inbound, std::string cluster_token)
-      : inbound_(inbound), token_(std::move(cluster_token)) {}
+  MigrationService(InboundTransfers* inbound, MigrationAuth auth)
+      : inbound_(inbound), auth_(std::move(auth)) {}
 
   grpc::Status OpenInbound(grpc::ServerContext* ctx,
                            const v1::OpenInboundRequest* request,
@@ -40,7 +54,7 @@ class MigrationService final : public v1::Migration::Service {
   grpc::Status Authorize(const grpc::ServerContext* ctx) const;
 
   InboundTransfers* const inbound_;
-  const std::string token_;
+  const MigrationAuth auth_;
 };
 
 }  // namespace kvd::migration

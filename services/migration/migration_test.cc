@@ -297,7 +297,14 @@ TEST_P(MigrationTest, ATurnRunningDuringTheCopyTravelsInTheDelta) {
   auto m = MigratorOf(a.get(), &slow);
   absl::StatusOr<MigrationReport> r;
   std::thread mover([&] { r = m->Migrate("acme", "chat-1", b->id); });
-  absl::SleepFor(absl::Milliseconds(20));
+  // The snapshot is read before the transfer opens, so a turn started
+  // once it is open is not in the snapshot; the slow plane keeps the
+  // snapshot's frames travelling while the turn runs.
+  for (int waited_ms = 0;
+       b->migration->inbound->stats().opened == 0 && waited_ms < 30000;
+       ++waited_ms) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   ASSERT_TRUE(Turn(a.get(), 1, &got).ok());
   mover.join();
   ASSERT_TRUE(r.ok()) << r.status();

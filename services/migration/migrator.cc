@@ -150,11 +150,15 @@ absl::StatusOr<MigrationReport> Migrator::Migrate(const std::string& tenant,
   open_req.set_epoch(epoch);
   *open_req.mutable_model() = engine_->identity();
   const std::string what = absl::StrCat("node '", target, "'");
-  absl::StatusOr<std::unique_ptr<PeerTransfer>> opened =
-      PeerTransfer::Open(peer, what, transport_,
-                         {options_.cluster_token, options_.ca_cert_pem,
-                          options_.piece_bytes, options_.rpc_timeout},
-                         open_req);
+  absl::StatusOr<std::unique_ptr<PeerTransfer>> opened = PeerTransfer::Open(
+      peer, what, transport_,
+      PeerOptions{.cluster_token = options_.cluster_token,
+                  .ca_cert_pem = options_.ca_cert_pem,
+                  .client_cert_pem = options_.client_cert_pem,
+                  .client_key_pem = options_.client_key_pem,
+                  .piece_bytes = options_.piece_bytes,
+                  .rpc_timeout = options_.rpc_timeout},
+      open_req);
   if (!opened.ok()) {
     absl::MutexLock lock(&mu_);
     stats_.failed++;

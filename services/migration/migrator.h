@@ -58,6 +58,9 @@ struct MigratorOptions {
   // PEM of the CA that signed the peers' certificates; "" = plaintext gRPC
   // (loopback tests, --no-tls clusters).
   std::string ca_cert_pem;
+  // This node's certificate and key (PEM), presented to peers (mutual TLS).
+  std::string client_cert_pem;
+  std::string client_key_pem;
   size_t piece_bytes = 1 << 20;
   absl::Duration rpc_timeout = absl::Seconds(120);
 };

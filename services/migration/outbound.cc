@@ -27,7 +27,9 @@ std::unique_ptr<v1::Migration::Stub> StubFor(const PeerNode& peer,
   std::shared_ptr<grpc::ChannelCredentials> creds =
       options.ca_cert_pem.empty()
           ? grpc::InsecureChannelCredentials()
-          : grpc::SslCredentials({.pem_root_certs = options.ca_cert_pem});
+          : grpc::SslCredentials({.pem_root_certs = options.ca_cert_pem,
+                                  .pem_private_key = options.client_key_pem,
+                                  .pem_cert_chain = options.client_cert_pem});
   return v1::Migration::NewStub(grpc::CreateChannel(peer.grpc_address, creds));
 }
 

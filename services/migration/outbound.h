@@ -42,6 +42,11 @@ struct PeerOptions {
   std::string cluster_token;
   // PEM of the CA that signed the peers' certificates; "" = plaintext gRPC.
   std::string ca_cert_pem;
+  // This node's certificate and key (PEM), presented to peers that verify
+  // client certificates (mutual TLS: they authorize this node by it);
+  // "" = none.
+  std::string client_cert_pem;
+  std::string client_key_pem;
   size_t piece_bytes = 1 << 20;
   absl::Duration rpc_timeout = absl::Seconds(120);
 };

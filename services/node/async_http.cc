@@ -183,6 +183,22 @@ class AsyncHttpServer::Impl {
 
 namespace {
 
+// The common name of the certificate the client presented and the handshake
+// verified; "" without one.
+std::string PeerCertificateName(beast::ssl_stream<beast::tcp_stream>& stream) {
+  X509* cert = SSL_get_peer_certificate(stream.native_handle());
+  if (cert == nullptr) return "";
+  std::string name;
+  if (SSL_get_verify_result(stream.native_handle()) == X509_V_OK) {
+    char buf[256];
+    const int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert),
+                                            NID_commonName, buf, sizeof(buf));
+    if (n > 0) name.assign(buf, static_cast<size_t>(n));
+  }
+  X509_free(cert);
+  return name;
+}
+
 // One connection: reads requests one at a time, runs each one's handler
 // (on the I/O thread or a worker) and writes its response. Everything that
 // touches the stream runs on the I/O thread; a worker hands its writes over
@@ -218,6 +234,7 @@ class Session : public SessionBase,
           asio::ssl::stream_base::server,
           [self = this->shared_from_this()](beast::error_code ec) {
             if (ec) return self->Close();
+            self->peer_name_ = PeerCertificateName(self->stream_);
             self->WaitForRequest();
           });
     } else {
@@ -409,6 +426,7 @@ class Session : public SessionBase,
     req->body = std::move(msg.body());
     req->remote_addr = remote_.address().to_string();
     req->remote_port = remote_.port();
+    req->peer_certificate_name = peer_name_;
     peer_closed_ = std::make_shared<std::atomic<bool>>(false);
     req->peer_closed_ = peer_closed_;
 
@@ -592,6 +610,7 @@ class Session : public SessionBase,
   const std::shared_ptr<Registry> registry_;
   Stream stream_;
   const tcp::endpoint remote_;
+  std::string peer_name_;  // of the verified client certificate, if any
   asio::steady_timer write_timer_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -627,6 +646,16 @@ absl::Status AsyncHttpServer::Impl::Start(int* port) {
           "HTTP server: cannot load the TLS certificate ",
           options_.tls_cert_path, " and key ", options_.tls_key_path,
           " (PEM files, readable, matching each other): ", ec.message()));
+    }
+    if (!options_.client_ca_path.empty()) {
+      ssl_->load_verify_file(options_.client_ca_path, ec);
+      if (ec) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("HTTP server: cannot load the client CA ",
+                         options_.client_ca_path, ": ", ec.message()));
+      }
+      // Verified when presented, not required (see client_ca_path).
+      ssl_->set_verify_mode(asio::ssl::verify_peer);
     }
   }
   beast::error_code ec;

@@ -57,6 +57,9 @@ class HttpRequest {
   std::string body;
   std::string remote_addr;
   int remote_port = 0;
+  // The common name of the client certificate the TLS handshake verified
+  // against AsyncHttpOptions::client_ca_path; "" when none was presented.
+  std::string peer_certificate_name;
   // Names lower-cased, in the order received.
   std::vector<std::pair<std::string, std::string>> headers;
 
@@ -116,6 +119,12 @@ struct AsyncHttpOptions {
   // PEM files, both or neither: HTTPS.
   std::string tls_cert_path;
   std::string tls_key_path;
+  // With HTTPS: PEM of the CA whose client certificates clients may present
+  // (mutual TLS). A certificate it did not sign fails the handshake; one it
+  // did names the client to handlers (HttpRequest::peer_certificate_name).
+  // Clients without one are served too (health checks, metrics scrapes):
+  // handlers decide what needs an identity. "" = no client certificates.
+  std::string client_ca_path;
   // Before each routed request's handler, on the thread that runs it (e.g.
   // a per-request log's start).
   std::function<void(const HttpRequest&)> before;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/status_macros.h"
+#include "services/node/peer_identity.h"
 #include "storage/checkpoint/codec.h"
 
 namespace kvd::node {
@@ -166,15 +167,17 @@ absl::StatusOr<std::string> KeyStore::TenantForKey(
   return found->tenant;
 }
 
-KeyStore KeyStore::TrustingRouters(std::string router_token) {
+KeyStore KeyStore::TrustingRouters(std::string router_token,
+                                   bool by_certificate) {
   KeyStore k;
   k.router_token_ = std::move(router_token);
+  k.by_certificate_ = by_certificate;
   return k;
 }
 
 absl::StatusOr<std::string> KeyStore::TenantForRequest(
-    absl::string_view authorization_header,
-    absl::string_view forwarded_tenant) const {
+    absl::string_view authorization_header, absl::string_view forwarded_tenant,
+    absl::string_view peer_certificate_name) const {
   if (router_token_.empty()) return TenantForBearer(authorization_header);
   const absl::string_view header =
       absl::StripAsciiWhitespace(authorization_header);
@@ -188,6 +191,16 @@ absl::StatusOr<std::string> KeyStore::TenantForRequest(
         "this node serves a cluster and takes requests only from its "
         "routers: send them to a kvd router (tools/cluster/up.sh prints its "
         "URL)");
+  }
+  if (by_certificate_ && !IdentityFromCommonName(peer_certificate_name).ok()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the router token counts only from a router or node of the cluster "
+        "presenting its certificate (mutual TLS), and this caller presented ",
+        peer_certificate_name.empty()
+            ? std::string("none")
+            : absl::StrCat("one naming '", peer_certificate_name, "'"),
+        ": send requests through a kvd router (tools/cluster/up.sh prints "
+        "its URL)"));
   }
   if (absl::Status valid = storage::ValidateName("tenant", forwarded_tenant);
       !valid.ok()) {

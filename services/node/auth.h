@@ -54,7 +54,11 @@ class KeyStore {
   // routers share with its nodes) and its tenant, which the router took
   // from the client's API key, in the header kForwardedTenantHeader. API
   // keys are checked at the router, not here.
-  static KeyStore TrustingRouters(std::string router_token);
+  // With `by_certificate` (mutual TLS), the token counts only from a caller
+  // whose verified certificate names a router or a node of the cluster
+  // (peer_identity.h): the token alone, stolen, opens nothing.
+  static KeyStore TrustingRouters(std::string router_token,
+                                  bool by_certificate = false);
 
   // Whether any key is configured (otherwise the node is open).
   bool enabled() const { return !entries_.empty() || !router_token_.empty(); }
@@ -77,9 +81,13 @@ class KeyStore {
   // The tenant of a request: TenantForBearer's, or, trusting routers, the
   // forwarded tenant of a request that carries the router token
   // (PERMISSION_DENIED otherwise, saying to use a router).
+  // `peer_certificate_name`: the common name of the certificate the caller's
+  // TLS handshake verified ("" for none); what by_certificate judges.
   absl::StatusOr<std::string> TenantForRequest(
       absl::string_view authorization_header,
-      absl::string_view forwarded_tenant) const;
+      absl::string_view forwarded_tenant,
+      absl::string_view peer_certificate_name = {}) const;
+  bool requires_peer_certificate() const { return by_certificate_; }
 
  private:
   struct Entry {
@@ -91,6 +99,7 @@ class KeyStore {
 
   std::vector<Entry> entries_;
   std::string router_token_;
+  bool by_certificate_ = false;
 };
 
 // The header (gRPC metadata key) a router forwards the tenant in.

@@ -111,6 +111,30 @@ TEST(ConstantTimeEqualsTest, Basics) {
   EXPECT_FALSE(ConstantTimeEquals(absl::string_view("a\0", 2), "a"));
 }
 
+TEST(KeyStoreTest, UnderMutualTlsTheRouterTokenNeedsAClusterCertificate) {
+  const KeyStore keys = KeyStore::TrustingRouters("router-secret",
+                                                  /*by_certificate=*/true);
+  EXPECT_TRUE(keys.requires_peer_certificate());
+  // A router's or a node's certificate, with the token: served.
+  for (const char* peer : {"router:r1", "node:n2"}) {
+    absl::StatusOr<std::string> t =
+        keys.TenantForRequest("Bearer router-secret", "acme", peer);
+    ASSERT_TRUE(t.ok()) << peer << ": " << t.status();
+    EXPECT_EQ(*t, "acme");
+  }
+  // The token stolen, sent with no certificate or one naming nothing of
+  // the cluster: refused, saying what was presented.
+  for (const char* peer : {"", "kvd node", "admin:x"}) {
+    absl::Status refused =
+        keys.TenantForRequest("Bearer router-secret", "acme", peer).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << peer;
+    EXPECT_THAT(refused.message(), HasSubstr("mutual TLS")) << peer;
+  }
+  // A certificate does not stand in for the token.
+  EXPECT_EQ(keys.TenantForRequest("", "acme", "router:r1").status().code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
 TEST(KeyStoreTest, ANodeTrustingRoutersTakesTheForwardedTenantOnly) {
   const KeyStore keys = KeyStore::TrustingRouters("router-secret");
   EXPECT_TRUE(keys.trusts_routers());

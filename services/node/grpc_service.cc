@@ -84,8 +84,16 @@ absl::StatusOr<std::string> SessionsService::Tenant(
                ? absl::string_view()
                : absl::string_view(it->second.data(), it->second.size());
   };
+  std::string peer;  // the common name of a verified client certificate
+  std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const grpc::string_ref& name :
+         auth->FindPropertyValues("x509_common_name")) {
+      peer.assign(name.data(), name.size());
+    }
+  }
   return keys_.TenantForRequest(value("authorization"),
-                                value(kForwardedTenantHeader));
+                                value(kForwardedTenantHeader), peer);
 }
 
 grpc::Status SessionsService::CreateSession(
@@ -565,6 +573,14 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
     KVD_ASSIGN_OR_RETURN(std::string key, ReadPem(options.tls_key_path));
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({key, cert});
+    if (!options.client_ca_path.empty()) {
+      // Requested, and verified when presented: health checks and probes
+      // need none, and what needs one (the router token, kvd.v1.Migration)
+      // asks for the identity it names.
+      KVD_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(options.client_ca_path));
+      ssl.client_certificate_request =
+          GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
     creds = grpc::SslServerCredentials(ssl);
   }
 

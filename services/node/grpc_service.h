@@ -80,6 +80,11 @@ struct GrpcServerOptions {
   // PEM files; both or neither. Neither: plaintext (loopback, tests).
   std::string tls_cert_path;
   std::string tls_key_path;
+  // With TLS: PEM of the CA whose client certificates callers may present
+  // (mutual TLS). One it did not sign fails the handshake; a verified one
+  // names the caller (peer_identity.h), which the router token and
+  // kvd.v1.Migration then require. "" = no client certificates.
+  std::string client_ca_path;
   // Largest session file ImportSession accepts (RESOURCE_EXHAUSTED beyond).
   int64_t max_import_bytes = int64_t{4} << 30;
   // Bytes per ExportSession message.

@@ -209,6 +209,7 @@ absl::Status HttpServerImpl::Start() {
   o.max_connections = options_.max_connections;
   o.tls_cert_path = options_.tls_cert_path;
   o.tls_key_path = options_.tls_key_path;
+  o.client_ca_path = options_.client_ca_path;
   o.before = [](const HttpRequest& req) {
     t_log = RequestLog();
     t_log.request_id = "req-" + RandomHex(8);
@@ -411,7 +412,7 @@ absl::StatusOr<std::string> HttpServerImpl::Tenant(
     const HttpRequest& req) const {
   absl::StatusOr<std::string> tenant = options_.keys.TenantForRequest(
       req.get_header_value("Authorization"),
-      req.get_header_value(kForwardedTenantHeader));
+      req.get_header_value(kForwardedTenantHeader), req.peer_certificate_name);
   if (tenant.ok()) t_log.tenant = *tenant;
   return tenant;
 }

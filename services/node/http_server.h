@@ -90,6 +90,10 @@ struct HttpServerOptions {
   // PEM files; both or neither. Neither: plain HTTP (loopback, tests).
   std::string tls_cert_path;
   std::string tls_key_path;
+  // With TLS: the CA of the client certificates callers may present
+  // (AsyncHttpOptions::client_ca_path); the router token then counts only
+  // with a router's or node's certificate (KeyStore::TrustingRouters).
+  std::string client_ca_path;
   // Moves sessions to other nodes (POST /v1/sessions/ID/migrate); null on a
   // node that runs alone.
   std::shared_ptr<migration::Migrator> migrator;

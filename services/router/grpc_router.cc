@@ -35,11 +35,17 @@ class ForwardingService final : public v1::Sessions::Service {
   ForwardingService(Routing* routing, GrpcRouterOptions options)
       : routing_(routing), options_(std::move(options)) {
     if (!options_.ca_cert_path.empty()) {
-      std::ifstream in(options_.ca_cert_path);
-      std::stringstream pem;
-      pem << in.rdbuf();
+      auto read = [](const std::string& path) {
+        if (path.empty()) return std::string();
+        std::ifstream in(path);
+        std::stringstream pem;
+        pem << in.rdbuf();
+        return pem.str();
+      };
       grpc::SslCredentialsOptions ssl;
-      ssl.pem_root_certs = pem.str();
+      ssl.pem_root_certs = read(options_.ca_cert_path);
+      ssl.pem_cert_chain = read(options_.tls_cert_path);
+      ssl.pem_private_key = read(options_.tls_key_path);
       credentials_ = grpc::SslCredentials(ssl);
     } else {
       credentials_ = grpc::InsecureChannelCredentials();

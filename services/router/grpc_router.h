@@ -34,6 +34,10 @@ struct GrpcRouterOptions {
   node::KeyStore keys;                  // clients' API keys
   std::string router_token;             // what the nodes trust
   std::string ca_cert_path;             // nodes' CA when they serve TLS
+  // The router's certificate and key (PEM files), shown to nodes (mutual
+  // TLS); "" = none.
+  std::string tls_cert_path;
+  std::string tls_key_path;
   // How long a Generate call refused as "moving"/"moved" (nothing ran) is
   // sent on to the session's new owner.
   absl::Duration moved_retry_budget = absl::Seconds(30);

@@ -172,6 +172,8 @@ absl::Status RouterImpl::Init() {
     g.keys = options_.keys;
     g.router_token = options_.router_token;
     g.ca_cert_path = options_.ca_cert_path;
+    g.tls_cert_path = options_.tls_cert_path;
+    g.tls_key_path = options_.tls_key_path;
     g.moved_retry_budget = options_.moved_retry_budget;
     absl::StatusOr<std::unique_ptr<GrpcRouter>> grpc =
         GrpcRouter::Start(routing_.get(), std::move(g));
@@ -313,14 +315,17 @@ RouterImpl::Forwarded RouterImpl::Forward(const Target& target,
   const auto connect_s = absl::ToInt64Seconds(o.upstream_connect_timeout);
   const auto timeout_s = absl::ToInt64Seconds(o.upstream_timeout);
   const std::string ca = o.ca_cert_path;
+  const std::string cert = o.tls_cert_path, key = o.tls_key_path;
   const auto start = std::chrono::steady_clock::now();
   routing_->placement().Started(target.node.id);
   // The exchange with the node runs on its own thread, so that this one
   // can pass the body on as it arrives (SSE) and notice a client that
   // left (its write fails), which then ends the upstream exchange too.
-  std::thread([pipe, url, method, path, body, headers, connect_s, timeout_s,
-               ca] {
-    httplib::Client cli(url);
+  std::thread([pipe, url, method, path, body, headers, connect_s, timeout_s, ca,
+               cert, key] {
+    // With a certificate of its own, the router shows it to the node
+    // (mutual TLS): the node takes the router token only with it.
+    httplib::Client cli(url, cert, key);
     cli.set_connection_timeout(connect_s, 0);
     cli.set_read_timeout(timeout_s, 0);
     cli.set_write_timeout(timeout_s, 0);

@@ -61,6 +61,11 @@ struct RouterOptions {
   absl::Duration moved_retry_budget = absl::Seconds(30);
   // PEM CA that signed the nodes' certificates, for https:// nodes.
   std::string ca_cert_path;
+  // The router's own certificate and key (PEM files), presented to nodes
+  // that verify client certificates (mutual TLS: "router:ID",
+  // make_certs.sh --router ID); "" = none.
+  std::string tls_cert_path;
+  std::string tls_key_path;
   // Per tenant, per minute (a burst of a tenth of it, at least 1, at once):
   // new sessions (directory entries) and migrations; <= 0: no limit. A
   // request over it gets 429 with Retry-After.

@@ -55,9 +55,10 @@ def free_port():
     return port
 
 
-def http(method, url, body=None, headers=None, timeout=120):
+def http(method, url, body=None, headers=None, timeout=120, context=None):
     """(status, headers, parsed JSON or text) of one request; never raises
-    for an HTTP error status."""
+    for an HTTP error status. `context`: the TLS context to use instead of
+    the harness's (SSL_CONTEXT: the cluster CA and router:harness)."""
     data = None if body is None else (
         body if isinstance(body, bytes) else json.dumps(body).encode())
     req = urllib.request.Request(url, data=data, method=method)
@@ -66,7 +67,7 @@ def http(method, url, body=None, headers=None, timeout=120):
         req.add_header(k, v)
     try:
         with urllib.request.urlopen(req, timeout=timeout,
-                                    context=SSL_CONTEXT) as resp:
+                                    context=context or SSL_CONTEXT) as resp:
             status, hdrs, raw = resp.status, dict(resp.headers), resp.read()
     except urllib.error.HTTPError as e:
         status, hdrs, raw = e.code, dict(e.headers), e.read()
@@ -145,16 +146,18 @@ class Node:
             "--node-id", node_id, "--lease-ttl", str(ttl), "--model", model,
             "--http-port", "0", "--grpc-port", "0", "--threads", "1",
             "--data-dir", os.path.join(cluster.dir, node_id)] +
-            cluster.node_tls + cluster.node_flags,
+            cluster.tls_args("node", node_id) + cluster.node_flags,
             os.path.join(cluster.dir, node_id + ".log"), env)
         self.url = self.process.url_from_log()
 
-    def direct(self, method, path, body=None, tenant="local", token=TOKEN):
-        """A request straight to the node, as a router would send it."""
+    def direct(self, method, path, body=None, tenant="local", token=TOKEN,
+               context=None):
+        """A request straight to the node, as a router would send it
+        (`context`: another TLS identity than the harness's router one)."""
         headers = {"X-Kvd-Tenant": tenant}
         if token:
             headers["Authorization"] = "Bearer " + token
-        return http(method, self.url + path, body, headers)
+        return http(method, self.url + path, body, headers, context=context)
 
     def committed_turns(self):
         _, _, text = http("GET", self.url + "/metrics")
@@ -171,6 +174,8 @@ class Router:
         self.port = port
         self.extra_args = list(extra_args or [])
         self.process = None
+        cluster.router_count += 1
+        self.tls = cluster.tls_args("router", "r%d" % cluster.router_count)
         self.start()
 
     def start(self):
@@ -178,7 +183,7 @@ class Router:
         self.process = Process("router", [
             self.cluster.kvd, "router", "--etcd", self.cluster.etcd_endpoint,
             "--port", str(self.port), "--grpc-port", "0", "--threads", "32"] +
-            self.cluster.router_tls + self.extra_args,
+            self.tls + self.extra_args,
             os.path.join(self.cluster.dir, "router-%d.log" % id(self)), env)
         self.url = self.process.url_from_log()
         self.port = int(self.url.rsplit(":", 1)[1])
@@ -199,8 +204,11 @@ class Router:
 
 
 class Cluster:
-    """`make_certs`: tools/cluster/make_certs.sh; given, nodes serve HTTPS
-    with a certificate of a fresh cluster CA and routers verify it."""
+    """`make_certs`: tools/cluster/make_certs.sh; given, the cluster runs
+    mutual TLS under a fresh cluster CA: each node serves HTTPS and gRPC
+    with a certificate naming it (node:ID) and each router presents one
+    naming it (router:rN). The harness's own requests present router:harness
+    (Node.direct sends what a router would)."""
 
     def __init__(self, kvd, directory, ttl=3, make_certs=None,
                  node_flags=None):
@@ -210,17 +218,28 @@ class Cluster:
         self.etcd = None
         self.nodes, self.routers = [], []
         self.etcd_endpoint = None
-        self.node_tls, self.router_tls = [], []
+        self.make_certs = make_certs
+        self.certs = os.path.join(directory, "certs")
+        self.router_count = 0
         if make_certs:
-            certs = os.path.join(directory, "certs")
-            subprocess.run([make_certs, certs], check=True,
-                           stdout=subprocess.DEVNULL)
-            self.node_tls = ["--tls-cert", os.path.join(certs, "node.pem"),
-                             "--tls-key", os.path.join(certs, "node.key"),
-                             "--ca-cert", os.path.join(certs, "ca.pem")]
-            self.router_tls = ["--ca-cert", os.path.join(certs, "ca.pem")]
+            self.tls_args("router", "harness")
             SSL_CONTEXT = ssl.create_default_context(
-                cafile=os.path.join(certs, "ca.pem"))
+                cafile=os.path.join(self.certs, "ca.pem"))
+            SSL_CONTEXT.load_cert_chain(
+                os.path.join(self.certs, "router-harness.pem"),
+                os.path.join(self.certs, "router-harness.key"))
+
+    def tls_args(self, role, identity):
+        """Issues `role`:`identity` a certificate of the cluster CA (once)
+        and returns the flags that give it to kvd; [] without TLS."""
+        if not self.make_certs:
+            return []
+        cert = os.path.join(self.certs, "%s-%s.pem" % (role, identity))
+        if not os.path.exists(cert):
+            subprocess.run([self.make_certs, self.certs, "--" + role,
+                            identity], check=True, stdout=subprocess.DEVNULL)
+        return ["--tls-cert", cert, "--tls-key", cert[:-4] + ".key",
+                "--ca-cert", os.path.join(self.certs, "ca.pem")]
 
     def __enter__(self):
         return self

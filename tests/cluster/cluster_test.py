@@ -254,11 +254,44 @@ def bad_input(c, nodes, r):
         token=None)
     check(status == 403, "a node refuses a request that bypassed the "
           "routers (%s)" % status)
+    stolen_router_token(c, n)
     status, _, body = n.direct("POST", "/v1/chat/completions", {
         "model": "smollm2", "session_id": "not-placed",
         "messages": [{"role": "user", "content": "x"}]})
     check(status == 404, "a node does not start a session the directory "
           "never placed (%s)" % status)
+
+
+def stolen_router_token(c, n):
+    """Mutual TLS: the router token opens a node only with the certificate
+    of a router or node of the cluster CA. Sent with none it is refused
+    (403, saying so); with a certificate of another CA naming a router, the
+    handshake fails; health and metrics need no certificate."""
+    import ssl
+    body = {"model": "smollm2", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "x"}]}
+    bare = ssl.create_default_context(cafile=os.path.join(c.certs, "ca.pem"))
+    status, _, reply = n.direct("POST", "/v1/chat/completions", body,
+                                context=bare)
+    check(status == 403 and "mutual TLS" in str(reply),
+          "the router token without a certificate is refused (%s %s)" % (
+              status, str(reply)[:120]))
+    check(http("GET", n.url + "/readyz", context=bare)[0] == 200,
+          "health checks need no certificate")
+    foreign = os.path.join(c.dir, "foreign-ca")
+    subprocess.run([c.make_certs, foreign, "--router", "r1"], check=True,
+                   stdout=subprocess.DEVNULL)
+    forged = ssl.create_default_context(cafile=os.path.join(c.certs,
+                                                            "ca.pem"))
+    forged.load_cert_chain(os.path.join(foreign, "router-r1.pem"),
+                           os.path.join(foreign, "router-r1.key"))
+    status, _, reply = n.direct("POST", "/v1/chat/completions", body,
+                                context=forged)
+    check(status == 0, "a router certificate of another CA fails the "
+          "handshake (%s %s)" % (status, str(reply)[:120]))
+    status, _, _ = n.direct("POST", "/v1/chat/completions", body)
+    check(status == 200, "the same request with a router's certificate of "
+          "the cluster CA is served (%s)" % status)
 
 
 def router_kill9(c, r, owners):

@@ -92,17 +92,29 @@ class HostCluster:
         self.router_host = self.net.add_host("r1")
         self.etcd_endpoint = ",".join("%s:2379" % h.address
                                       for h in self.etcd_hosts)
+        # Mutual TLS: a certificate per node naming it (node:ID, for its
+        # host's address) and one per router; the checker's own requests
+        # present router:harness.
         certs = os.path.join(tmp, "certs")
-        subprocess.run([make_certs, certs] +
-                       [h.address for h in self.node_hosts],
-                       check=True, stdout=subprocess.DEVNULL)
-        self.node_tls = ["--tls-cert", os.path.join(certs, "node.pem"),
-                         "--tls-key", os.path.join(certs, "node.key"),
-                         "--ca-cert", os.path.join(certs, "ca.pem")]
-        self.router_tls = ["--ca-cert", os.path.join(certs, "ca.pem")]
+
+        def issue(role, name, addresses):
+            subprocess.run([make_certs, certs, "--" + role, name] + addresses,
+                           check=True, stdout=subprocess.DEVNULL)
+            return ["--tls-cert", os.path.join(certs, "%s-%s.pem" % (role, name)),
+                    "--tls-key", os.path.join(certs, "%s-%s.key" % (role, name)),
+                    "--ca-cert", os.path.join(certs, "ca.pem")]
+
+        self.node_tls = {h.name: issue("node", h.name, [h.address])
+                         for h in self.node_hosts}
+        self.router_tls = issue("router", self.router_host.name,
+                                [self.router_host.address])
+        issue("router", "harness", ["127.0.0.1"])
         import ssl
         cluster_harness.SSL_CONTEXT = ssl.create_default_context(
             cafile=os.path.join(certs, "ca.pem"))
+        cluster_harness.SSL_CONTEXT.load_cert_chain(
+            os.path.join(certs, "router-harness.pem"),
+            os.path.join(certs, "router-harness.key"))
         self.etcd = {}
         self.nodes = {}
         self.router = None
@@ -174,7 +186,7 @@ class HostCluster:
             "--model", "smollm2", "--host", h.address, "--http-port", "8080",
             "--grpc-port", "7070", "--threads", "1",
             "--data-dir", os.path.join(self.data_dir(h.name), "kvd")] +
-            self.node_tls + REPLICATED_NODE_FLAGS)
+            self.node_tls[h.name] + REPLICATED_NODE_FLAGS)
 
     def start_node(self, h):
         env = dict(os.environ, KVD_ROUTER_TOKEN=TOKEN)

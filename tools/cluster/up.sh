@@ -26,8 +26,8 @@ usage: tools/cluster/up.sh [--dir DIR] [--nodes N] [--model NAME] [--port PORT] 
   --model NAME    model every node serves (default smollm2; see tools/fetch_models.sh)
   --port PORT     the router's HTTP port (default 8000)
   --lease-ttl S   the nodes' membership lease (default 15 s)
-  --no-tls        plain HTTP between router and nodes (default: HTTPS with a cluster CA made by
-                  tools/cluster/make_certs.sh in DIR/certs)
+  --no-tls        plain HTTP between router and nodes (default: mutual TLS, a cluster CA and a
+                  certificate per node and router made by tools/cluster/make_certs.sh in DIR/certs)
   \$KVD           the kvd binary (default: bazel-bin/tools/kvd/kvd, built if missing)
 USAGE
 }
@@ -72,13 +72,13 @@ wait_for() {  # wait_for SECONDS WHAT CMD...: polls CMD until it succeeds
 [[ -s "$DIR/router-token" ]] || (umask 077; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$DIR/router-token")
 TOKEN="$(cat "$DIR/router-token")"
 
-NODE_TLS=()
-ROUTER_TLS=()
-if [[ "$TLS" == 1 ]]; then
-  [[ -s "$DIR/certs/node.pem" ]] || "$ROOT/tools/cluster/make_certs.sh" "$DIR/certs" > /dev/null
-  NODE_TLS=(--tls-cert "$DIR/certs/node.pem" --tls-key "$DIR/certs/node.key" --ca-cert "$DIR/certs/ca.pem")
-  ROUTER_TLS=(--ca-cert "$DIR/certs/ca.pem")
-fi
+# Mutual TLS: a certificate per node and for the router, each naming it (node:nI, router:r1).
+tls_flags() {  # tls_flags node|router ID: issues its certificate once; its flags in TLS_FLAGS
+  TLS_FLAGS=()
+  [[ "$TLS" == 1 ]] || return 0
+  [[ -s "$DIR/certs/$1-$2.pem" ]] || "$ROOT/tools/cluster/make_certs.sh" "$DIR/certs" "--$1" "$2" > /dev/null
+  TLS_FLAGS=(--tls-cert "$DIR/certs/$1-$2.pem" --tls-key "$DIR/certs/$1-$2.key" --ca-cert "$DIR/certs/ca.pem")
+}
 
 ETCD_PORT="$(free_port)"
 PEER_PORT="$(free_port)"
@@ -92,8 +92,9 @@ echo "$! etcd" >> "$DIR/pids"
 wait_for 30 "etcd" "$KVD" cluster status --etcd "$ETCD"
 
 for i in $(seq 1 "$NODES"); do
+  tls_flags node "n$i"
   KVD_ROUTER_TOKEN="$TOKEN" "$KVD" serve --cluster "$ETCD" --node-id "n$i" --lease-ttl "$TTL" \
-    --model "$MODEL" --http-port 0 --grpc-port 0 --data-dir "$DIR/n$i" "${NODE_TLS[@]}" "${EXTRA[@]}" \
+    --model "$MODEL" --http-port 0 --grpc-port 0 --data-dir "$DIR/n$i" "${TLS_FLAGS[@]}" "${EXTRA[@]}" \
     > "$DIR/n$i.log" 2>&1 &
   echo "$! n$i" >> "$DIR/pids"
 done
@@ -101,7 +102,8 @@ nodes_live() { [[ "$("$KVD" cluster status --etcd "$ETCD" | grep -c ' live ')" -
 echo "up.sh: starting etcd and $NODES nodes of $MODEL (loading the model takes a while)..." >&2
 wait_for 300 "$NODES nodes" nodes_live
 
-KVD_ROUTER_TOKEN="$TOKEN" "$KVD" router --etcd "$ETCD" --port "$PORT" --grpc-port 0 "${ROUTER_TLS[@]}" \
+tls_flags router r1
+KVD_ROUTER_TOKEN="$TOKEN" "$KVD" router --etcd "$ETCD" --port "$PORT" --grpc-port 0 "${TLS_FLAGS[@]}" \
   > "$DIR/router.log" 2>&1 &
 echo "$! router" >> "$DIR/pids"
 wait_for 30 "the router" curl -sf "http://127.0.0.1:$PORT/readyz"

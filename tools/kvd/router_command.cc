@@ -14,6 +14,7 @@
 #include "services/router/router.h"
 #include "tools/kvd/args.h"
 #include "tools/kvd/cluster_endpoint.h"
+#include "tools/kvd/cluster_tls.h"
 #include "tools/kvd/commands.h"
 
 namespace kvd::cli {
@@ -36,6 +37,13 @@ absl::Status Run(const Args& args) {
     if (const char* env = std::getenv("KVD_ROUTER_TOKEN")) o.router_token = env;
   }
   o.ca_cert_path = args.Get("ca-cert");
+  o.tls_cert_path = args.Get("tls-cert");
+  o.tls_key_path = args.Get("tls-key");
+  // Checks the files and what the certificate names (a router's).
+  KVD_RETURN_IF_ERROR(LoadClusterTls(o.ca_cert_path, o.tls_cert_path,
+                                     o.tls_key_path,
+                                     node::PeerIdentity::Role::kRouter, "")
+                          .status());
   KVD_ASSIGN_OR_RETURN(o.session_creations_per_minute,
                        args.GetDouble("tenant-sessions-per-minute"));
   KVD_ASSIGN_OR_RETURN(o.migrations_per_minute,
@@ -91,6 +99,11 @@ int RouterCommand(const std::vector<std::string>& argv) {
   args.Flag("ca-cert", "",
             "PEM CA of the nodes' certificates, when nodes serve https "
             "(tools/cluster/make_certs.sh)");
+  args.Flag("tls-cert", "",
+            "PEM certificate naming this router ('router:ID', "
+            "tools/cluster/make_certs.sh DIR --router ID), shown to nodes "
+            "that require one (mutual TLS) with --tls-key");
+  args.Flag("tls-key", "", "PEM private key for --tls-cert");
   args.Flag("tenant-sessions-per-minute", "600",
             "new sessions a tenant may start a minute (a tenth of it at "
             "once); past it 429 with Retry-After; 0: no limit");

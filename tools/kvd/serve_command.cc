@@ -30,6 +30,7 @@
 #include "services/node/http_server.h"
 #include "services/transport/ucx_transport.h"
 #include "tools/kvd/backend_flag.h"
+#include "tools/kvd/cluster_tls.h"
 #include "tools/kvd/commands.h"
 #include "tools/kvd/session_runtime.h"
 
@@ -95,7 +96,11 @@ void DeclareFlags(Args& a) {
          "$KVD_ROUTER_TOKEN); other traffic is refused");
   a.Flag("ca-cert", "",
          "in a TLS cluster: PEM of the cluster CA, to verify the peers this "
-         "node moves sessions to (tools/cluster/make_certs.sh makes it)");
+         "node moves sessions to (tools/cluster/make_certs.sh makes it); "
+         "with a --tls-cert naming this node ('node:ID', make_certs.sh "
+         "--node ID), also the clients' (mutual TLS): the router token "
+         "then counts only from a router's or node's certificate, and only "
+         "nodes may write checkpoints here");
   a.Flag("ucx-tls", "",
          "UCX transports that carry moved sessions, in UCX_TLS syntax (tcp; "
          "sm = shared memory; empty = UCX's choice, which honours "
@@ -111,7 +116,10 @@ void DeclareFlags(Args& a) {
   a.Flag("replication", "sync",
          "sync: a turn is answered once its replicas hold it durably; async: "
          "answered at once, replicas follow (at most 64 turns behind)");
-  a.Flag("tls-cert", "", "PEM certificate: serve HTTPS and gRPC over TLS");
+  a.Flag("tls-cert", "",
+         "PEM certificate: serve HTTPS and gRPC over TLS; in a cluster, one "
+         "naming this node (make_certs.sh DIR --node ID) is also presented "
+         "to its peers (mutual TLS)");
   a.Flag("tls-key", "", "PEM private key for --tls-cert");
   DeclareModelFlags(a);
   DeclareStoreFlags(a);
@@ -258,6 +266,7 @@ absl::Status Run(const Args& args) {
   node::RaiseOpenFileLimit();
   std::unique_ptr<node::ClusterMember> member;
   std::string token;
+  ClusterTls tls;  // in a cluster: its CA, and mutual TLS or not
   if (args.Has("cluster")) {
     token = args.Get("router-token");
     if (token.empty()) {
@@ -273,7 +282,16 @@ absl::Status Run(const Args& args) {
           "in a cluster, API keys are checked by the routers (kvd router "
           "--api-keys); give this node --router-token only");
     }
-    keys = node::KeyStore::TrustingRouters(token);
+    KVD_ASSIGN_OR_RETURN(
+        tls, LoadClusterTls(
+                 args.Get("ca-cert"), args.Get("tls-cert"), args.Get("tls-key"),
+                 node::PeerIdentity::Role::kNode, args.Get("node-id")));
+    if (!tls.cert_pem.empty() && tls.ca_pem.empty()) {
+      return absl::InvalidArgumentError(
+          "a node serving TLS in a cluster needs --ca-cert, the cluster CA "
+          "it verifies its peers with when it moves sessions to them");
+    }
+    keys = node::KeyStore::TrustingRouters(token, tls.mutual);
     KVD_ASSIGN_OR_RETURN(int64_t ttl_s, args.GetInt("lease-ttl"));
     if (ttl_s < 2 || ttl_s > 3600) {
       return absl::InvalidArgumentError("--lease-ttl must be in [2, 3600] s");
@@ -347,27 +365,14 @@ absl::Status Run(const Args& args) {
           "a node in a cluster needs its gRPC API (--grpc-port): its peers "
           "move sessions to it over gRPC");
     }
-    std::string ca_pem;
-    if (args.Has("ca-cert")) {
-      std::ifstream in(args.Get("ca-cert"));
-      std::stringstream pem;
-      pem << in.rdbuf();
-      if (!in || pem.str().empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("cannot read --ca-cert ", args.Get("ca-cert")));
-      }
-      ca_pem = pem.str();
-    } else if (args.Has("tls-cert")) {
-      return absl::InvalidArgumentError(
-          "a node serving TLS in a cluster needs --ca-cert, the cluster CA "
-          "it verifies its peers with when it moves sessions to them");
-    }
+    const std::string& ca_pem = tls.ca_pem;
     KVD_ASSIGN_OR_RETURN(
         ucx, transport::UcxTransport::Create({.tls = args.Get("ucx-tls")}));
     inbound = std::make_unique<migration::InboundTransfers>(
         &rt->engine(), ucx.get(), migration::InboundOptions());
-    migration_service =
-        std::make_unique<migration::MigrationService>(inbound.get(), token);
+    migration_service = std::make_unique<migration::MigrationService>(
+        inbound.get(), migration::MigrationAuth{.cluster_token = token,
+                                                .by_certificate = tls.mutual});
     cluster::EtcdClient* etcd = member->etcd();
     migration::PeerResolver resolve =
         [etcd](const std::string& id) -> absl::StatusOr<migration::PeerNode> {
@@ -394,9 +399,17 @@ absl::Status Run(const Args& args) {
     mo.node_id = args.Get("node-id");
     mo.cluster_token = token;
     mo.ca_cert_pem = ca_pem;
+    if (tls.mutual) {
+      mo.client_cert_pem = tls.cert_pem;
+      mo.client_key_pem = tls.key_pem;
+    }
     migrator = std::make_shared<migration::Migrator>(
         &rt->engine(), member->directory(), ucx.get(), resolve, mo);
-    const migration::PeerOptions peer{token, ca_pem};
+    const migration::PeerOptions peer{
+        .cluster_token = token,
+        .ca_cert_pem = ca_pem,
+        .client_cert_pem = tls.mutual ? tls.cert_pem : "",
+        .client_key_pem = tls.mutual ? tls.key_pem : ""};
     replicator = std::make_unique<migration::Replicator>(
         &rt->engine(), etcd, member->directory(), ucx.get(), resolve,
         migration::ReplicatorOptions{
@@ -442,6 +455,7 @@ absl::Status Run(const Args& args) {
     o.metrics_key = metrics_key;
     o.tls_cert_path = args.Get("tls-cert");
     o.tls_key_path = args.Get("tls-key");
+    if (tls.mutual) o.client_ca_path = args.Get("ca-cert");
     o.migrator = migrator;
     if (member) {
       DeclareClusterMetrics(*metrics);
@@ -460,6 +474,7 @@ absl::Status Run(const Args& args) {
     o.metrics = metrics;
     o.tls_cert_path = args.Get("tls-cert");
     o.tls_key_path = args.Get("tls-key");
+    if (tls.mutual) o.client_ca_path = args.Get("ca-cert");
     o.migrator = migrator;
     if (migration_service) o.extra_services.push_back(migration_service.get());
     KVD_ASSIGN_OR_RETURN(grpc,

@@ -39,6 +39,13 @@ std::unique_ptr<ServedMigration> ServeMigration(engine::SessionEngine* engine,
                                                 InboundOptions options,
                                                 const std::string& token,
                                                 int max_message_bytes = 0);
+// The same, authorizing callers by `auth` on a port with `credentials`
+// (e.g. TLS that verifies client certificates).
+std::unique_ptr<ServedMigration> ServeMigration(
+    engine::SessionEngine* engine, transport::Transport* plane,
+    InboundOptions options, MigrationAuth auth,
+    std::shared_ptr<grpc::ServerCredentials> credentials,
+    int max_message_bytes = 0);
 
 }  // namespace kvd::migration::testing
 
