@@ -112,7 +112,7 @@ absl::StatusOr<v1::OpenInboundResponse> InboundTransfers::Open(
   response.set_transport(transport_->name());
   response.set_address(t->receiver->address());
   response.set_token(secret.token);
-  response.set_mac_key(secret.mac_key);
+  response.set_key(secret.key);
   {
     absl::MutexLock lock(&mu_);
     open_[t->id] = t;

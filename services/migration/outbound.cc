@@ -73,7 +73,7 @@ absl::StatusOr<std::unique_ptr<PeerTransfer>> PeerTransfer::Open(
       plane->Connect(t->open_.address());
   absl::StatusOr<std::unique_ptr<transport::SecureSender>> out =
       raw.ok() ? transport::SecureSender::Start(
-                     std::move(*raw), {t->open_.token(), t->open_.mac_key()})
+                     std::move(*raw), {t->open_.token(), t->open_.key()})
                : absl::StatusOr<std::unique_ptr<transport::SecureSender>>(
                      raw.status());
   if (!out.ok()) {

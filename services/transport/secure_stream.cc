@@ -2,9 +2,9 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -15,8 +15,9 @@
 namespace kvd::transport {
 namespace {
 
-constexpr size_t kMacBytes = 32;
+constexpr size_t kTagBytes = 16;
 constexpr size_t kHeaderBytes = 1 + 8;
+constexpr size_t kNonceBytes = 12;
 
 std::string RandomBytes(size_t n) {
   std::string out(n, '\0');
@@ -28,28 +29,91 @@ std::string RandomBytes(size_t n) {
   return out;
 }
 
-// HMAC-SHA256 of `data` under `key` into `out` (kMacBytes).
-void Mac(const std::string& key, absl::string_view data, unsigned char* out) {
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out,
-       &len);
-}
-
 absl::Status CheckSecret(const TransferSecret& s) {
-  if (s.token.size() != kSecretBytes || s.mac_key.size() != kSecretBytes) {
+  if (s.token.size() != kSecretBytes || s.key.size() != kSecretBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("a transfer secret is a ", kSecretBytes,
-                     "-byte token and a ", kSecretBytes, "-byte MAC key"));
+                     "-byte token and a ", kSecretBytes, "-byte key"));
   }
   return absl::OkStatus();
 }
 
+// The frame's nonce: its sequence number, unique under the transfer's key
+// (a key is drawn per transfer and a stream never repeats a number).
+void Nonce(uint64_t seq, unsigned char* nonce) {
+  std::memset(nonce, 0, kNonceBytes);
+  absl::little_endian::Store64(nonce + kNonceBytes - 8, seq);
+}
+
+const unsigned char* Bytes(const char* p) {
+  return reinterpret_cast<const unsigned char*>(p);
+}
+unsigned char* Bytes(char* p) { return reinterpret_cast<unsigned char*>(p); }
+
 }  // namespace
+
+// An AES-256-GCM context keyed once per stream.
+class FrameCipher {
+ public:
+  FrameCipher(const std::string& key, bool encrypt)
+      : ctx_(EVP_CIPHER_CTX_new()), encrypt_(encrypt) {
+    ok_ = ctx_ != nullptr &&
+          EVP_CipherInit_ex(ctx_, EVP_aes_256_gcm(), nullptr, Bytes(key.data()),
+                            nullptr, encrypt ? 1 : 0) == 1;
+  }
+  ~FrameCipher() { EVP_CIPHER_CTX_free(ctx_); }
+  FrameCipher(const FrameCipher&) = delete;
+  FrameCipher& operator=(const FrameCipher&) = delete;
+
+  // Encrypts or decrypts frame[kHeaderBytes, size - kTagBytes) in place
+  // under the nonce of `seq`, authenticating the header too; the tag is
+  // the frame's last kTagBytes (written when encrypting, checked when
+  // decrypting). False when decryption finds the tag wrong (or OpenSSL
+  // fails).
+  bool Apply(uint64_t seq, std::string& frame) {
+    if (!ok_ || frame.size() - kHeaderBytes - kTagBytes > INT_MAX) {
+      return false;
+    }
+    unsigned char nonce[kNonceBytes];
+    Nonce(seq, nonce);
+    const int body = static_cast<int>(frame.size() - kHeaderBytes - kTagBytes);
+    unsigned char* text = Bytes(frame.data() + kHeaderBytes);
+    unsigned char* tag = Bytes(frame.data() + kHeaderBytes + body);
+    int n = 0;
+    if (EVP_CipherInit_ex(ctx_, nullptr, nullptr, nullptr, nonce, -1) != 1 ||
+        EVP_CipherUpdate(ctx_, nullptr, &n, Bytes(frame.data()),
+                         static_cast<int>(kHeaderBytes)) != 1 ||
+        (body > 0 && EVP_CipherUpdate(ctx_, text, &n, text, body) != 1)) {
+      return false;
+    }
+    if (!encrypt_ &&
+        EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_SET_TAG,
+                            static_cast<int>(kTagBytes), tag) != 1) {
+      return false;
+    }
+    if (EVP_CipherFinal_ex(ctx_, text + body, &n) != 1) return false;
+    return !encrypt_ ||
+           EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_GET_TAG,
+                               static_cast<int>(kTagBytes), tag) == 1;
+  }
+
+ private:
+  EVP_CIPHER_CTX* const ctx_;
+  const bool encrypt_;
+  bool ok_ = false;
+};
 
 TransferSecret TransferSecret::New() {
   return TransferSecret{RandomBytes(kSecretBytes), RandomBytes(kSecretBytes)};
 }
+
+SecureSender::SecureSender(std::unique_ptr<ChunkSender> inner,
+                           TransferSecret secret)
+    : inner_(std::move(inner)),
+      secret_(std::move(secret)),
+      cipher_(std::make_unique<FrameCipher>(secret_.key, /*encrypt=*/true)) {}
+
+SecureSender::~SecureSender() = default;
 
 absl::StatusOr<std::unique_ptr<SecureSender>> SecureSender::Start(
     std::unique_ptr<ChunkSender> inner, const TransferSecret& secret) {
@@ -63,15 +127,16 @@ absl::StatusOr<std::unique_ptr<SecureSender>> SecureSender::Start(
 }
 
 absl::Status SecureSender::SendFrame(char kind, absl::string_view payload) {
-  frame_.resize(kHeaderBytes + payload.size() + kMacBytes);
+  frame_.resize(kHeaderBytes + payload.size() + kTagBytes);
   frame_[0] = kind;
   absl::little_endian::Store64(&frame_[1], seq_);
   if (!payload.empty()) {
     std::memcpy(&frame_[kHeaderBytes], payload.data(), payload.size());
   }
-  Mac(secret_.mac_key,
-      absl::string_view(frame_.data(), kHeaderBytes + payload.size()),
-      reinterpret_cast<unsigned char*>(&frame_[kHeaderBytes + payload.size()]));
+  if (!cipher_->Apply(seq_, frame_)) {
+    return absl::InternalError(
+        absl::StrCat("AES-256-GCM could not encrypt transfer frame ", seq_));
+  }
   absl::Status sent = inner_->Send(frame_);
   if (!sent.ok()) return sent;
   seq_++;
@@ -100,7 +165,12 @@ SecureReceiver::SecureReceiver(std::unique_ptr<ChunkReceiver> inner,
                                TransferSecret secret)
     : inner_(std::move(inner)), secret_(std::move(secret)) {
   failed_ = CheckSecret(secret_);
+  if (failed_.ok()) {
+    cipher_ = std::make_unique<FrameCipher>(secret_.key, /*encrypt=*/false);
+  }
 }
+
+SecureReceiver::~SecureReceiver() = default;
 
 absl::StatusOr<bool> SecureReceiver::Receive(std::string* payload,
                                              absl::Time deadline) {
@@ -125,29 +195,28 @@ absl::StatusOr<bool> SecureReceiver::ReceiveFrame(std::string* payload,
           "the transfer stream ended after ", seq_,
           " frames without its end frame (cut short or truncated)"));
     }
-    if (frame.size() < kHeaderBytes + kMacBytes) {
+    if (frame.size() < kHeaderBytes + kTagBytes) {
       return absl::DataLossError(absl::StrCat(
           "a transfer frame of ", frame.size(), " bytes is shorter than ",
-          kHeaderBytes + kMacBytes, " (truncated)"));
-    }
-    const size_t body = frame.size() - kMacBytes;
-    unsigned char mac[kMacBytes];
-    Mac(secret_.mac_key, absl::string_view(frame.data(), body), mac);
-    if (CRYPTO_memcmp(mac, frame.data() + body, kMacBytes) != 0) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "frame ", seq_,
-          " of the transfer failed its HMAC-SHA256 check (damaged, or not "
-          "sent by the peer this transfer was authorised for); transfer "
-          "aborted"));
+          kHeaderBytes + kTagBytes, " (truncated)"));
     }
     const char kind = frame[0];
     const uint64_t seq = absl::little_endian::Load64(&frame[1]);
+    // The header is authenticated with the payload: a changed sequence
+    // number fails here too.
+    if (!cipher_->Apply(seq, frame)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "frame ", seq_,
+          " of the transfer failed its AES-256-GCM check (damaged, or not "
+          "sent by the peer this transfer was authorised for); transfer "
+          "aborted"));
+    }
     if (seq != seq_) {
       return absl::DataLossError(
           absl::StrCat("transfer frame ", seq, " arrived where frame ", seq_,
                        " was due (a frame was lost or repeated)"));
     }
-    const size_t payload_size = body - kHeaderBytes;
+    const size_t payload_size = frame.size() - kHeaderBytes - kTagBytes;
     if (seq_ == 0) {
       if (kind != 'H' || payload_size != kSecretBytes ||
           CRYPTO_memcmp(frame.data() + kHeaderBytes, secret_.token.data(),

@@ -1,19 +1,24 @@
-// Authorises and authenticates a chunk stream (chunk_stream.h). UCX has no
-// encryption or authentication, so every transfer is authorised over the
-// control channel (gRPC over TLS, which already authenticates the peer
-// node): the receiver makes a TransferSecret, hands it to the sender there,
-// and accepts only a stream that proves it holds it.
+// Authorises, authenticates and encrypts a chunk stream (chunk_stream.h).
+// UCX has no encryption or authentication, so every transfer is authorised
+// over the control channel (gRPC over TLS, which already authenticates the
+// peer node): the receiver makes a TransferSecret (a one-time token and a
+// fresh AES-256 key), hands it to the sender there, and accepts only a
+// stream that proves it holds it. A capture of the wire shows no payload
+// byte (no token id, no residual) in the clear.
 //
 // Each chunk travels as a frame:
-//   u8 kind, u64 sequence number (from 0), payload,
-//   HMAC-SHA256(mac_key, kind || sequence || payload)   (32 bytes)
+//   u8 kind, u64 sequence number (from 0)        (in the clear, authenticated)
+//   AES-256-GCM(key, nonce = sequence number, payload)
+//   the GCM tag over both                          (16 bytes)
 // kinds: 'H' (first frame; its payload is the one-time token), 'D' (data),
 // 'E' (last frame; its payload is the u64 count of data frames). A frame
-// whose MAC, token, sequence or kind is wrong, a stream that ends before its
+// whose tag, token, sequence or kind is wrong, a stream that ends before its
 // 'E' frame, or anything after it aborts the transfer: PERMISSION_DENIED for
-// a failed proof (MAC, token), DATA_LOSS for a damaged or cut stream. The
-// payloads' own checksums (checkpoint chunks carry CRC32C) travel untouched
-// inside, so they are checked end to end again by whoever decodes them.
+// a failed proof (tag, token), DATA_LOSS for a damaged or cut stream. A key
+// is drawn per transfer and a stream never repeats a sequence number, so no
+// nonce is ever used twice under one key. The payloads' own checksums
+// (checkpoint chunks carry CRC32C) travel inside, so they are checked end to
+// end again by whoever decodes them.
 //
 //   TransferSecret secret = TransferSecret::New();       // receiver
 //   SecureReceiver in(std::move(receiver), secret);
@@ -42,11 +47,13 @@
 namespace kvd::transport {
 
 inline constexpr size_t kSecretBytes = 32;
-inline constexpr size_t kFrameOverheadBytes = 1 + 8 + 32;
+inline constexpr size_t kFrameOverheadBytes = 1 + 8 + 16;
+
+class FrameCipher;  // AES-256-GCM under one transfer's key (the .cc's)
 
 struct TransferSecret {
-  std::string token;    // kSecretBytes random bytes
-  std::string mac_key;  // kSecretBytes random bytes
+  std::string token;  // kSecretBytes random bytes
+  std::string key;    // kSecretBytes random bytes: the AES-256 key
   // From the OS's CSPRNG (OpenSSL RAND_bytes); aborts if it has none.
   static TransferSecret New();
 };
@@ -63,14 +70,15 @@ class SecureSender {
 
   int64_t payload_bytes() const { return payload_bytes_; }
   int64_t wire_bytes() const { return wire_bytes_; }
+  ~SecureSender();
 
  private:
-  SecureSender(std::unique_ptr<ChunkSender> inner, TransferSecret secret)
-      : inner_(std::move(inner)), secret_(std::move(secret)) {}
+  SecureSender(std::unique_ptr<ChunkSender> inner, TransferSecret secret);
   absl::Status SendFrame(char kind, absl::string_view payload);
 
   std::unique_ptr<ChunkSender> inner_;
   const TransferSecret secret_;
+  std::unique_ptr<FrameCipher> cipher_;
   uint64_t seq_ = 0;
   uint64_t data_frames_ = 0;
   int64_t payload_bytes_ = 0;
@@ -81,6 +89,7 @@ class SecureSender {
 class SecureReceiver {
  public:
   SecureReceiver(std::unique_ptr<ChunkReceiver> inner, TransferSecret secret);
+  ~SecureReceiver();
 
   // Where the sender connects (the inner receiver's address).
   const std::string& address() const { return inner_->address(); }
@@ -98,6 +107,7 @@ class SecureReceiver {
 
   std::unique_ptr<ChunkReceiver> inner_;
   const TransferSecret secret_;
+  std::unique_ptr<FrameCipher> cipher_;  // null for a malformed secret
   uint64_t seq_ = 0;
   uint64_t data_frames_ = 0;
   int64_t payload_bytes_ = 0;
