@@ -8,12 +8,14 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 
 namespace kvd::cluster {
 namespace {
@@ -38,6 +40,7 @@ grpc::ChannelArguments ChannelArgs(bool several_members) {
 std::string CleanEndpoint(absl::string_view endpoint) {
   endpoint = absl::StripAsciiWhitespace(endpoint);
   absl::ConsumePrefix(&endpoint, "http://");
+  absl::ConsumePrefix(&endpoint, "https://");
   absl::ConsumeSuffix(&endpoint, "/");
   return std::string(endpoint);
 }
@@ -89,7 +92,12 @@ std::string PrefixRangeEnd(std::string prefix) {
 EtcdClient::EtcdClient(EtcdClientOptions options)
     : options_(std::move(options)),
       channel_(grpc::CreateCustomChannel(
-          ChannelTarget(options_.endpoint), grpc::InsecureChannelCredentials(),
+          ChannelTarget(options_.endpoint),
+          options_.ca_pem.empty()
+              ? grpc::InsecureChannelCredentials()
+              : grpc::SslCredentials({.pem_root_certs = options_.ca_pem,
+                                      .pem_private_key = options_.key_pem,
+                                      .pem_cert_chain = options_.cert_pem}),
           ChannelArgs(options_.endpoint.find(',') != std::string::npos))),
       kv_(etcdserverpb::KV::NewStub(channel_)),
       lease_(etcdserverpb::Lease::NewStub(channel_)),
@@ -114,6 +122,17 @@ T EtcdClient::Retrying(const std::function<T()>& call) const {
 
 absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
     EtcdClientOptions options) {
+  if (absl::StrContains(options.endpoint, "https://") &&
+      options.ca_pem.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "etcd endpoint '", options.endpoint,
+        "' asks for TLS: give the CA that signed etcd's certificate "
+        "(--ca-cert)"));
+  }
+  if (options.cert_pem.empty() != options.key_pem.empty()) {
+    return absl::InvalidArgumentError(
+        "an etcd client certificate needs its key, and the reverse");
+  }
   std::vector<std::string> members;
   for (absl::string_view e : absl::StrSplit(options.endpoint, ',')) {
     members.push_back(CleanEndpoint(e));
@@ -334,6 +353,61 @@ absl::Status EtcdClient::RevokeLease(int64_t lease) {
   etcdserverpb::LeaseRevokeResponse resp;
   return FromGrpc(lease_->LeaseRevoke(Context().get(), req, &resp),
                   "lease revoke");
+}
+
+absl::Status EtcdClient::EnableAuth(const std::vector<std::string>& users,
+                                    const std::string& prefix) {
+  auto auth = etcdserverpb::Auth::NewStub(channel_);
+  // Steps that find their work done already ("already exists", "already
+  // granted") count as done, so the setup may run again.
+  auto step = [&](const grpc::Status& s, const std::string& what) {
+    if (s.ok() || absl::StrContains(s.error_message(), "already")) {
+      return absl::OkStatus();
+    }
+    return FromGrpc(s, what.c_str());
+  };
+  auto add_user = [&](const std::string& name) {
+    etcdserverpb::AuthUserAddRequest req;
+    req.set_name(name);
+    req.mutable_options()->set_no_password(true);
+    etcdserverpb::AuthUserAddResponse resp;
+    return step(auth->UserAdd(Context().get(), req, &resp),
+                absl::StrCat("add etcd user ", name));
+  };
+  auto grant = [&](const std::string& user, const std::string& role) {
+    etcdserverpb::AuthUserGrantRoleRequest req;
+    req.set_user(user);
+    req.set_role(role);
+    etcdserverpb::AuthUserGrantRoleResponse resp;
+    return step(auth->UserGrantRole(Context().get(), req, &resp),
+                absl::StrCat("grant etcd role ", role, " to ", user));
+  };
+  for (const char* role : {"root", "kvd"}) {
+    etcdserverpb::AuthRoleAddRequest req;
+    req.set_name(role);
+    etcdserverpb::AuthRoleAddResponse resp;
+    KVD_RETURN_IF_ERROR(step(auth->RoleAdd(Context().get(), req, &resp),
+                             absl::StrCat("add etcd role ", role)));
+  }
+  etcdserverpb::AuthRoleGrantPermissionRequest perm;
+  perm.set_name("kvd");
+  perm.mutable_perm()->set_permtype(authpb::Permission::READWRITE);
+  perm.mutable_perm()->set_key(prefix);
+  perm.mutable_perm()->set_range_end(PrefixRangeEnd(prefix));
+  etcdserverpb::AuthRoleGrantPermissionResponse perm_resp;
+  KVD_RETURN_IF_ERROR(
+      step(auth->RoleGrantPermission(Context().get(), perm, &perm_resp),
+           absl::StrCat("let etcd role kvd read and write ", prefix)));
+  KVD_RETURN_IF_ERROR(add_user("root"));
+  KVD_RETURN_IF_ERROR(grant("root", "root"));
+  for (const std::string& user : users) {
+    KVD_RETURN_IF_ERROR(add_user(user));
+    KVD_RETURN_IF_ERROR(grant(user, "kvd"));
+  }
+  etcdserverpb::AuthEnableRequest enable;
+  etcdserverpb::AuthEnableResponse enabled;
+  return step(auth->AuthEnable(Context().get(), enable, &enabled),
+              "enable etcd authentication");
 }
 
 }  // namespace kvd::cluster

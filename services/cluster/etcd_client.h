@@ -34,7 +34,8 @@ namespace kvd::cluster {
 
 struct EtcdClientOptions {
   // host:port of an etcd client URL (plain gRPC); an "http://" prefix and
-  // a trailing "/" are accepted and dropped. Several members of one etcd
+  // a trailing "/" are accepted and dropped; an "https://" prefix asks for
+  // TLS (as does a CA below). Several members of one etcd
   // cluster: a comma-separated list of IPv4 address:port, over which calls
   // are spread (gRPC round robin), so a member that is down or cut off is
   // skipped once its connection fails, and a call a member answers with
@@ -46,6 +47,13 @@ struct EtcdClientOptions {
   // writes are not (a lost answer may hide a committed write), and
   // keep-alives are retried by their caller (membership.h).
   absl::Duration retry_for = absl::Seconds(3);
+  // etcd over TLS: the PEM of the CA that signed etcd's certificate, and
+  // this client's certificate and key (PEM text, optional), which an etcd
+  // run with --client-cert-auth verifies and, with its authentication
+  // enabled (EnableAuth), takes the common name of as the user.
+  std::string ca_pem;
+  std::string cert_pem;
+  std::string key_pem;
 };
 
 struct EtcdKeyValue {
@@ -119,6 +127,16 @@ class EtcdClient {
                                            etcdserverpb::WatchResponse>>
   OpenWatch(grpc::ClientContext* ctx);
   const std::string& endpoint() const { return options_.endpoint; }
+
+  // Turns on etcd's own authentication for a kvd cluster, as its root: a
+  // role "kvd" that may read and write only keys under `prefix`, granted to
+  // each of `users` (certificate common names such as "node:n1" and
+  // "router:r1": etcd authenticates them by the certificate they present,
+  // with no password), a root user "root" (also by certificate), then
+  // authentication on. Whatever exists already is kept, so it may run again
+  // to add users; run it with a certificate naming "root" once auth is on.
+  absl::Status EnableAuth(const std::vector<std::string>& users,
+                          const std::string& prefix = "/kvd/");
 
  private:
   // Runs an idempotent call again while etcd is UNAVAILABLE (restarting,

@@ -102,7 +102,10 @@ absl::StatusOr<std::unique_ptr<ClusterMember>> ClusterMember::Connect(
   }
   std::unique_ptr<ClusterMember> m(new ClusterMember());
   absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> etcd =
-      cluster::EtcdClient::Connect({.endpoint = options.etcd_endpoint});
+      cluster::EtcdClient::Connect({.endpoint = options.etcd_endpoint,
+                                    .ca_pem = options.etcd_ca_pem,
+                                    .cert_pem = options.etcd_cert_pem,
+                                    .key_pem = options.etcd_key_pem});
   if (!etcd.ok()) return etcd.status();
   m->etcd_ = std::move(*etcd);
   m->directory_ = std::make_unique<cluster::SessionDirectory>(m->etcd_.get());

@@ -37,6 +37,12 @@ namespace kvd::node {
 
 struct ClusterMemberOptions {
   std::string etcd_endpoint;  // host:port (an http:// prefix is dropped)
+  // etcd over TLS (an https:// endpoint): its CA, and this node's
+  // certificate and key, which etcd's authentication takes as the user
+  // named in it (EtcdClientOptions).
+  std::string etcd_ca_pem;
+  std::string etcd_cert_pem;
+  std::string etcd_key_pem;
   std::string node_id;
   absl::Duration lease_ttl = absl::Seconds(15);
   int64_t max_inflight = 0;

@@ -145,8 +145,11 @@ absl::Status RouterImpl::Init() {
         "the router needs --router-token (or $KVD_ROUTER_TOKEN): the secret "
         "its nodes trust");
   }
-  absl::StatusOr<std::unique_ptr<Routing>> routing =
-      Routing::Connect(options_.etcd_endpoint);
+  absl::StatusOr<std::unique_ptr<Routing>> routing = Routing::Connect(
+      cluster::EtcdClientOptions{.endpoint = options_.etcd_endpoint,
+                                 .ca_pem = options_.etcd_ca_pem,
+                                 .cert_pem = options_.etcd_cert_pem,
+                                 .key_pem = options_.etcd_key_pem});
   if (!routing.ok()) return routing.status();
   routing_ = std::move(*routing);
   routing_->LimitCreations(options_.session_creations_per_minute,

@@ -43,8 +43,14 @@ struct RouterOptions {
   std::string host = "127.0.0.1";
   int port = 0;               // 0: the OS picks (Router::port())
   std::string etcd_endpoint;  // host:port
-  node::KeyStore keys;        // clients' API keys; none: tenant "local"
-  std::string router_token;   // what the nodes trust (--router-token)
+  // etcd over TLS (an https:// endpoint): its CA, and the router's
+  // certificate and key as its etcd user (PEM text; kvd router fills them
+  // from --ca-cert, --tls-cert, --tls-key).
+  std::string etcd_ca_pem;
+  std::string etcd_cert_pem;
+  std::string etcd_key_pem;
+  node::KeyStore keys;       // clients' API keys; none: tenant "local"
+  std::string router_token;  // what the nodes trust (--router-token)
   // Handler threads: each forwarded request holds one while it runs (idle
   // connections hold none).
   int threads = 256;

@@ -33,9 +33,14 @@ Routing::Routing() {
 
 absl::StatusOr<std::unique_ptr<Routing>> Routing::Connect(
     const std::string& etcd_endpoint) {
+  return Connect(cluster::EtcdClientOptions{.endpoint = etcd_endpoint});
+}
+
+absl::StatusOr<std::unique_ptr<Routing>> Routing::Connect(
+    const cluster::EtcdClientOptions& etcd_options) {
   std::unique_ptr<Routing> r(new Routing());
   absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> etcd =
-      cluster::EtcdClient::Connect({.endpoint = etcd_endpoint});
+      cluster::EtcdClient::Connect(etcd_options);
   if (!etcd.ok()) return etcd.status();
   r->etcd_ = std::move(*etcd);
   r->directory_ = std::make_unique<cluster::SessionDirectory>(r->etcd_.get());

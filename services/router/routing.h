@@ -41,6 +41,9 @@ class Routing {
   // answer).
   static absl::StatusOr<std::unique_ptr<Routing>> Connect(
       const std::string& etcd_endpoint);
+  // The same over TLS (EtcdClientOptions' CA, certificate and key).
+  static absl::StatusOr<std::unique_ptr<Routing>> Connect(
+      const cluster::EtcdClientOptions& etcd);
 
   // The session's owner. NOT_FOUND if the directory lacks it; UNAVAILABLE
   // (retry later) if its owner is not live; INVALID_ARGUMENT if `model` is

@@ -71,7 +71,10 @@ def http(method, url, body=None, headers=None, timeout=120, context=None):
             status, hdrs, raw = resp.status, dict(resp.headers), resp.read()
     except urllib.error.HTTPError as e:
         status, hdrs, raw = e.code, dict(e.headers), e.read()
-    except (urllib.error.URLError, ConnectionError, socket.timeout) as e:
+    except (urllib.error.URLError, ConnectionError, socket.timeout,
+            ssl.SSLError) as e:
+        # (Under TLS 1.3 a refused client certificate shows as an alert on
+        # the first read, after the handshake seemed done.)
         return 0, {}, str(e)
     text = raw.decode(errors="replace")
     try:

@@ -30,7 +30,7 @@ wait
 stop etcd
 rm -f "$DIR/pids"
 if [[ -f "$DIR/etcd-endpoint" && -f "$HOME/.config/kvd/cluster-etcd" ]] &&
-   cmp -s "$DIR/etcd-endpoint" "$HOME/.config/kvd/cluster-etcd"; then
+   [[ "$(head -n 1 "$HOME/.config/kvd/cluster-etcd")" == "$(cat "$DIR/etcd-endpoint")" ]]; then
   rm -f "$HOME/.config/kvd/cluster-etcd"
 fi
 [[ "$PURGE" == 1 ]] && rm -rf "$DIR"

@@ -11,16 +11,19 @@
 #
 #   tools/cluster/make_certs.sh DIR --node ID [ADDRESS...]   -> DIR/node-ID.pem DIR/node-ID.key
 #   tools/cluster/make_certs.sh DIR --router ID [ADDRESS...] -> DIR/router-ID.pem DIR/router-ID.key
+#   tools/cluster/make_certs.sh DIR --etcd NAME [ADDRESS...] -> DIR/etcd-NAME.pem ...   (an etcd member)
+#   tools/cluster/make_certs.sh DIR --client NAME            -> DIR/client-NAME.pem ... (common name
+#     NAME: an etcd user such as root, for `kvd cluster etcd-auth` and operators' tools)
 #   tools/cluster/make_certs.sh DIR [ADDRESS...]             -> DIR/node.pem DIR/node.key
 #     (one certificate for every node, naming no identity: TLS without mutual authentication;
 #      peers are then trusted by the router token alone)
 #   and DIR/ca.pem DIR/ca.key; keys readable by the owner only.
 set -euo pipefail
-usage="usage: tools/cluster/make_certs.sh DIR [--node ID | --router ID] [ADDRESS...]   (default address: 127.0.0.1 localhost)"
+usage="usage: tools/cluster/make_certs.sh DIR [--node ID | --router ID | --etcd NAME | --client NAME] [ADDRESS...]   (default address: 127.0.0.1 localhost)"
 [[ $# -ge 1 && "$1" != -h && "$1" != --help ]] || { echo "$usage"; exit 2; }
 DIR="$1"; shift
 ROLE=""; ID=""
-if [[ $# -ge 1 && ( "$1" == --node || "$1" == --router ) ]]; then
+if [[ $# -ge 1 && ( "$1" == --node || "$1" == --router || "$1" == --etcd || "$1" == --client ) ]]; then
   [[ $# -ge 2 && -n "$2" ]] || { echo "$usage" >&2; exit 2; }
   ROLE="${1#--}"; ID="$2"; shift 2
   [[ "$ID" =~ ^[A-Za-z0-9._-]+$ && "$ID" != . && "$ID" != .. ]] || {
@@ -40,7 +43,9 @@ if [[ ! -s "$DIR/ca.key" ]]; then
   openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=kvd cluster CA" \
     -keyout "$DIR/ca.key" -out "$DIR/ca.pem" 2> /dev/null
 fi
-if [[ -n "$ROLE" ]]; then
+if [[ "$ROLE" == client ]]; then
+  NAME="client-$ID"; CN="$ID"
+elif [[ -n "$ROLE" ]]; then
   NAME="$ROLE-$ID"; CN="$ROLE:$ID"
 else
   NAME="node"; CN="kvd node"

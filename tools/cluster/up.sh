@@ -83,13 +83,37 @@ tls_flags() {  # tls_flags node|router ID: issues its certificate once; its flag
 ETCD_PORT="$(free_port)"
 PEER_PORT="$(free_port)"
 ETCD="127.0.0.1:$ETCD_PORT"
-etcd --name kvd --data-dir "$DIR/etcd" \
-  --listen-client-urls "http://$ETCD" --advertise-client-urls "http://$ETCD" \
+# With TLS, etcd too: it serves its clients over TLS, requires certificates of the cluster CA
+# (--client-cert-auth) and, once `kvd cluster etcd-auth` has run, lets each node and the router
+# (an etcd user named by its certificate) use only /kvd/. `kvd cluster` acts as etcd's root.
+ETCD_SERVER_TLS=()
+ROOT_TLS=()
+if [[ "$TLS" == 1 ]]; then
+  for c in "--etcd e1" "--client root"; do
+    n="${c#--}"; n="${n/ /-}"
+    [[ -s "$DIR/certs/$n.pem" ]] || "$ROOT/tools/cluster/make_certs.sh" "$DIR/certs" $c > /dev/null
+  done
+  ETCD_SERVER_TLS=(--cert-file "$DIR/certs/etcd-e1.pem" --key-file "$DIR/certs/etcd-e1.key"
+                   --trusted-ca-file "$DIR/certs/ca.pem" --client-cert-auth)
+  ROOT_TLS=(--ca-cert "$DIR/certs/ca.pem" --tls-cert "$DIR/certs/client-root.pem"
+            --tls-key "$DIR/certs/client-root.key")
+  SCHEME=https
+else
+  SCHEME=http
+fi
+etcd --name kvd --data-dir "$DIR/etcd" "${ETCD_SERVER_TLS[@]}" \
+  --listen-client-urls "$SCHEME://$ETCD" --advertise-client-urls "$SCHEME://$ETCD" \
   --listen-peer-urls "http://127.0.0.1:$PEER_PORT" \
   --initial-advertise-peer-urls "http://127.0.0.1:$PEER_PORT" \
   --initial-cluster "kvd=http://127.0.0.1:$PEER_PORT" > "$DIR/etcd.log" 2>&1 &
 echo "$! etcd" >> "$DIR/pids"
-wait_for 30 "etcd" "$KVD" cluster status --etcd "$ETCD"
+[[ "$TLS" == 1 ]] && ETCD="https://$ETCD"
+wait_for 30 "etcd" "$KVD" cluster status --etcd "$ETCD" "${ROOT_TLS[@]}"
+if [[ "$TLS" == 1 ]]; then
+  USERS=(router:r1)
+  for i in $(seq 1 "$NODES"); do USERS+=("node:n$i"); done
+  "$KVD" cluster etcd-auth --etcd "$ETCD" "${ROOT_TLS[@]}" "${USERS[@]}" > /dev/null
+fi
 
 for i in $(seq 1 "$NODES"); do
   tls_flags node "n$i"
@@ -98,7 +122,7 @@ for i in $(seq 1 "$NODES"); do
     > "$DIR/n$i.log" 2>&1 &
   echo "$! n$i" >> "$DIR/pids"
 done
-nodes_live() { [[ "$("$KVD" cluster status --etcd "$ETCD" | grep -c ' live ')" -ge "$NODES" ]]; }
+nodes_live() { [[ "$("$KVD" cluster status --etcd "$ETCD" "${ROOT_TLS[@]}" | grep -c ' live ')" -ge "$NODES" ]]; }
 echo "up.sh: starting etcd and $NODES nodes of $MODEL (loading the model takes a while)..." >&2
 wait_for 300 "$NODES nodes" nodes_live
 
@@ -109,9 +133,15 @@ echo "$! router" >> "$DIR/pids"
 wait_for 30 "the router" curl -sf "http://127.0.0.1:$PORT/readyz"
 
 mkdir -p "$HOME/.config/kvd"
-echo "$ETCD" > "$HOME/.config/kvd/cluster-etcd"
+# The endpoint, and with TLS the files `kvd cluster` presents as etcd's root (cluster_endpoint.h).
+{
+  echo "$ETCD"
+  if [[ "$TLS" == 1 ]]; then
+    printf '%s\n' "$DIR/certs/ca.pem" "$DIR/certs/client-root.pem" "$DIR/certs/client-root.key"
+  fi
+} > "$HOME/.config/kvd/cluster-etcd"
 echo "$ETCD" > "$DIR/etcd-endpoint"
-"$KVD" cluster status --etcd "$ETCD" >&2
+"$KVD" cluster status --etcd "$ETCD" "${ROOT_TLS[@]}" >&2
 echo "router: http://127.0.0.1:$PORT/v1"
 echo "router gRPC: $(grep -o 'gRPC *127.0.0.1:[0-9]*' "$DIR/router.log" | awk '{print $2}')"
 echo "etcd: $ETCD"

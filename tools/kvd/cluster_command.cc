@@ -17,6 +17,7 @@
 #include "services/cluster/node_info.h"
 #include "tools/kvd/args.h"
 #include "tools/kvd/cluster_endpoint.h"
+#include "tools/kvd/cluster_tls.h"
 #include "tools/kvd/commands.h"
 
 namespace kvd::cli {
@@ -24,8 +25,18 @@ namespace {
 
 absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> Connect(const Args& a) {
   KVD_ASSIGN_OR_RETURN(std::string endpoint, EtcdEndpoint(a));
+  // etcd over TLS: the cluster CA and a certificate naming an etcd user
+  // (any role: what the certificate names is etcd's to judge).
+  EtcdTlsFiles files{a.Get("ca-cert"), a.Get("tls-cert"), a.Get("tls-key")};
+  if (files.ca.empty()) files = RecordedEtcdTls(endpoint);  // up.sh's
+  KVD_ASSIGN_OR_RETURN(
+      ClusterTls tls,
+      LoadClusterTls(files.ca, files.cert, files.key, std::nullopt, ""));
   absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> etcd =
-      cluster::EtcdClient::Connect({.endpoint = endpoint});
+      cluster::EtcdClient::Connect({.endpoint = endpoint,
+                                    .ca_pem = tls.ca_pem,
+                                    .cert_pem = tls.cert_pem,
+                                    .key_pem = tls.key_pem});
   if (!etcd.ok()) {
     return absl::UnavailableError(absl::StrCat(
         etcd.status().message(),
@@ -173,10 +184,26 @@ int ClusterCommand(const std::vector<std::string>& argv) {
             "its sessions to\n"
             "                              the other nodes; waits until it "
             "owns none\n"
-            "  kvd cluster undrain NODE    NODE takes new sessions again");
+            "  kvd cluster undrain NODE    NODE takes new sessions again\n"
+            "  kvd cluster etcd-auth USER...  turns on etcd's authentication "
+            "(run as its\n"
+            "                              root: --tls-cert of a certificate "
+            "naming 'root'):\n"
+            "                              USERs (certificate names such as "
+            "node:n1,\n"
+            "                              router:r1) may use only /kvd/; "
+            "again to add USERs");
   args.Positional("action", "status, drain or undrain");
-  args.Positional("node...", "the node, for drain and undrain");
+  args.Positional("node...",
+                  "the node, for drain and undrain; the users, for etcd-auth");
   DeclareEtcdFlag(args);
+  args.Flag("ca-cert", "",
+            "etcd over TLS (an https:// --etcd): PEM of the CA that signed "
+            "its certificate");
+  args.Flag("tls-cert", "",
+            "etcd over TLS: a certificate naming an etcd user (make_certs.sh "
+            "DIR --client root, or a router's)");
+  args.Flag("tls-key", "", "PEM private key for --tls-cert");
   args.Flag("wait", "600",
             "drain: seconds to wait until the node owns no sessions and runs "
             "no turns (0: do not wait; it drains on)");
@@ -187,8 +214,17 @@ int ClusterCommand(const std::vector<std::string>& argv) {
     if ((action == "drain" || action == "undrain") && p.size() == 2) {
       return Drain(a, p[1], action == "drain");
     }
+    if (action == "etcd-auth" && p.size() >= 2) {
+      KVD_ASSIGN_OR_RETURN(std::unique_ptr<cluster::EtcdClient> etcd,
+                           Connect(a));
+      KVD_RETURN_IF_ERROR(etcd->EnableAuth({p.begin() + 1, p.end()}));
+      std::printf("etcd authentication is on; %zu users may use /kvd/\n",
+                  p.size() - 1);
+      return absl::OkStatus();
+    }
     return absl::InvalidArgumentError(
-        "usage: kvd cluster status | drain NODE | undrain NODE");
+        "usage: kvd cluster status | drain NODE | undrain NODE | etcd-auth "
+        "USER...");
   });
 }
 

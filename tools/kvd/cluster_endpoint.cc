@@ -36,4 +36,19 @@ absl::StatusOr<std::string> EtcdEndpoint(const Args& args) {
   return std::string("127.0.0.1:2379");
 }
 
+EtcdTlsFiles RecordedEtcdTls(const std::string& endpoint) {
+  std::ifstream in(RecordedEtcdPath());
+  std::string line;
+  if (!in || !std::getline(in, line) ||
+      absl::StripAsciiWhitespace(line) != endpoint) {
+    return {};
+  }
+  EtcdTlsFiles files;
+  for (std::string* path : {&files.ca, &files.cert, &files.key}) {
+    if (!std::getline(in, line)) return {};
+    *path = std::string(absl::StripAsciiWhitespace(line));
+  }
+  return files;
+}
+
 }  // namespace kvd::cli

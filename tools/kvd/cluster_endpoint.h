@@ -14,8 +14,17 @@ namespace kvd::cli {
 
 void DeclareEtcdFlag(Args& args);
 absl::StatusOr<std::string> EtcdEndpoint(const Args& args);
-// The file up.sh writes the endpoint to.
+// The file up.sh writes the endpoint to: its first line; for an etcd over
+// TLS, the next three the paths of the CA, a client certificate (its root
+// user's) and its key.
 std::string RecordedEtcdPath();
+
+struct EtcdTlsFiles {
+  std::string ca, cert, key;  // paths; "" = none
+};
+// The TLS files recorded with `endpoint`, when it is the one up.sh recorded
+// (none otherwise).
+EtcdTlsFiles RecordedEtcdTls(const std::string& endpoint);
 
 }  // namespace kvd::cli
 

@@ -24,11 +24,11 @@ absl::StatusOr<std::string> ReadFile(const std::string& path,
 
 }  // namespace
 
-absl::StatusOr<ClusterTls> LoadClusterTls(const std::string& ca_path,
-                                          const std::string& cert_path,
-                                          const std::string& key_path,
-                                          node::PeerIdentity::Role role,
-                                          const std::string& id) {
+absl::StatusOr<ClusterTls> LoadClusterTls(
+    const std::string& ca_path, const std::string& cert_path,
+    const std::string& key_path,
+    std::optional<node::PeerIdentity::Role> wanted_role,
+    const std::string& id) {
   ClusterTls tls;
   if (cert_path.empty() != key_path.empty()) {
     return absl::InvalidArgumentError(
@@ -40,6 +40,8 @@ absl::StatusOr<ClusterTls> LoadClusterTls(const std::string& ca_path,
   if (cert_path.empty()) return tls;
   KVD_ASSIGN_OR_RETURN(tls.cert_pem, ReadFile(cert_path, "--tls-cert"));
   KVD_ASSIGN_OR_RETURN(tls.key_pem, ReadFile(key_path, "--tls-key"));
+  if (!wanted_role.has_value()) return tls;
+  const node::PeerIdentity::Role role = *wanted_role;
   const std::string wanted = node::CommonNameFor(role, id.empty() ? "ID" : id);
   absl::StatusOr<std::string> name = node::CertificateCommonName(tls.cert_pem);
   if (!name.ok()) {

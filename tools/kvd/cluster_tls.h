@@ -13,6 +13,7 @@
 #ifndef KVD_TOOLS_KVD_CLUSTER_TLS_H_
 #define KVD_TOOLS_KVD_CLUSTER_TLS_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -31,15 +32,15 @@ struct ClusterTls {
 // Reads the files given ("" = not given). INVALID_ARGUMENT for a file that
 // cannot be read, a certificate without its key (or the reverse), and a
 // certificate naming another process than `role` `id` (an empty `id`: any
-// of that role). A certificate that names no identity at all (the one
-// certificate every node shared before identities were issued) is TLS
-// without mutual authentication, with a warning on stderr saying how to
-// issue identities.
-absl::StatusOr<ClusterTls> LoadClusterTls(const std::string& ca_path,
-                                          const std::string& cert_path,
-                                          const std::string& key_path,
-                                          node::PeerIdentity::Role role,
-                                          const std::string& id);
+// of that role; no `role`: the files are only read, for a tool whose
+// certificate etcd judges, such as `kvd cluster`). A certificate that names no
+// identity at all (the one certificate every node shared before identities were
+// issued) is TLS without mutual authentication, with a warning on stderr saying
+// how to issue identities.
+absl::StatusOr<ClusterTls> LoadClusterTls(
+    const std::string& ca_path, const std::string& cert_path,
+    const std::string& key_path, std::optional<node::PeerIdentity::Role> role,
+    const std::string& id);
 
 }  // namespace kvd::cli
 

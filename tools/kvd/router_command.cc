@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "services/node/async_http.h"
@@ -40,10 +41,16 @@ absl::Status Run(const Args& args) {
   o.tls_cert_path = args.Get("tls-cert");
   o.tls_key_path = args.Get("tls-key");
   // Checks the files and what the certificate names (a router's).
-  KVD_RETURN_IF_ERROR(LoadClusterTls(o.ca_cert_path, o.tls_cert_path,
-                                     o.tls_key_path,
-                                     node::PeerIdentity::Role::kRouter, "")
-                          .status());
+  KVD_ASSIGN_OR_RETURN(
+      ClusterTls tls,
+      LoadClusterTls(o.ca_cert_path, o.tls_cert_path, o.tls_key_path,
+                     node::PeerIdentity::Role::kRouter, ""));
+  if (absl::StartsWith(o.etcd_endpoint, "https://")) {
+    // etcd over TLS: the router's certificate is its etcd user.
+    o.etcd_ca_pem = tls.ca_pem;
+    o.etcd_cert_pem = tls.cert_pem;
+    o.etcd_key_pem = tls.key_pem;
+  }
   KVD_ASSIGN_OR_RETURN(o.session_creations_per_minute,
                        args.GetDouble("tenant-sessions-per-minute"));
   KVD_ASSIGN_OR_RETURN(o.migrations_per_minute,

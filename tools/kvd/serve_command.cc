@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/status_macros.h"
@@ -298,6 +299,13 @@ absl::Status Run(const Args& args) {
     }
     node::ClusterMemberOptions co;
     co.etcd_endpoint = args.Get("cluster");
+    if (absl::StartsWith(co.etcd_endpoint, "https://")) {
+      // etcd over TLS: the cluster CA, and this node's certificate as its
+      // etcd user.
+      co.etcd_ca_pem = tls.ca_pem;
+      co.etcd_cert_pem = tls.cert_pem;
+      co.etcd_key_pem = tls.key_pem;
+    }
     co.node_id = args.Get("node-id");
     co.lease_ttl = absl::Seconds(ttl_s);
     co.max_inflight = inflight;

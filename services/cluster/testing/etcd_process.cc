@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -45,6 +47,24 @@ std::string EtcdBinary() {
 
 absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(
     const std::string& dir) {
+  return Start(dir, Tls());
+}
+
+absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(
+    const std::string& dir, const Tls& tls) {
+  const bool secure = !tls.cert_file.empty();
+  EtcdClientOptions probe;
+  if (secure) {
+    auto read = [](const std::string& path) {
+      std::ifstream in(path);
+      std::stringstream text;
+      text << in.rdbuf();
+      return text.str();
+    };
+    probe.ca_pem = read(tls.ca_file);
+    probe.cert_pem = read(tls.client_cert_file);
+    probe.key_pem = read(tls.client_key_file);
+  }
   const std::string binary = EtcdBinary();
   if (binary.empty()) {
     return absl::FailedPreconditionError(
@@ -55,7 +75,8 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(
     const int client = FreePort(), peer = FreePort();
     const std::string data = absl::StrCat(dir, "/etcd-", attempt);
     std::filesystem::remove_all(data);
-    const std::string client_url = absl::StrCat("http://127.0.0.1:", client);
+    const std::string client_url =
+        absl::StrCat(secure ? "https" : "http", "://127.0.0.1:", client);
     const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer);
     std::vector<std::string> args = {
         binary,
@@ -68,8 +89,15 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(
         "--initial-cluster=kvd-test=" + peer_url,
         "--log-level=error",
         "--logger=zap"};
+    if (secure) {
+      args.push_back("--cert-file=" + tls.cert_file);
+      args.push_back("--key-file=" + tls.key_file);
+      args.push_back("--trusted-ca-file=" + tls.ca_file);
+      args.push_back("--client-cert-auth");
+    }
     std::unique_ptr<EtcdProcess> etcd(new EtcdProcess());
-    etcd->endpoint_ = absl::StrCat("127.0.0.1:", client);
+    etcd->endpoint_ =
+        absl::StrCat(secure ? "https://" : "", "127.0.0.1:", client);
     etcd->data_dir_ = data;
     etcd->pid_ = ::fork();
     if (etcd->pid_ == 0) {
@@ -86,9 +114,9 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(
         etcd->pid_ = -1;  // exited: a port was taken; try others
         break;
       }
-      if (EtcdClient::Connect(
-              {.endpoint = etcd->endpoint_, .timeout = absl::Milliseconds(500)})
-              .ok()) {
+      probe.endpoint = etcd->endpoint_;
+      probe.timeout = absl::Milliseconds(500);
+      if (EtcdClient::Connect(probe).ok()) {
         return etcd;
       }
       absl::SleepFor(absl::Milliseconds(100));

@@ -26,9 +26,23 @@ class EtcdProcess {
   // --test installs etcd-server).
   static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(
       const std::string& dir);
+
+  // PEM files for an etcd serving its clients over TLS that requires and
+  // verifies their certificates (--client-cert-auth).
+  struct Tls {
+    std::string ca_file;    // verifies the clients' certificates
+    std::string cert_file;  // etcd's own, for 127.0.0.1
+    std::string key_file;
+    // A client certificate of the CA, with which Start checks it answers.
+    std::string client_cert_file;
+    std::string client_key_file;
+  };
+  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(
+      const std::string& dir, const Tls& tls);
   ~EtcdProcess();
 
-  const std::string& endpoint() const { return endpoint_; }  // host:port
+  // host:port; "https://host:port" when it serves TLS.
+  const std::string& endpoint() const { return endpoint_; }
 
  private:
   EtcdProcess() = default;
