@@ -17,9 +17,10 @@ std::string RecordedEtcdPath() {
 void DeclareEtcdFlag(Args& args) {
   args.Flag("etcd", "",
             "the cluster's etcd endpoint (host:port, or its members' "
-            "address:port, comma-separated); default: $KVD_ETCD, "
-            "else the cluster tools/cluster/up.sh started last, else "
-            "127.0.0.1:2379");
+            "address:port, comma-separated; https://host:port for an etcd "
+            "serving TLS, with --ca-cert and a --tls-cert naming an etcd "
+            "user); default: $KVD_ETCD, else the cluster "
+            "tools/cluster/up.sh started last, else 127.0.0.1:2379");
 }
 
 absl::StatusOr<std::string> EtcdEndpoint(const Args& args) {

@@ -82,8 +82,9 @@ void DeclareFlags(Args& a) {
          "etcd endpoint (host:port, or a comma-separated list of its members' "
          "IPv4 address:port) of the cluster to join: the node "
          "registers as --node-id, serves only sessions the directory gives "
-         "it, and takes requests only from routers (--router-token); empty "
-         "= a standalone node");
+         "it, and takes requests only from routers (--router-token); "
+         "https://host:port for an etcd serving TLS (its --ca-cert and "
+         "--tls-cert are then this node's too); empty = a standalone node");
   a.Flag("advertise", "",
          "host routers reach this node at (default: --host, or 127.0.0.1 "
          "when --host is 0.0.0.0)");
