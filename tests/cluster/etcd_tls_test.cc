@@ -12,16 +12,10 @@
 #include "gtest/gtest.h"
 #include "services/cluster/etcd_client.h"
 #include "services/cluster/testing/etcd_process.h"
+#include "tools/cluster/testing/certs.h"
 
 namespace kvd::cluster {
 namespace {
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 class EtcdTlsTest : public ::testing::Test {
  protected:
@@ -32,9 +26,10 @@ class EtcdTlsTest : public ::testing::Test {
     foreign_ = dir_ + "/foreign";
     for (const std::string args : {"--etcd e1", "--client root", "--node n1",
                                    "--node n2", "--router r1"}) {
-      MakeCerts(certs_, args);
+      kvd::testing::MakeCerts(certs_, args);
     }
-    MakeCerts(foreign_, "--node n1");  // the same name under another CA
+    kvd::testing::MakeCerts(foreign_,
+                            "--node n1");  // the same name under another CA
     if (HasFatalFailure()) return;
     testing::EtcdProcess::Tls tls;
     tls.ca_file = certs_ + "/ca.pem";
@@ -51,12 +46,6 @@ class EtcdTlsTest : public ::testing::Test {
     ASSERT_TRUE(root_->EnableAuth({"node:n1", "router:r1"}).ok());
   }
 
-  static void MakeCerts(const std::string& dir, const std::string& args) {
-    const std::string command = absl::StrCat("tools/cluster/make_certs.sh '",
-                                             dir, "' ", args, " > /dev/null");
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
-  }
-
   // A client presenting `name`'s certificate from `dir` (none if empty),
   // trusting the cluster CA.
   absl::StatusOr<std::unique_ptr<EtcdClient>> Client(const std::string& dir,
@@ -65,10 +54,10 @@ class EtcdTlsTest : public ::testing::Test {
     o.endpoint = etcd_->endpoint();
     o.timeout = absl::Seconds(5);
     o.retry_for = absl::Seconds(1);
-    o.ca_pem = Read(certs_ + "/ca.pem");
+    o.ca_pem = kvd::testing::ReadPemFile(certs_ + "/ca.pem");
     if (!name.empty()) {
-      o.cert_pem = Read(dir + "/" + name + ".pem");
-      o.key_pem = Read(dir + "/" + name + ".key");
+      o.cert_pem = kvd::testing::ReadPemFile(dir + "/" + name + ".pem");
+      o.key_pem = kvd::testing::ReadPemFile(dir + "/" + name + ".key");
     }
     return EtcdClient::Connect(o);
   }

@@ -24,6 +24,7 @@
 #include "services/migration/outbound.h"
 #include "services/migration/testing/served_migration.h"
 #include "services/transport/loopback_transport.h"
+#include "tools/cluster/testing/certs.h"
 
 namespace kvd {
 namespace {
@@ -31,20 +32,6 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr char kToken[] = "cluster-token";
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// Runs make_certs.sh: `args` after the directory.
-void MakeCerts(const std::string& dir, const std::string& args) {
-  const std::string command = absl::StrCat("tools/cluster/make_certs.sh '", dir,
-                                           "' ", args, " > /dev/null");
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
-}
 
 struct Identity {
   std::string cert, key;
@@ -68,19 +55,20 @@ class MutualTlsTest : public ::testing::Test {
         o);
     certs_ = engine::testing::FreshTestDir("certs");
     foreign_ = engine::testing::FreshTestDir("foreign-ca");
-    MakeCerts(certs_, "--node n1");
-    MakeCerts(certs_, "--node n2");
-    MakeCerts(certs_, "--router r1");
-    MakeCerts(certs_, "");  // the shared "kvd node" certificate of old
-    MakeCerts(foreign_, "--node n2");  // same name, another CA: forged
+    testing::MakeCerts(certs_, "--node n1");
+    testing::MakeCerts(certs_, "--node n2");
+    testing::MakeCerts(certs_, "--router r1");
+    testing::MakeCerts(certs_, "");  // the shared "kvd node" certificate of old
+    testing::MakeCerts(foreign_, "--node n2");  // same name, another CA: forged
     if (HasFatalFailure()) return;
-    ca_ = Read(certs_ + "/ca.pem");
+    ca_ = testing::ReadPemFile(certs_ + "/ca.pem");
 
     grpc::SslServerCredentialsOptions ssl(
         GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
     ssl.pem_root_certs = ca_;
     ssl.pem_key_cert_pairs.push_back(
-        {Read(certs_ + "/node-n1.key"), Read(certs_ + "/node-n1.pem")});
+        {testing::ReadPemFile(certs_ + "/node-n1.key"),
+         testing::ReadPemFile(certs_ + "/node-n1.pem")});
     served_ = migration::testing::ServeMigration(
         engine_.get(), &plane_, migration::InboundOptions(),
         migration::MigrationAuth{.cluster_token = kToken,
@@ -89,7 +77,8 @@ class MutualTlsTest : public ::testing::Test {
   }
 
   Identity Of(const std::string& dir, const std::string& name) {
-    return {Read(dir + "/" + name + ".pem"), Read(dir + "/" + name + ".key")};
+    return {testing::ReadPemFile(dir + "/" + name + ".pem"),
+            testing::ReadPemFile(dir + "/" + name + ".key")};
   }
 
   // kvd.v1.Migration/ReplicaStatus on n1, presenting `who` (none when

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tools/cluster/testing/certs.h"
 
 namespace kvd::cli {
 namespace {
@@ -23,9 +24,7 @@ class ClusterTlsTest : public ::testing::Test {
     const char* tmp = std::getenv("TEST_TMPDIR");
     dir_ = new std::string(absl::StrCat(tmp ? tmp : "/tmp", "/certs"));
     for (const char* args : {"--node n1", "--router r1", ""}) {
-      const std::string command = absl::StrCat(
-          "tools/cluster/make_certs.sh '", *dir_, "' ", args, " > /dev/null");
-      ASSERT_EQ(std::system(command.c_str()), 0) << command;
+      testing::MakeCerts(*dir_, args);
     }
   }
   static std::string Path(const std::string& name) {
