@@ -32,7 +32,7 @@ namespace kvd::engine {
 
 class HotSessions {
  public:
-  using Key = std::pair<std::string, std::string>;  // tenant, session
+  using Key = SessionKey;
 
   struct Limits {
     int64_t max_sessions = 8;  // < 0 reads as 0

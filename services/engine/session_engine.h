@@ -422,7 +422,7 @@ class SessionEngine {
   SessionEngine(const ops::ModelBackend& model, v1::ModelIdentity identity,
                 storage::TieredStore* store, SessionEngineOptions options,
                 std::unique_ptr<ops::KvBlockPool> kv_pool);
-  using Key = std::pair<std::string, std::string>;  // tenant, session
+  using Key = SessionKey;
 
   // What a new session's manifest holds on this node.
   NewSessionDefaults Defaults() const;

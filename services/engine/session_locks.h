@@ -30,12 +30,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "services/engine/session_record.h"
 
 namespace kvd::engine {
 
 class SessionLocks {
  public:
-  using Key = std::pair<std::string, std::string>;  // tenant, session
+  using Key = SessionKey;
 
   // A turn's hold on its session's mutex, released when it is destroyed.
   class TurnLock {

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -32,6 +33,9 @@
 #include "proto/kvd/v1/checkpoint.pb.h"
 
 namespace kvd::engine {
+
+// How the engine's parts name a session: (tenant, session id).
+using SessionKey = std::pair<std::string, std::string>;
 
 struct SessionRecord {
   // `pool` must be one `model` made (a full pool is the caller's to handle

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "services/node/openai_request.h"
+#include "services/node/peer_identity.h"
 
 namespace kvd::node {
 namespace {
@@ -190,10 +191,7 @@ std::string PeerCertificateName(beast::ssl_stream<beast::tcp_stream>& stream) {
   if (cert == nullptr) return "";
   std::string name;
   if (SSL_get_verify_result(stream.native_handle()) == X509_V_OK) {
-    char buf[256];
-    const int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert),
-                                            NID_commonName, buf, sizeof(buf));
-    if (n > 0) name.assign(buf, static_cast<size_t>(n));
+    name = CommonNameOf(cert);
   }
   X509_free(cert);
   return name;

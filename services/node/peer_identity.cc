@@ -61,13 +61,18 @@ absl::StatusOr<std::string> CertificateCommonName(absl::string_view pem) {
   if (cert == nullptr) {
     return absl::InvalidArgumentError("no PEM certificate in the text");
   }
-  char name[256];
-  const int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert.get()),
-                                          NID_commonName, name, sizeof(name));
-  if (n <= 0) {
+  std::string name = CommonNameOf(cert.get());
+  if (name.empty()) {
     return absl::InvalidArgumentError("the certificate has no common name");
   }
-  return std::string(name, static_cast<size_t>(n));
+  return name;
+}
+
+std::string CommonNameOf(const X509* cert) {
+  char name[256];
+  const int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert),
+                                          NID_commonName, name, sizeof(name));
+  return n > 0 ? std::string(name, static_cast<size_t>(n)) : std::string();
 }
 
 absl::StatusOr<PeerIdentity> PeerOf(const grpc::AuthContext& context) {

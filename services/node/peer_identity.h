@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/security/auth_context.h"
+#include "openssl/x509.h"
 
 namespace kvd::node {
 
@@ -43,6 +44,8 @@ absl::StatusOr<PeerIdentity> IdentityFromCommonName(absl::string_view name);
 // --tls-cert, to check it names the node it is given to. INVALID_ARGUMENT
 // when the text holds no certificate or the certificate no common name.
 absl::StatusOr<std::string> CertificateCommonName(absl::string_view pem);
+// The common name of a parsed certificate; "" if it has none.
+std::string CommonNameOf(const X509* cert);
 
 // The identity of a gRPC caller whose certificate the TLS handshake
 // verified against the cluster CA. UNAUTHENTICATED when the call carries no

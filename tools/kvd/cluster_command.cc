@@ -193,7 +193,7 @@ int ClusterCommand(const std::vector<std::string>& argv) {
             "node:n1,\n"
             "                              router:r1) may use only /kvd/; "
             "again to add USERs");
-  args.Positional("action", "status, drain or undrain");
+  args.Positional("action", "status, drain, undrain or etcd-auth");
   args.Positional("node...",
                   "the node, for drain and undrain; the users, for etcd-auth");
   DeclareEtcdFlag(args);
